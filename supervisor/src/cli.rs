@@ -1,0 +1,128 @@
+//! Command line (the contract is in DESIGN.md: names here are relied on by scripts).
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sglang-supervisor",
+    version,
+    about = "Supervise an SGLang server: launch, lossless log tee, log parsing, readiness, fail-fast, teardown",
+    long_about = None
+)]
+pub struct Cli {
+    /// Format of the supervisor's own messages on stderr (filter them with RUST_LOG).
+    #[arg(long, global = true, value_enum, default_value = "text", env = "SGLANG_SUPERVISOR_LOG_FORMAT")]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run COMMAND (the SGLang server) under supervision until it exits or is stopped.
+    ///
+    /// Exit status: the child's code (128+N if it died of signal N); 128+N after a stop you asked
+    /// for with signal N (143 for SIGTERM), even though SGLang ends its drain by SIGKILLing itself;
+    /// 1 when a fatal log line made us stop a live server; 124 not ready within --ready-timeout;
+    /// 125 the supervisor itself failed (bad options, spawn failed, log file unwritable).
+    Run(RunArgs),
+
+    /// Internal: the watchdog that kills the server's process group if the supervisor dies.
+    #[command(hide = true, name = "__sentinel")]
+    Sentinel {
+        #[arg(long)]
+        pgid: i32,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReadyOn {
+    /// SGLang's ready line, confirmed at once by one HTTP request (`/ready`, else `/model_info`).
+    Log,
+    /// Poll `/health` at most once a second (for servers that print no ready line).
+    Http,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Write all child output here, byte for byte, stdout and stderr interleaved in arrival order.
+    #[arg(long, env = "SGLANG_SUPERVISOR_LOG_FILE", value_name = "PATH")]
+    pub log_file: Option<PathBuf>,
+
+    /// Write lifecycle events here as JSON lines (spawned, phase, server_args, ready, fatal, exited...).
+    #[arg(long, env = "SGLANG_SUPERVISOR_EVENTS", value_name = "PATH")]
+    pub events: Option<PathBuf>,
+
+    /// Give up if the server is not ready within this long (e.g. 90s, 20m, 1h): tear down, exit 124.
+    #[arg(long, default_value = "60m", value_parser = parse_duration, env = "SGLANG_SUPERVISOR_READY_TIMEOUT", value_name = "DUR")]
+    pub ready_timeout: Duration,
+
+    /// After forwarding a stop signal, wait this long before SIGKILLing the whole process tree.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, env = "SGLANG_SUPERVISOR_GRACE", value_name = "DUR")]
+    pub grace: Duration,
+
+    /// How readiness is decided.
+    #[arg(long, value_enum, default_value = "log", env = "SGLANG_SUPERVISOR_READY_ON")]
+    pub ready_on: ReadyOn,
+
+    /// Server base URL for readiness checks. Default: --host/--port found in COMMAND
+    /// (0.0.0.0 means 127.0.0.1), else SGLang's default http://127.0.0.1:30000.
+    #[arg(long, env = "SGLANG_SUPERVISOR_HEALTH_URL", value_name = "URL")]
+    pub health_url: Option<String>,
+
+    /// The server's address as the proxy's upstream (also used for readiness when --health-url is unset).
+    #[arg(long, env = "SGLANG_SUPERVISOR_UPSTREAM", value_name = "URL")]
+    pub upstream: Option<String>,
+
+    /// Forward stop signals to the server's whole process group instead of its main process.
+    /// (SGLang drains from its main process, whose workers must keep running meanwhile.)
+    #[arg(long, env = "SGLANG_SUPERVISOR_SIGNAL_GROUP")]
+    pub signal_group: bool,
+
+    /// Run this shell command once when the server is ready (e.g. start the benchmark).
+    #[arg(long, env = "SGLANG_SUPERVISOR_ON_READY", value_name = "CMD")]
+    pub on_ready: Option<String>,
+
+    /// Do not copy the child's output to our stdout/stderr (the log file still gets every byte).
+    #[arg(long, env = "SGLANG_SUPERVISOR_NO_TEE")]
+    pub no_tee: bool,
+
+    /// The server command, run as argv (no shell), e.g. `python3 -m sglang.launch_server --model-path M`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 30s, 20m, 1h)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_takes_the_command_after_double_dash_with_its_own_flags() {
+        let cli = Cli::try_parse_from(["s", "run", "--grace", "5s", "--", "python3", "-m", "sglang.launch_server", "--port", "1"])
+            .unwrap();
+        let Command::Run(r) = cli.command else { panic!() };
+        assert_eq!(r.grace, Duration::from_secs(5));
+        assert_eq!(r.ready_timeout, Duration::from_secs(3600));
+        assert_eq!(r.command, ["python3", "-m", "sglang.launch_server", "--port", "1"]);
+        assert!(Cli::try_parse_from(["s", "run", "--grace", "soon", "--", "x"]).is_err());
+    }
+}

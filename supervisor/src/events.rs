@@ -1,0 +1,53 @@
+//! `--events`: one JSON object per line, written and flushed as it happens (a recipe may `tail -f`
+//! it, and `wait --events` reads it). Every line has `ts` (RFC 3339 UTC) and `event` first.
+use serde_json::{Map, Value};
+use std::fs::File;
+use std::io::Write;
+use std::sync::Mutex;
+use std::time::{Instant, SystemTime};
+
+pub struct Events {
+    file: Option<Mutex<File>>,
+    path: Option<String>,
+    t0: Instant,
+}
+
+impl Events {
+    pub fn new(file: Option<File>, path: Option<String>, t0: Instant) -> Self {
+        Events { file: file.map(Mutex::new), path, t0 }
+    }
+
+    /// Seconds since the child was spawned (the `elapsed_s` of every event).
+    pub fn elapsed(&self, at: Instant) -> f64 {
+        round_ms(at.saturating_duration_since(self.t0).as_secs_f64())
+    }
+
+    pub fn emit(&self, event: &str, fields: Value) {
+        let mut obj = Map::with_capacity(8);
+        obj.insert("ts".into(), Value::String(humantime::format_rfc3339_millis(SystemTime::now()).to_string()));
+        obj.insert("event".into(), Value::String(event.into()));
+        if let Value::Object(f) = fields {
+            obj.extend(f);
+        }
+        tracing::trace!(target: "events", event, "event emitted");
+        let Some(file) = &self.file else { return };
+        let mut line = match serde_json::to_vec(&obj) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("cannot serialise event {event}: {e}");
+                return;
+            }
+        };
+        line.push(b'\n');
+        let mut f = file.lock().unwrap_or_else(|p| p.into_inner());
+        // One write per line: a reader never sees half an event unless the disk is full.
+        if let Err(e) = f.write_all(&line) {
+            tracing::error!("writing event {event} to {}: {e}", self.path.as_deref().unwrap_or("?"));
+        }
+    }
+}
+
+/// Millisecond precision is what the events promise; more digits are noise.
+pub fn round_ms(s: f64) -> f64 {
+    (s * 1000.0).round() / 1000.0
+}

@@ -1,0 +1,9 @@
+//! sglang-supervisor: runs an SGLang server as a supervised child. The binary's `main` is thin;
+//! everything lives here so benchmarks and tests reach the same code.
+pub mod child;
+pub mod cli;
+pub mod events;
+pub mod lifecycle;
+pub mod logs;
+pub mod redact;
+pub mod sentinel;

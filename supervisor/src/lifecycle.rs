@@ -1,0 +1,653 @@
+//! `run`: spawn, watch, decide readiness, fail fast, forward signals, tear down, exit status.
+//!
+//! Everything happens on one task driven by `tokio::select!` over: parsed log events (from the
+//! reader threads), the child's exit (from the reaper), signals, the ready deadline, the grace
+//! deadline and readiness probe results. The task runs on the main thread, which is also the
+//! thread that spawned the child: PR_SET_PDEATHSIG fires when the *spawning thread* exits.
+use crate::child::{self, ExitStatus, SpawnSpec};
+use crate::cli::{ReadyOn, RunArgs};
+use crate::events::{round_ms, Events};
+use crate::logs::parse::LogEvent;
+use crate::logs::tee::{self, LogFile, Shared, StreamStats, TerminalCopy, Timed};
+use crate::redact::redact_argv;
+use crate::sentinel::Sentinel;
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+use sglang_probes::http::{get_status, HttpUrl};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::OsString;
+use std::fs::File;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+use tokio::time::sleep_until;
+
+/// How long the readers may take to drain after the tree is dead.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long teardown waits for killed processes to disappear before calling them leftovers.
+const KILL_WAIT: Duration = Duration::from_secs(2);
+/// Readiness confirmation after the ready line: retries this long before falling back to /health.
+const CONFIRM_FOR: Duration = Duration::from_secs(5);
+/// `/health` runs a one-token generation (~1 s on a real server): never faster, always bounded.
+const HEALTH_PERIOD: Duration = Duration::from_secs(1);
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(3);
+/// A second `Child process [N] died` before readiness means uvicorn's kill loop.
+const WORKER_DEATHS_FATAL: u32 = 2;
+/// Distinct warnings reported as events (the rest are counted).
+const MAX_WARNING_EVENTS: usize = 200;
+
+/// Why we are stopping the server, if we are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Requested(i32),
+    Fatal,
+    ReadyTimeout,
+}
+
+#[derive(Debug)]
+enum Probe {
+    Confirmed(&'static str),
+    ConfirmFailed(String),
+    Health(Result<u16, String>),
+}
+
+/// Per-rank startup progress ("main" for unprefixed lines), for timings and timeout diagnoses.
+#[derive(Debug, Default)]
+struct RankProgress {
+    last: Option<(&'static str, f64)>,
+    begun: HashMap<&'static str, f64>,
+}
+
+struct Supervision {
+    args: RunArgs,
+    events: Events,
+    pid: i32,
+    url: HttpUrl,
+    stop: Option<Stop>,
+    /// We SIGKILLed the server while it was still alive because of a fatal line.
+    killed_live: bool,
+    ready: bool,
+    probing: bool,
+    health_polling: bool,
+    http_up_at: Option<f64>,
+    fatal: Option<(String, String)>,
+    last_traceback: Option<String>,
+    ranks: BTreeMap<String, RankProgress>,
+    seen_warnings: HashSet<String>,
+    seen_deprecations: HashSet<String>,
+    warnings_suppressed: u64,
+    worker_deaths: u32,
+    batches: [u64; 2],
+    probe_tx: mpsc::UnboundedSender<Probe>,
+    /// Our own helper processes, never part of the server's tree.
+    exclude: Vec<i32>,
+    grace_deadline: Option<tokio::time::Instant>,
+    next_health: Option<tokio::time::Instant>,
+}
+
+/// The server URL: `--health-url`, `--upstream`, else `--host`/`--port` from the server's argv.
+pub fn server_url(args: &RunArgs) -> Result<HttpUrl> {
+    if let Some(u) = args.health_url.as_deref().or(args.upstream.as_deref()) {
+        let base = HttpUrl::parse(u).with_context(|| format!("--health-url/--upstream {u:?}"))?;
+        return Ok(base.with_path("/"));
+    }
+    let (mut host, mut port) = ("127.0.0.1".to_string(), 30000u16);
+    let argv: Vec<String> = args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    let mut it = argv.iter();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) => (f, Some(v.to_string())),
+            None => (a.as_str(), None),
+        };
+        if flag != "--host" && flag != "--port" {
+            continue;
+        }
+        let Some(v) = inline.or_else(|| it.next().cloned()) else { continue };
+        if flag == "--host" {
+            host = v;
+        } else {
+            port = v.parse().with_context(|| format!("the server command has --port {v:?}, which is not a port number"))?;
+        }
+    }
+    let host = match host.as_str() {
+        "0.0.0.0" | "" => "127.0.0.1".to_string(),
+        "::" | "[::]" => "[::1]".to_string(),
+        h if h.contains(':') && !h.starts_with('[') => format!("[{h}]"),
+        h => h.to_string(),
+    };
+    Ok(HttpUrl { host, port, path: "/".into() })
+}
+
+fn create(path: &std::path::Path, what: &str) -> Result<File> {
+    File::create(path).with_context(|| format!("cannot create the {what} {} (check the directory exists and is writable)", path.display()))
+}
+
+/// Run the server to the end; returns the exit status of `run`.
+pub async fn run(args: RunArgs) -> Result<i32> {
+    let log_file = args.log_file.as_deref().map(|p| create(p, "log file")).transpose()?;
+    let events_file = args.events.as_deref().map(|p| create(p, "events file")).transpose()?;
+    let url = server_url(&args)?;
+    if let Err(e) = child::become_subreaper() {
+        tracing::warn!("cannot become a child subreaper ({e}): descendants that call setsid may escape teardown");
+    }
+    // Signals are caught from before the spawn on, so none is lost in between.
+    let (sig_tx, mut sig_rx) = mpsc::unbounded_channel::<i32>();
+    for (kind, num) in [
+        (SignalKind::interrupt(), libc::SIGINT),
+        (SignalKind::terminate(), libc::SIGTERM),
+        (SignalKind::hangup(), libc::SIGHUP),
+        (SignalKind::quit(), libc::SIGQUIT),
+    ] {
+        let mut stream = signal(kind).context("installing signal handlers")?;
+        let tx = sig_tx.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                if tx.send(num).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+
+    let t0 = Instant::now();
+    let spawned = child::spawn(SpawnSpec {
+        argv: &args.command,
+        new_process_group: true,
+        die_with_parent: true,
+        stdin: Stdio::null(),
+        stdout: Stdio::piped(),
+        stderr: Stdio::piped(),
+    })?;
+    let pid = spawned.pid;
+    let events = Events::new(events_file, args.events.as_ref().map(|p| p.display().to_string()), t0);
+    let argv_text: Vec<String> = args.command.iter().map(|a: &OsString| a.to_string_lossy().into_owned()).collect();
+    events.emit("spawned", json!({"pid": pid, "argv": redact_argv(&argv_text)}));
+    tracing::info!(pid, url = %url.base(), "spawned the server");
+
+    let sentinel = match Sentinel::start(pid) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!("no sentinel ({e}): if the supervisor is SIGKILLed, the server's workers may outlive it");
+            None
+        }
+    };
+    let exclude: Vec<i32> = sentinel.iter().map(|s| s.pid).collect();
+
+    let shared = Shared::new(LogFile::new(log_file, args.log_file.as_ref().map(|p| p.display().to_string())));
+    let (log_tx, mut log_rx) = mpsc::unbounded_channel::<Timed>();
+    let term_out = TerminalCopy::start(1, !args.no_tee);
+    let term_err = TerminalCopy::start(2, !args.no_tee);
+    let mut readers = Vec::new();
+    for (stream, fd, term) in [
+        (tee::Stream::Stdout, spawned.stdout, term_out.clone()),
+        (tee::Stream::Stderr, spawned.stderr, term_err.clone()),
+    ] {
+        if let Some(fd) = fd {
+            readers.push(tee::spawn_reader(stream, fd, shared.clone(), term, log_tx.clone()).context("starting a log reader thread")?);
+        }
+    }
+    drop(log_tx);
+
+    let (probe_tx, mut probe_rx) = mpsc::unbounded_channel();
+    let health_polling = args.ready_on == ReadyOn::Http;
+    let ready_deadline = tokio::time::Instant::from_std(t0 + args.ready_timeout);
+    let mut s = Supervision {
+        events,
+        pid,
+        url,
+        stop: None,
+        killed_live: false,
+        ready: false,
+        probing: false,
+        health_polling,
+        http_up_at: None,
+        fatal: None,
+        last_traceback: None,
+        ranks: BTreeMap::new(),
+        seen_warnings: HashSet::new(),
+        seen_deprecations: HashSet::new(),
+        warnings_suppressed: 0,
+        worker_deaths: 0,
+        batches: [0; 2],
+        probe_tx,
+        exclude: exclude.clone(),
+        grace_deadline: None,
+        next_health: health_polling.then(tokio::time::Instant::now),
+        args,
+    };
+
+    let mut exit_rx = spawned.exit;
+    let status: ExitStatus = loop {
+        let far = tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
+        tokio::select! {
+            biased;
+            st = &mut exit_rx => {
+                break st.unwrap_or_else(|_| {
+                    tracing::error!("lost track of the child's exit status");
+                    ExitStatus::Signal(libc::SIGKILL)
+                });
+            }
+            Some(t) = log_rx.recv() => s.on_log(t).await,
+            Some(sig) = sig_rx.recv() => s.on_signal(sig).await,
+            Some(p) = probe_rx.recv() => s.on_probe(p).await,
+            _ = sleep_until(ready_deadline), if !s.ready && s.stop.is_none() => s.on_ready_timeout(),
+            _ = sleep_until(s.grace_deadline.unwrap_or(far)), if s.grace_deadline.is_some() => {
+                s.grace_deadline = None;
+                tracing::warn!("grace period of {:?} is over: SIGKILL to the whole process tree", s.args.grace);
+                child::kill_tree(pid, &exclude, Duration::ZERO).await;
+            }
+            _ = sleep_until(s.next_health.unwrap_or(far)), if s.next_health.is_some() && !s.ready && s.stop.is_none() => {
+                s.next_health = None;
+                s.poll_health();
+            }
+        }
+    };
+    let exited_at = Instant::now();
+
+    // The main process is gone: whatever it leaves behind goes too, at once.
+    let leftover = child::kill_tree(pid, &exclude, KILL_WAIT).await;
+    let stats = join_readers(readers).await;
+    while let Ok(t) = log_rx.try_recv() {
+        s.on_log(t).await;
+    }
+    if !leftover.is_empty() {
+        s.events.emit("leftover", json!({"pids": leftover}));
+        tracing::error!(?leftover, "processes of the server tree survived SIGKILL");
+    }
+    s.diagnose_exit(status, &shared);
+
+    let requested = matches!(s.stop, Some(Stop::Requested(_)));
+    let exit_status = match s.stop {
+        Some(Stop::Requested(sig)) => 128 + sig,
+        Some(Stop::ReadyTimeout) => 124,
+        Some(Stop::Fatal) if s.killed_live => 1,
+        _ => status.shell_code(),
+    };
+    let (code, signal) = match status {
+        ExitStatus::Code(c) => (Some(c), None),
+        ExitStatus::Signal(n) => (None, Some(n)),
+    };
+    let log = s.log_summary(&shared, &stats, &term_out, &term_err);
+    s.events.emit(
+        "exited",
+        json!({"code": code, "signal": signal, "elapsed_s": s.events.elapsed(exited_at), "requested": requested,
+               "exit_status": exit_status, "log": log}),
+    );
+    tracing::info!(?status, exit_status, requested, "server exited");
+    if let Some(sen) = sentinel {
+        sen.disarm();
+    }
+    Ok(exit_status)
+}
+
+async fn join_readers(readers: Vec<std::thread::JoinHandle<StreamStats>>) -> Vec<StreamStats> {
+    let joined = tokio::task::spawn_blocking(move || readers.into_iter().filter_map(|r| r.join().ok()).collect::<Vec<_>>());
+    match tokio::time::timeout(DRAIN_TIMEOUT, joined).await {
+        Ok(Ok(stats)) => stats,
+        _ => {
+            tracing::warn!("the child's output pipes are still open (a process outside the tree holds them); not waiting further");
+            Vec::new()
+        }
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGKILL => "SIGKILL",
+        _ => "signal",
+    }
+}
+
+/// "cuda_graph_begin" → "in cuda graph capture"; "load_weights_end" → "after load weights".
+fn describe_phase(name: &str) -> String {
+    if let Some(base) = name.strip_suffix("_begin") {
+        let what = match base {
+            "cuda_graph" => "cuda graph capture",
+            "load_weights" => "weight loading",
+            "init_distributed" => "distributed init",
+            other => other,
+        };
+        format!("stopped in {what}")
+    } else if let Some(base) = name.strip_suffix("_end") {
+        format!("stopped after {}", base.replace('_', " "))
+    } else {
+        format!("stopped after {}", name.replace('_', " "))
+    }
+}
+
+fn ago(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    if s >= 3600 {
+        format!("{}h{}m ago", s / 3600, (s % 3600) / 60)
+    } else if s >= 60 {
+        format!("{}m ago", s / 60)
+    } else {
+        format!("{s}s ago")
+    }
+}
+
+impl Supervision {
+    fn now_s(&self) -> f64 {
+        self.events.elapsed(Instant::now())
+    }
+
+    async fn on_log(&mut self, t: Timed) {
+        let at = self.events.elapsed(t.at);
+        match t.event {
+            LogEvent::Ready => {
+                if !self.ready && !self.probing && self.stop.is_none() {
+                    self.probing = true;
+                    let (url, tx) = (self.url.clone(), self.probe_tx.clone());
+                    tokio::spawn(async move { let _ = tx.send(confirm_ready(url).await); });
+                }
+            }
+            LogEvent::ServerArgs(args) => self.events.emit("server_args", json!({"args": args})),
+            LogEvent::Deprecation { flag, replacement, message } => {
+                if self.seen_deprecations.insert(message.clone()) {
+                    self.events.emit("deprecation", json!({"flag": flag, "replacement": replacement, "message": message}));
+                    tracing::warn!("deprecated: {message}");
+                }
+            }
+            LogEvent::Warning { message } => self.warn(message),
+            LogEvent::Phase { name, rank, reported_s, detail } => self.on_phase(name, rank, reported_s, detail, at),
+            LogEvent::Batch { kind, .. } => self.batches[kind as usize] += 1,
+            LogEvent::Traceback { excerpt } => self.last_traceback = Some(excerpt),
+            LogEvent::WorkerDied { line } => {
+                self.worker_deaths += 1;
+                self.warn(line.clone());
+                if self.worker_deaths >= WORKER_DEATHS_FATAL && !self.ready {
+                    let excerpt = format!(
+                        "{line}\nuvicorn keeps killing tokenizer workers that miss its health check \
+                         (SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT, default 10 s; a worker needs 20-35 s to \
+                         import sglang). Set SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT=180 in the server's environment."
+                    );
+                    self.on_fatal("uvicorn_worker_died", None, excerpt).await;
+                }
+            }
+            LogEvent::Fatal { reason, rank, excerpt } => self.on_fatal(reason, rank, excerpt).await,
+        }
+    }
+
+    fn warn(&mut self, message: String) {
+        if self.seen_warnings.contains(&message) {
+            return;
+        }
+        if self.seen_warnings.len() >= MAX_WARNING_EVENTS {
+            self.warnings_suppressed += 1;
+            return;
+        }
+        self.events.emit("warning", json!({"message": message}));
+        self.seen_warnings.insert(message);
+    }
+
+    fn on_phase(&mut self, name: &'static str, rank: Option<String>, reported_s: Option<f64>, detail: Option<String>, at: f64) {
+        let key = rank.clone().unwrap_or_else(|| "main".into());
+        let progress = self.ranks.entry(key).or_default();
+        progress.last = Some((name, at));
+        let mut fields = json!({"name": name, "rank": rank, "elapsed_s": at});
+        if let Some(base) = name.strip_suffix("_begin") {
+            progress.begun.insert(base, at);
+        } else if let Some(base) = name.strip_suffix("_end") {
+            let measured = progress.begun.get(base).map(|b| at - b);
+            if let Some(d) = reported_s.or(measured) {
+                fields["duration_s"] = json!(round_ms(d));
+            }
+        }
+        if name == "http_up" {
+            self.http_up_at = Some(at);
+        }
+        if let Some(d) = detail {
+            fields["detail"] = json!(d);
+        }
+        if rank.is_none() {
+            if let Value::Object(m) = &mut fields {
+                m.remove("rank");
+            }
+        }
+        self.events.emit("phase", fields);
+    }
+
+    async fn on_fatal(&mut self, reason: &'static str, rank: Option<String>, excerpt: String) {
+        // While a stop is under way, crash reports are the stop's own echo (SIGINT makes SGLang
+        // report its detokenizer "crashed with -9"): keep them, but as warnings.
+        if matches!(self.stop, Some(Stop::Requested(_))) {
+            self.warn(excerpt);
+            return;
+        }
+        let mut fields = json!({"reason": reason, "excerpt": excerpt});
+        if let Some(r) = &rank {
+            fields["rank"] = json!(r);
+        }
+        self.events.emit("fatal", fields);
+        let first = self.fatal.is_none();
+        if first {
+            self.fatal = Some((reason.to_string(), excerpt.clone()));
+        }
+        if self.ready || self.stop.is_some() {
+            tracing::error!(reason, rank = rank.as_deref(), "fatal: {excerpt}");
+            return;
+        }
+        tracing::error!(reason, rank = rank.as_deref(), "fatal before readiness, stopping the server:\n{excerpt}");
+        self.stop = Some(Stop::Fatal);
+        // SGLang may be killing itself right now; if it already exited, its own status stands.
+        self.killed_live = !child::has_exited(self.pid);
+        child::kill_tree(self.pid, &self.exclude, Duration::ZERO).await;
+    }
+
+    async fn on_signal(&mut self, sig: i32) {
+        let name = signal_name(sig);
+        if self.stop.is_some() {
+            // A second signal: stop waiting for a graceful drain.
+            self.events.emit("signal", json!({"signal": name, "target": "tree"}));
+            tracing::warn!("{name} again: SIGKILL to the whole process tree");
+            child::kill_tree(self.pid, &self.exclude, Duration::ZERO).await;
+            return;
+        }
+        self.stop = Some(Stop::Requested(sig));
+        let (target, dest) = if self.args.signal_group { ("group", -self.pid) } else { ("main", self.pid) };
+        child::send_signal(dest, sig);
+        self.events.emit("signal", json!({"signal": name, "target": target}));
+        tracing::info!("{name} forwarded to the server's {target}; SIGKILL in {:?} if it is still running", self.args.grace);
+        self.grace_deadline = Some(tokio::time::Instant::now() + self.args.grace);
+    }
+
+    fn on_ready_timeout(&mut self) {
+        let now = self.now_s();
+        let mut parts: Vec<String> = self
+            .ranks
+            .iter()
+            .filter_map(|(rank, p)| p.last.map(|(name, at)| format!("{rank} {} {}", describe_phase(name), ago(now - at))))
+            .collect();
+        if parts.is_empty() {
+            parts.push("no startup phase was logged".into());
+        }
+        let excerpt = format!("not ready after {}: {}", humantime::format_duration(self.args.ready_timeout), parts.join("; "));
+        tracing::error!("{excerpt}; stopping the server");
+        self.events.emit("fatal", json!({"reason": "ready_timeout", "excerpt": excerpt}));
+        self.fatal = Some(("ready_timeout".into(), excerpt));
+        self.stop = Some(Stop::ReadyTimeout);
+        let dest = if self.args.signal_group { -self.pid } else { self.pid };
+        child::send_signal(dest, libc::SIGTERM);
+        self.grace_deadline = Some(tokio::time::Instant::now() + self.args.grace);
+    }
+
+    async fn on_probe(&mut self, p: Probe) {
+        match p {
+            Probe::Confirmed(path) => {
+                self.probing = false;
+                tracing::debug!("ready line confirmed by GET {path}");
+                self.become_ready();
+            }
+            Probe::ConfirmFailed(why) => {
+                self.probing = false;
+                tracing::warn!("the log says ready but HTTP does not confirm it ({why}); polling /health");
+                self.health_polling = true;
+                self.next_health = Some(tokio::time::Instant::now());
+            }
+            Probe::Health(r) => {
+                match r {
+                    Ok(200) => self.become_ready(),
+                    other => {
+                        tracing::debug!("GET /health: {other:?}");
+                        self.next_health = Some(tokio::time::Instant::now() + HEALTH_PERIOD);
+                    }
+                }
+            }
+        }
+    }
+
+    fn poll_health(&self) {
+        let (url, tx) = (self.url.with_path("/health"), self.probe_tx.clone());
+        tokio::spawn(async move {
+            let r = get_status(&url, HEALTH_TIMEOUT).await.map_err(|e| e.to_string());
+            let _ = tx.send(Probe::Health(r));
+        });
+    }
+
+    fn become_ready(&mut self) {
+        if self.ready || self.stop.is_some() {
+            return;
+        }
+        self.ready = true;
+        let at = self.now_s();
+        if let Some(up) = self.http_up_at {
+            self.events.emit("phase", json!({"name": "warmup", "elapsed_s": at, "duration_s": round_ms(at - up)}));
+        }
+        self.events.emit("ready", json!({"elapsed_s": at, "url": self.url.base()}));
+        tracing::info!("server ready after {at:.3} s at {}", self.url.base());
+        if let Some(cmd) = &self.args.on_ready {
+            run_on_ready(cmd);
+        }
+    }
+
+    /// The child exited without a stop of ours: say why, from what it printed.
+    fn diagnose_exit(&mut self, status: ExitStatus, shared: &Shared) {
+        if self.stop.is_some() || self.fatal.is_some() {
+            return;
+        }
+        if self.ready && status == ExitStatus::Code(0) {
+            return;
+        }
+        let reason = if self.ready { "exited" } else { "exited_before_ready" };
+        let excerpt = self.last_traceback.clone().unwrap_or_else(|| {
+            let lines = shared.tail.lock().map(|t| t.last_lines(15)).unwrap_or_default();
+            if lines.is_empty() {
+                "(no output)".into()
+            } else {
+                lines.join("\n")
+            }
+        });
+        let excerpt = format!("the server exited with {} {}\n{excerpt}", describe_status(status), if self.ready { "after readiness" } else { "before it was ready" });
+        tracing::error!("{excerpt}");
+        self.events.emit("fatal", json!({"reason": reason, "excerpt": excerpt}));
+    }
+
+    fn log_summary(&self, shared: &Shared, stats: &[StreamStats], out: &TerminalCopy, err: &TerminalCopy) -> Value {
+        let log = shared.log.lock().unwrap_or_else(|p| p.into_inner());
+        let dropped = out.dropped.load(std::sync::atomic::Ordering::Relaxed) + err.dropped.load(std::sync::atomic::Ordering::Relaxed);
+        if dropped > 0 {
+            tracing::warn!("the terminal was too slow: {dropped} bytes were left out of the terminal copy (the log file has them)");
+        }
+        let sum = |f: fn(&StreamStats) -> u64| stats.iter().map(f).sum::<u64>();
+        json!({
+            "bytes": sum(|s| s.bytes),
+            "lines": sum(|s| s.parse.lines),
+            "progress_lines": sum(|s| s.parse.progress_lines),
+            "non_utf8_lines": sum(|s| s.parse.non_utf8_lines),
+            "truncated_lines": sum(|s| s.parse.truncated_lines),
+            "log_file_bytes": log.written,
+            "log_file_lost_bytes": log.lost,
+            "log_file_error": log.error,
+            "terminal_dropped_bytes": dropped,
+            "prefill_batches": self.batches[0],
+            "decode_batches": self.batches[1],
+            "warnings_suppressed": self.warnings_suppressed,
+            "orphans_reaped": child::orphans_reaped(),
+        })
+    }
+}
+
+fn describe_status(s: ExitStatus) -> String {
+    match s {
+        ExitStatus::Code(c) => format!("exit code {c}"),
+        ExitStatus::Signal(n) => format!("signal {n} ({})", signal_name(n)),
+    }
+}
+
+/// The ready line is a claim; one cheap request confirms it (`/ready` on 0.5.20+, where a 404
+/// means "older version", then `/model_info`), retried briefly.
+async fn confirm_ready(url: HttpUrl) -> Probe {
+    let deadline = Instant::now() + CONFIRM_FOR;
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        match get_status(&url.with_path("/ready"), HEALTH_TIMEOUT).await {
+            Ok(200) => return Probe::Confirmed("/ready"),
+            Ok(404) => match get_status(&url.with_path("/model_info"), HEALTH_TIMEOUT).await {
+                Ok(200) => return Probe::Confirmed("/model_info"),
+                Ok(code) => last = format!("GET /model_info answered {code}"),
+                Err(e) => last = e.to_string(),
+            },
+            Ok(code) => last = format!("GET /ready answered {code}"),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Probe::ConfirmFailed(last)
+}
+
+fn run_on_ready(cmd: &str) {
+    let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), cmd.into()];
+    match child::spawn(SpawnSpec {
+        argv: &argv,
+        new_process_group: false,
+        die_with_parent: false,
+        stdin: Stdio::null(),
+        stdout: Stdio::inherit(),
+        stderr: Stdio::inherit(),
+    }) {
+        Ok(s) => {
+            tokio::spawn(async move {
+                if let Ok(st) = s.exit.await {
+                    tracing::info!(?st, "--on-ready command finished");
+                }
+            });
+        }
+        Err(e) => tracing::error!("--on-ready: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    fn run_args(cmd: &[&str]) -> RunArgs {
+        let mut v = vec!["s", "run", "--"];
+        v.extend_from_slice(cmd);
+        match Cli::try_parse_from(v).unwrap().command {
+            Command::Run(r) => r,
+            Command::Sentinel { .. } => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn server_url_comes_from_the_command_with_sglang_defaults() {
+        assert_eq!(server_url(&run_args(&["python3", "-m", "sglang.launch_server"])).unwrap().base(), "http://127.0.0.1:30000");
+        assert_eq!(server_url(&run_args(&["x", "--host", "0.0.0.0", "--port=8000"])).unwrap().base(), "http://127.0.0.1:8000");
+        assert_eq!(server_url(&run_args(&["x", "--host=::", "--port", "1"])).unwrap().base(), "http://[::1]:1");
+        assert!(server_url(&run_args(&["x", "--port", "http"])).is_err());
+    }
+
+    #[test]
+    fn phase_descriptions_read_naturally() {
+        assert_eq!(describe_phase("cuda_graph_begin"), "stopped in cuda graph capture");
+        assert_eq!(describe_phase("load_weights_end"), "stopped after load weights");
+        assert_eq!(ago(14.0 * 60.0 + 3.0), "14m ago");
+    }
+}

@@ -1,0 +1,714 @@
+//! SGLang's log, line by line, into `LogEvent`s.
+//!
+//! Formats (see `shared/reference/sglang.md` section 1): `[YYYY-MM-DD HH:MM:SS(.mmm)?( RANK)*] msg`
+//! with rank parts from `DP PP ATTN_CP MOE_DP TP EP` in any combination, no level name; uvicorn
+//! lines put `INFO:     ` in the message; many lines carry no prefix at all (Python warnings,
+//! tracebacks, NCCL warnings, tqdm bars rewriting one line with `\r`). Messages can span lines
+//! (a scheduler traceback follows its header line unprefixed), so the parser keeps a little state:
+//! one open capture, closed by the next prefixed line, by the exception line of a bare
+//! traceback, by end of input, or by [`LogParser::flush`] when the stream goes quiet.
+use super::pyliteral::parse_server_args;
+use crate::redact::redact_value;
+use aho_corasick::AhoCorasick;
+use serde_json::{Map, Value};
+use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::sync::OnceLock;
+
+/// What one or more log lines meant.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LogEvent {
+    /// `The server is fired up and ready to roll!` (any prefix: multi-worker servers add `INFO:`).
+    Ready,
+    /// The resolved server args, parsed and redacted.
+    ServerArgs(Map<String, Value>),
+    Deprecation { flag: Option<String>, replacement: Option<String>, message: String },
+    Warning { message: String },
+    /// A startup phase; `reported_s` is the duration SGLang itself printed (`elapsed=`).
+    Phase { name: &'static str, rank: Option<String>, reported_s: Option<f64>, detail: Option<String> },
+    Batch { kind: BatchKind, rank: Option<String>, fields: Map<String, Value> },
+    /// Something that ends the server; `excerpt` quotes the lines that say why.
+    Fatal { reason: &'static str, rank: Option<String>, excerpt: String },
+    /// A traceback that matched no fatal pattern (kept for diagnosis if the child dies later).
+    Traceback { excerpt: String },
+    /// uvicorn's `Child process [N] died`: a tokenizer worker killed by uvicorn's health check.
+    WorkerDied { line: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchKind {
+    Prefill,
+    Decode,
+}
+
+impl BatchKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BatchKind::Prefill => "prefill",
+            BatchKind::Decode => "decode",
+        }
+    }
+}
+
+/// Timestamp, rank prefix and message of one line. `ts` is `None` for unprefixed lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LineHead<'a> {
+    pub ts: Option<&'a str>,
+    pub rank: Option<&'a str>,
+    pub msg: &'a str,
+}
+
+/// Split `[2026-12-02 08:44:01.123 DP0 TP3 EP3] msg`. Anything else is an unprefixed line.
+pub fn split_head(line: &str) -> LineHead<'_> {
+    let unprefixed = LineHead { ts: None, rank: None, msg: line };
+    let b = line.as_bytes();
+    // "[YYYY-MM-DD HH:MM:SS" is 20 bytes.
+    if b.len() < 21 || b[0] != b'[' {
+        return unprefixed;
+    }
+    let digits = [1, 2, 3, 4, 6, 7, 9, 10, 12, 13, 15, 16, 18, 19];
+    if !digits.iter().all(|&i| b[i].is_ascii_digit())
+        || b[5] != b'-'
+        || b[8] != b'-'
+        || b[11] != b' '
+        || b[14] != b':'
+        || b[17] != b':'
+    {
+        return unprefixed;
+    }
+    let mut i = 20;
+    if b.get(i) == Some(&b'.') {
+        let ms = b.get(i + 1..i + 4);
+        if !ms.is_some_and(|m| m.iter().all(u8::is_ascii_digit)) {
+            return unprefixed;
+        }
+        i += 4;
+    }
+    let ts_end = i;
+    // Rank parts: " NAME<digits>" where NAME is [A-Z_]+.
+    while b.get(i) == Some(&b' ') {
+        let mut j = i + 1;
+        while b.get(j).is_some_and(|c| c.is_ascii_uppercase() || *c == b'_') {
+            j += 1;
+        }
+        let name_len = j - i - 1;
+        let d0 = j;
+        while b.get(j).is_some_and(u8::is_ascii_digit) {
+            j += 1;
+        }
+        if name_len == 0 || j == d0 {
+            return unprefixed;
+        }
+        i = j;
+    }
+    if b.get(i) != Some(&b']') {
+        return unprefixed;
+    }
+    let rank = (i > ts_end).then(|| &line[ts_end + 1..i]);
+    let msg = line.get(i + 1..).unwrap_or("");
+    LineHead { ts: Some(&line[1..ts_end]), rank, msg: msg.strip_prefix(' ').unwrap_or(msg) }
+}
+
+/// Remove ANSI CSI sequences (`ESC [ ... final`) such as the yellow of deprecation warnings.
+pub fn strip_ansi(s: &str) -> Cow<'_, str> {
+    if !s.contains('\x1b') {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                // Parameters and intermediates, then one final byte in @..~.
+                for f in chars.by_ref() {
+                    if ('@'..='~').contains(&f) {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    Cow::Owned(out)
+}
+
+/// Substring patterns, found in one pass per line.
+#[derive(Clone, Copy)]
+enum Pat {
+    Ready,
+    Deprecated,
+    Uvicorn,
+    SchedulerDied,
+    Oom,
+    Watchdog,
+    ArgparseError,
+    PyWarning,
+    WorkerDied,
+    SchedulerExc,
+    DetokExc,
+    InitFailed,
+    Sigquit,
+    SubprocessCrashed,
+    Traceback,
+}
+
+const PATTERNS: &[(&str, Pat)] = &[
+    ("ready to roll!", Pat::Ready),
+    (" deprecated", Pat::Deprecated),
+    ("Uvicorn running on", Pat::Uvicorn),
+    ("scheduler died during initialization", Pat::SchedulerDied),
+    ("CUDA out of memory", Pat::Oom),
+    ("OutOfMemoryError", Pat::Oom),
+    ("watchdog timeout", Pat::Watchdog),
+    (": error: ", Pat::ArgparseError),
+    ("Warning:", Pat::PyWarning),
+    ("Child process [", Pat::WorkerDied),
+    ("Scheduler hit an exception", Pat::SchedulerExc),
+    ("DetokenizerManager hit an exception", Pat::DetokExc),
+    ("Initialization failed", Pat::InitFailed),
+    ("Received sigquit from a child process", Pat::Sigquit),
+    ("crashed with exit code", Pat::SubprocessCrashed),
+    ("Traceback (most recent call last)", Pat::Traceback),
+];
+
+fn matcher() -> &'static AhoCorasick {
+    static M: OnceLock<AhoCorasick> = OnceLock::new();
+    M.get_or_init(|| {
+        // The patterns are fixed ASCII literals; building cannot fail for them.
+        #[allow(clippy::expect_used)]
+        AhoCorasick::new(PATTERNS.iter().map(|(p, _)| p)).expect("static patterns")
+    })
+}
+
+/// Lines kept from an open capture: its first line plus the last `CAPTURE_TAIL`.
+const CAPTURE_TAIL: usize = 40;
+/// Lines of a traceback quoted in an excerpt (after its header line).
+const EXCERPT_LINES: usize = 12;
+/// Characters kept of any one quoted line.
+const EXCERPT_LINE_CHARS: usize = 500;
+
+struct Capture {
+    reason: Option<&'static str>,
+    rank: Option<String>,
+    /// Started by a bare `Traceback (most recent call last):` line: ends at its exception line.
+    bare_traceback: bool,
+    first: String,
+    tail: VecDeque<String>,
+    skipped: usize,
+}
+
+impl Capture {
+    fn push(&mut self, line: &str) {
+        if self.tail.len() == CAPTURE_TAIL {
+            self.tail.pop_front();
+            self.skipped += 1;
+        }
+        self.tail.push_back(clip(line));
+    }
+
+    fn excerpt(&self) -> String {
+        let mut lines: Vec<&str> = self.tail.iter().map(String::as_str).collect();
+        while lines.last().is_some_and(|l| l.trim().is_empty()) {
+            lines.pop();
+        }
+        let from = lines.len().saturating_sub(EXCERPT_LINES);
+        let mut out = self.first.clone();
+        if from > 0 || self.skipped > 0 {
+            out.push_str("\n  ...");
+        }
+        for l in &lines[from..] {
+            out.push('\n');
+            out.push_str(l);
+        }
+        out
+    }
+}
+
+fn clip(s: &str) -> String {
+    match s.char_indices().nth(EXCERPT_LINE_CHARS) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+/// Counters about the lines seen, for the final report.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ParseStats {
+    pub lines: u64,
+    /// Lines that rewrote themselves with `\r` (tqdm bars).
+    pub progress_lines: u64,
+    pub non_utf8_lines: u64,
+    /// Lines longer than the framer's limit: parsed on their first part only (still logged whole).
+    pub truncated_lines: u64,
+}
+
+/// Parser state for one stream (stdout or stderr: a traceback never spans both).
+#[derive(Default)]
+pub struct LogParser {
+    capture: Option<Capture>,
+    pub stats: ParseStats,
+}
+
+impl LogParser {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// True while a multi-line message is open (the reader then wakes up to flush it when quiet).
+    pub fn capturing(&self) -> bool {
+        self.capture.is_some()
+    }
+
+    /// Close an open capture (the stream ended or went quiet).
+    pub fn flush(&mut self, out: &mut impl FnMut(LogEvent)) {
+        if let Some(c) = self.capture.take() {
+            let excerpt = c.excerpt();
+            out(match c.reason {
+                Some(reason) => LogEvent::Fatal { reason, rank: c.rank, excerpt },
+                None => LogEvent::Traceback { excerpt },
+            });
+        }
+    }
+
+    /// One line without its `\n`. `truncated`: the framer cut it at its length limit.
+    pub fn line(&mut self, raw: &[u8], truncated: bool, out: &mut impl FnMut(LogEvent)) {
+        self.stats.lines += 1;
+        if truncated {
+            self.stats.truncated_lines += 1;
+        }
+        let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+        let text = match std::str::from_utf8(raw) {
+            Ok(s) => Cow::Borrowed(s),
+            Err(_) => {
+                self.stats.non_utf8_lines += 1;
+                String::from_utf8_lossy(raw)
+            }
+        };
+        // A tqdm bar rewrites itself with `\r`: only its last state is a line worth reading.
+        let text: &str = match text.rfind('\r') {
+            Some(i) => {
+                self.stats.progress_lines += 1;
+                &text[i + 1..]
+            }
+            None => &text,
+        };
+        let clean = strip_ansi(text);
+        self.classify(&clean, out);
+    }
+
+    fn classify(&mut self, line: &str, out: &mut impl FnMut(LogEvent)) {
+        let head = split_head(line);
+        if let Some(c) = &mut self.capture {
+            if head.ts.is_none() {
+                c.push(line);
+                if c.reason.is_none() {
+                    c.reason = fatal_in_traceback_line(line);
+                }
+                if c.bare_traceback && is_exception_line(line) {
+                    self.flush(out);
+                }
+                return;
+            }
+            self.flush(out);
+        }
+        let msg = head.msg;
+        let rank = || head.rank.map(str::to_string);
+
+        // Prefix-anchored forms first: they are cheap and the server_args line is long.
+        if head.ts.is_some() {
+            if let Some(args) = msg.strip_prefix("server_args=") {
+                let mut map = parse_server_args(args).unwrap_or_else(|| {
+                    let mut m = Map::new();
+                    m.insert("_unparsed".into(), Value::String(args.to_string()));
+                    m
+                });
+                let mut v = Value::Object(std::mem::take(&mut map));
+                redact_value(&mut v);
+                if let Value::Object(m) = v {
+                    out(LogEvent::ServerArgs(m));
+                }
+                return;
+            }
+            if let Some(ev) = phase(msg, rank()) {
+                out(ev);
+                return;
+            }
+            if let Some(kind_rest) = batch(msg) {
+                out(LogEvent::Batch { kind: kind_rest.0, rank: rank(), fields: batch_fields(kind_rest.1) });
+                return;
+            }
+        }
+
+        let mut found: Option<Pat> = None;
+        for m in matcher().find_overlapping_iter(line) {
+            let p = PATTERNS[m.pattern().as_usize()].1;
+            // Earlier patterns in the table win; they are the more specific.
+            if found.is_none_or(|f| (p as usize) < (f as usize)) {
+                found = Some(p);
+            }
+        }
+        let Some(pat) = found else { return };
+        let fatal = |reason| LogEvent::Fatal { reason, rank: head.rank.map(str::to_string), excerpt: clip(line) };
+        match pat {
+            Pat::Ready => out(LogEvent::Ready),
+            Pat::Uvicorn => out(LogEvent::Phase { name: "http_up", rank: rank(), reported_s: None, detail: None }),
+            Pat::Deprecated if msg.contains(" is deprecated") => out(deprecation(msg)),
+            Pat::Deprecated => {}
+            Pat::SchedulerExc | Pat::DetokExc | Pat::InitFailed => {
+                let reason = match pat {
+                    Pat::SchedulerExc => "scheduler_exception",
+                    Pat::DetokExc => "detokenizer_exception",
+                    _ => "init_failed",
+                };
+                self.open(Some(reason), rank(), line, false);
+            }
+            Pat::Traceback if head.ts.is_none() && msg.starts_with("Traceback") => {
+                self.open(None, None, line, true);
+            }
+            Pat::Traceback => {}
+            Pat::Sigquit => out(fatal("child_sigquit")),
+            Pat::SchedulerDied => out(fatal("scheduler_died")),
+            Pat::Oom => out(fatal("cuda_oom")),
+            Pat::Watchdog => out(fatal("watchdog_timeout")),
+            Pat::SubprocessCrashed if msg.starts_with("Subprocess ") => out(fatal("subprocess_crashed")),
+            Pat::SubprocessCrashed => {}
+            // argparse prints with `print`, never through logging: a prefixed line is something else.
+            Pat::ArgparseError if head.ts.is_none() && is_argparse_error(msg) => out(fatal("argparse_error")),
+            Pat::ArgparseError => {}
+            Pat::WorkerDied if msg.contains("] died") => out(LogEvent::WorkerDied { line: clip(line) }),
+            Pat::WorkerDied => {}
+            Pat::PyWarning if is_python_warning(msg) => {
+                out(LogEvent::Warning { message: clip(msg.trim()) });
+            }
+            Pat::PyWarning => {}
+        }
+    }
+
+    fn open(&mut self, reason: Option<&'static str>, rank: Option<String>, line: &str, bare: bool) {
+        self.capture =
+            Some(Capture { reason, rank, bare_traceback: bare, first: clip(line), tail: VecDeque::new(), skipped: 0 });
+    }
+}
+
+fn fatal_in_traceback_line(line: &str) -> Option<&'static str> {
+    if line.contains("scheduler died during initialization") {
+        Some("scheduler_died")
+    } else if line.contains("CUDA out of memory") || line.contains("OutOfMemoryError") {
+        Some("cuda_oom")
+    } else if line.contains("Initialization failed") {
+        Some("init_failed")
+    } else {
+        None
+    }
+}
+
+/// The last line of a bare traceback: `SomeError: message` at column 0.
+fn is_exception_line(line: &str) -> bool {
+    !line.is_empty()
+        && !line.starts_with([' ', '\t'])
+        && !line.starts_with("Traceback")
+        && !line.starts_with("During handling of the above exception")
+        && !line.starts_with("The above exception was the direct cause")
+}
+
+/// `sglang serve: error: ...`, `launch_server.py: error: ...` (argparse's `parser.error`).
+fn is_argparse_error(msg: &str) -> bool {
+    match msg.find(": error: ") {
+        Some(i) => {
+            let prog = &msg[..i];
+            !prog.is_empty()
+                && prog.len() <= 80
+                && prog.chars().all(|c| c.is_alphanumeric() || " ._-/".contains(c))
+        }
+        None => false,
+    }
+}
+
+/// `path.py:976: UserWarning: text` or NCCL's `[rank0]:[W1202 ...] ... Warning: ...`.
+fn is_python_warning(msg: &str) -> bool {
+    if msg.starts_with("[rank") {
+        return true;
+    }
+    msg.split_once(": ").is_some_and(|(_, rest)| {
+        rest.split_once(':').is_some_and(|(kind, _)| kind.ends_with("Warning") && !kind.contains(' '))
+    })
+}
+
+fn deprecation(msg: &str) -> LogEvent {
+    let text = msg.trim();
+    // Python warnings carry `path:line: UserWarning: ` in front of the text.
+    let text = text.find("Warning: ").map(|i| &text[i + 9..]).unwrap_or(text);
+    let quoted = |s: &str| -> Option<String> {
+        let a = s.find(['\'', '`'])?;
+        let q = s[a..].chars().next()?;
+        let rest = &s[a + 1..];
+        rest.find(q).map(|b| rest[..b].to_string())
+    };
+    let flag = if let Some(rest) = text.strip_prefix("Environment variable ") {
+        rest.split_whitespace().next().map(str::to_string)
+    } else {
+        let before = &text[..text.find(" is deprecated").unwrap_or(text.len())];
+        quoted(before).or_else(|| before.split_whitespace().find(|w| w.starts_with("--")).map(str::to_string))
+    };
+    let after = &text[text.find(" is deprecated").unwrap_or(0)..];
+    let lower = after.to_ascii_lowercase();
+    let replacement = lower.find("use ").and_then(|i| {
+        let rest = &after[i + 4..];
+        quoted(rest.split_whitespace().next().unwrap_or(""))
+            .or_else(|| rest.split_whitespace().next().map(|w| w.trim_end_matches(['.', ',', ';']).to_string()))
+            .filter(|w| !w.is_empty() && w != "the" && w != "a")
+    });
+    LogEvent::Deprecation { flag, replacement, message: clip(text) }
+}
+
+fn elapsed(msg: &str) -> Option<f64> {
+    let i = msg.find("elapsed=").map(|i| i + 8).or_else(|| msg.find("elapsed: ").map(|i| i + 9))?;
+    let num: &str = msg[i..].split(|c: char| !(c.is_ascii_digit() || c == '.')).next()?;
+    num.parse().ok()
+}
+
+fn after<'a>(msg: &'a str, key: &str) -> Option<&'a str> {
+    let i = msg.find(key)? + key.len();
+    msg[i..].split([',', ' ']).next().filter(|s| !s.is_empty())
+}
+
+fn phase(msg: &str, rank: Option<String>) -> Option<LogEvent> {
+    let ev = |name, reported_s, detail: Option<String>| Some(LogEvent::Phase { name, rank: rank.clone(), reported_s, detail });
+    let first = *msg.as_bytes().first()?;
+    match first {
+        b'I' if msg.starts_with("Init torch distributed begin") => ev("init_distributed_begin", None, None),
+        b'I' if msg.starts_with("Init torch distributed end") => ev("init_distributed_end", elapsed(msg), None),
+        b'L' if msg.starts_with("Load weight begin") => {
+            ev("load_weights_begin", None, after(msg, "avail mem=").map(|m| format!("avail_mem_gb={m}")))
+        }
+        b'L' if msg.starts_with("Load weight end") => {
+            ev("load_weights_end", elapsed(msg), after(msg, "mem usage=").map(|m| format!("mem_usage_gb={m}")))
+        }
+        b'K' if msg.starts_with("KV Cache is allocated") => {
+            ev("kv_cache_allocated", None, after(msg, "#tokens: ").map(|t| format!("tokens={t}")))
+        }
+        b'M' if msg.starts_with("Memory pool end") => ev("memory_pool_end", None, None),
+        b'm' if msg.starts_with("max_total_num_tokens=") => {
+            ev("max_total_num_tokens", None, after(msg, "max_total_num_tokens=").map(str::to_string))
+        }
+        b'C' if msg.starts_with("Capture") => {
+            let lower = msg.to_ascii_lowercase();
+            let g = lower.find("cuda graph")?;
+            let what = msg["Capture".len()..g].trim();
+            let detail = (!what.is_empty()).then(|| what.to_string());
+            let tail = &lower[g..];
+            if tail.starts_with("cuda graph begin") {
+                ev("cuda_graph_begin", None, detail)
+            } else if tail.starts_with("cuda graph end") {
+                ev("cuda_graph_end", elapsed(msg), detail)
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
+}
+
+fn batch(msg: &str) -> Option<(BatchKind, &str)> {
+    let (kind, rest) = if let Some(r) = msg.strip_prefix("Decode batch") {
+        (BatchKind::Decode, r)
+    } else {
+        (BatchKind::Prefill, msg.strip_prefix("Prefill batch")?)
+    };
+    // Skip an optional ` [iter]` and the first comma.
+    Some((kind, rest.split_once(',').map(|(_, r)| r).unwrap_or("")))
+}
+
+fn batch_fields(rest: &str) -> Map<String, Value> {
+    let mut m = Map::new();
+    for part in rest.split(", ") {
+        let Some((k, v)) = part.split_once(": ") else { continue };
+        let v = v.trim();
+        let val = match v {
+            "True" => Value::Bool(true),
+            "False" => Value::Bool(false),
+            _ => match v.parse::<f64>().ok().and_then(serde_json::Number::from_f64) {
+                Some(n) if v.contains('.') => Value::Number(n),
+                Some(_) => v.parse::<i64>().map(Value::from).unwrap_or(Value::String(v.to_string())),
+                None => Value::String(v.to_string()),
+            },
+        };
+        m.insert(k.trim().to_string(), val);
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn events(lines: &[&str]) -> Vec<LogEvent> {
+        let mut p = LogParser::new();
+        let mut out = Vec::new();
+        for l in lines {
+            p.line(l.as_bytes(), false, &mut |e| out.push(e));
+        }
+        p.flush(&mut |e| out.push(e));
+        out
+    }
+
+    #[test]
+    fn heads_with_and_without_ms_and_every_rank_combination() {
+        let h = split_head("[2026-12-02 08:44:01] hello");
+        assert_eq!(h, LineHead { ts: Some("2026-12-02 08:44:01"), rank: None, msg: "hello" });
+        let h = split_head("[2026-12-02 08:44:01.123 DP0 PP1 ATTN_CP0 MOE_DP1 TP3 EP3] x");
+        assert_eq!(h.ts, Some("2026-12-02 08:44:01.123"));
+        assert_eq!(h.rank, Some("DP0 PP1 ATTN_CP0 MOE_DP1 TP3 EP3"));
+        assert_eq!(h.msg, "x");
+        assert_eq!(split_head("[2026-12-02 08:44:01 TP12]").rank, Some("TP12"));
+        for bad in ["[rank0]:[W1202 09:22:08.104886580 ProcessGroupNCCL.cpp:1575] Warning", "[2026-12-02 08:44:01 tp0] x",
+                    "[2026-12-02 08:44:01.12] x", "[2026-12-02 08:44:01 TP] x", "plain", "[2026-12-02 08:44:01"] {
+            assert_eq!(split_head(bad).ts, None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn ready_line_matches_with_uvicorn_prefix_and_without() {
+        assert_eq!(events(&["[2026-12-02 09:23:08] The server is fired up and ready to roll!"]), [LogEvent::Ready]);
+        assert_eq!(events(&["[2026-12-02 09:41:27] INFO:     The server is fired up and ready to roll!"]), [LogEvent::Ready]);
+        assert_eq!(events(&["[2026-12-02 09:20:20] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)"]),
+                   [LogEvent::Phase { name: "http_up", rank: None, reported_s: None, detail: None }]);
+    }
+
+    #[test]
+    fn server_args_both_forms_are_parsed_and_redacted() {
+        let ev = events(&["[2026-12-02 09:19:56] server_args=ServerArgs(model_path='/m', tp_size=1, api_key='sk-secret', hf_token=None)"]);
+        let LogEvent::ServerArgs(m) = &ev[0] else { panic!("{ev:?}") };
+        assert_eq!(Value::Object(m.clone()), json!({"model_path": "/m", "tp_size": 1, "api_key": "<redacted>", "hf_token": null}));
+        let ev = events(&["[2026-12-02 09:19:56 TP0] server_args={'model_path': '/m', 'admin_api_key': 'x', 'max_prefill_tokens': 16384}"]);
+        let LogEvent::ServerArgs(m) = &ev[0] else { panic!("{ev:?}") };
+        assert_eq!(Value::Object(m.clone()), json!({"model_path": "/m", "admin_api_key": "<redacted>", "max_prefill_tokens": 16384}));
+    }
+
+    #[test]
+    fn deprecations_with_and_without_colour_and_timestamp() {
+        let want = LogEvent::Deprecation {
+            flag: Some("--cuda-graph-max-bs".into()),
+            replacement: Some("--cuda-graph-max-bs-decode".into()),
+            message: "'--cuda-graph-max-bs' is deprecated and will be removed in a future release. Use '--cuda-graph-max-bs-decode' instead.".into(),
+        };
+        let text = "'--cuda-graph-max-bs' is deprecated and will be removed in a future release. Use '--cuda-graph-max-bs-decode' instead.";
+        assert_eq!(events(&[&format!("[2026-12-02 08:44:01] \x1b[1;33m{text}\x1b[0m")]), [want.clone()]);
+        assert_eq!(events(&[&format!("\x1b[1;33m{text}\x1b[0m")]), [want]);
+        let ev = events(&["[2026-12-02 08:44:01] The command line argument '--disable-cuda-graph' is deprecated and will be removed in future versions."]);
+        assert!(matches!(&ev[0], LogEvent::Deprecation { flag: Some(f), replacement: None, .. } if f == "--disable-cuda-graph"), "{ev:?}");
+        let ev = events(&["[2026-12-02 08:44:01] --enable-flashinfer-allreduce-fusion is deprecated. Please use --flashinfer-allreduce-fusion-backend=auto instead."]);
+        assert!(matches!(&ev[0], LogEvent::Deprecation { flag: Some(f), replacement: Some(r), .. }
+            if f == "--enable-flashinfer-allreduce-fusion" && r == "--flashinfer-allreduce-fusion-backend=auto"), "{ev:?}");
+        let ev = events(&["/tmp/site/sglang/srt/environ.py:976: UserWarning: Environment variable SGL_LOG is deprecated, please use SGLANG_LOG"]);
+        assert!(matches!(&ev[0], LogEvent::Deprecation { flag: Some(f), replacement: Some(r), .. } if f == "SGL_LOG" && r == "SGLANG_LOG"), "{ev:?}");
+    }
+
+    #[test]
+    fn phases_carry_rank_duration_and_detail() {
+        let ev = events(&[
+            "[2026-12-02 09:20:16 TP1] Init torch distributed ends. elapsed=0.25 s, mem usage=0.09 GB",
+            "[2026-12-02 09:20:20 TP1] Load weight end. elapsed=0.24 s, type=LlamaForCausalLM, avail mem=139.10 GB, mem usage=0.02 GB.",
+            "[2026-12-02 09:20:20] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 132287100, K size: 63.08 GB, V size: 63.08 GB",
+            "[2026-12-02 09:23:04] Capture target decode CUDA graph begin. backend=full, num_tokens_per_bs=1, bs=[1, 2], avail mem=11.38 GB",
+            "[2026-12-02 09:23:06] Capture target decode CUDA graph end. elapsed=2.01 s, mem usage=0.04 GB, avail mem=11.34 GB.",
+            "[2026-12-02 09:23:06] Capture cuda graph end. Time elapsed: 12.50 s. mem usage=1.2 GB",
+            "[2026-12-02 09:20:20] max_total_num_tokens=132287100, chunked_prefill_size=8192",
+        ]);
+        let names: Vec<_> = ev.iter().map(|e| match e { LogEvent::Phase { name, .. } => *name, _ => "?" }).collect();
+        assert_eq!(names, ["init_distributed_end", "load_weights_end", "kv_cache_allocated", "cuda_graph_begin", "cuda_graph_end", "cuda_graph_end", "max_total_num_tokens"]);
+        assert!(matches!(&ev[1], LogEvent::Phase { rank: Some(r), reported_s: Some(s), .. } if r == "TP1" && (*s - 0.24).abs() < 1e-9));
+        assert!(matches!(&ev[2], LogEvent::Phase { detail: Some(d), .. } if d == "tokens=132287100"));
+        assert!(matches!(&ev[3], LogEvent::Phase { detail: Some(d), .. } if d == "target decode"));
+        assert!(matches!(&ev[5], LogEvent::Phase { reported_s: Some(s), .. } if (*s - 12.5).abs() < 1e-9));
+        assert!(matches!(&ev[6], LogEvent::Phase { detail: Some(d), .. } if d == "132287100"));
+    }
+
+    #[test]
+    fn batch_lines_become_typed_fields() {
+        let ev = events(&["[2026-12-02 08:45:02 TP0] Decode batch, #running-req: 32, #token: 18432, token usage: 0.02, cuda graph: True, gen throughput (token/s): 3120.55, #queue-req: 0"]);
+        let LogEvent::Batch { kind, rank, fields } = &ev[0] else { panic!("{ev:?}") };
+        assert_eq!((*kind, rank.as_deref()), (BatchKind::Decode, Some("TP0")));
+        assert_eq!(Value::Object(fields.clone()), json!({"#running-req": 32, "#token": 18432, "token usage": 0.02,
+            "cuda graph": true, "gen throughput (token/s)": 3120.55, "#queue-req": 0}));
+        let ev = events(&["[2026-12-02 09:22:00] Prefill batch, #new-seq: 1, #new-token: 510, #cached-token: 2, token usage: 0.00, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 1108.22"]);
+        assert!(matches!(&ev[0], LogEvent::Batch { kind: BatchKind::Prefill, fields, .. } if fields["#new-token"] == json!(510)));
+    }
+
+    #[test]
+    fn scheduler_traceback_is_one_fatal_closed_by_the_next_prefixed_line() {
+        let ev = events(&[
+            "[2026-12-02 09:24:34 TP1] Scheduler hit an exception: Traceback (most recent call last):",
+            "  File \"/tmp/site/sgl_kernel/flash_attn.py\", line 8, in <module>",
+            "ImportError: cannot import name 'flash_ops' from 'sgl_kernel'",
+            "",
+            "During handling of the above exception, another exception occurred:",
+            "",
+            "Traceback (most recent call last):",
+            "  File \"x.py\", line 10, in <module>",
+            "ImportError: Can not import FA3 in sgl_kernel. Please check your installation.",
+            "",
+            "[2026-12-02 09:24:34] Received sigquit from a child process. It usually means the child failed.",
+        ]);
+        assert_eq!(ev.len(), 2, "{ev:?}");
+        let LogEvent::Fatal { reason, rank, excerpt } = &ev[0] else { panic!("{ev:?}") };
+        assert_eq!((*reason, rank.as_deref()), ("scheduler_exception", Some("TP1")));
+        assert!(excerpt.starts_with("[2026-12-02 09:24:34 TP1] Scheduler hit an exception"));
+        assert!(excerpt.ends_with("ImportError: Can not import FA3 in sgl_kernel. Please check your installation."), "{excerpt}");
+        assert!(matches!(&ev[1], LogEvent::Fatal { reason: "child_sigquit", .. }));
+    }
+
+    #[test]
+    fn bare_traceback_ends_at_its_exception_line_and_names_known_causes() {
+        let ev = events(&[
+            "Traceback (most recent call last):",
+            "  File \"/x/engine.py\", line 1, in _launch",
+            "RuntimeError: Rank 0 scheduler died during initialization (exit code: -9). If exit code is -9 (SIGKILL), a common cause is the OS OOM killer.",
+            "next unrelated line",
+        ]);
+        assert_eq!(ev.len(), 1, "{ev:?}");
+        assert!(matches!(&ev[0], LogEvent::Fatal { reason: "scheduler_died", excerpt, .. } if excerpt.contains("RuntimeError: Rank 0")));
+        let ev = events(&["Traceback (most recent call last):", "  File \"a\", line 1", "ValueError: boom"]);
+        assert!(matches!(&ev[0], LogEvent::Traceback { excerpt } if excerpt.ends_with("ValueError: boom")));
+    }
+
+    #[test]
+    fn single_line_fatals_and_worker_deaths() {
+        let cases = [
+            ("sglang serve: error: ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill", "argparse_error"),
+            ("launch_server.py: error: unrecognized arguments: --stream-output", "argparse_error"),
+            ("[2026-12-02 09:24:34] Received sigquit from a child process. It usually means the child failed.", "child_sigquit"),
+            ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", "cuda_oom"),
+            ("[2026-12-02 09:24:34] Subprocess detokenizer (pid=12) crashed with exit code -9. Triggering SIGQUIT for cleanup...", "subprocess_crashed"),
+        ];
+        for (line, want) in cases {
+            let ev = events(&[line]);
+            assert!(matches!(&ev[..], [LogEvent::Fatal { reason, .. }] if *reason == want), "{line}: {ev:?}");
+        }
+        assert!(matches!(&events(&["[2026-12-02 09:33:23] INFO:     Child process [2870] died"])[..], [LogEvent::WorkerDied { .. }]));
+        // "error:" inside ordinary text is not argparse.
+        assert!(events(&["[2026-12-02 09:23:13] [http_server] Error: Either text, input_ids or input_embeds should be provided."]).is_empty());
+        assert!(events(&["[2026-12-02 09:23:13] request failed: error: timeout [x]"]).is_empty());
+    }
+
+    #[test]
+    fn warnings_progress_bars_and_garbage() {
+        let ev = events(&[
+            "/tmp/site/torchao/quantization/quant_api.py:1731: SyntaxWarning: invalid escape sequence '\\.'",
+            "[rank0]:[W1202 09:22:08.104886580 ProcessGroupNCCL.cpp:1575] Warning: WARNING: destroy_process_group() was not called",
+            "  warnings.warn(",
+        ]);
+        assert_eq!(ev.len(), 2, "{ev:?}");
+        assert!(ev.iter().all(|e| matches!(e, LogEvent::Warning { .. })));
+        let bar = "  0%|          | 0/8 [00:00<?, ?it/s]\rCapturing batches (bs=32 avail_mem=11.37 GB):  12%|█▎ | 1/8".repeat(300);
+        let mut p = LogParser::new();
+        let mut n = 0;
+        p.line(bar.as_bytes(), false, &mut |_| n += 1);
+        p.line(b"\xff\xfe[2026-12-02 09:23:13] \xc3", false, &mut |_| n += 1);
+        assert_eq!(n, 0);
+        assert_eq!(p.stats, ParseStats { lines: 2, progress_lines: 1, non_utf8_lines: 1, truncated_lines: 0 });
+    }
+}

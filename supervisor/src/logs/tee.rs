@@ -1,0 +1,330 @@
+//! The log path: read the child's pipes, write every byte to the log file, copy to the terminal
+//! without ever blocking the child, and feed lines to the parser.
+//!
+//! One blocking thread per pipe. Per chunk read: one `write` to the log file (shared by both
+//! streams under a lock, so the file keeps arrival order), a non-blocking hand-off to a terminal
+//! writer thread (a bounded queue: when the terminal is slower than the child, the terminal copy
+//! drops chunks and counts them; the log file never does), then line framing and parsing in place.
+use super::parse::{LogEvent, LogParser, ParseStats};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Bytes read per `read` call (the pipe is enlarged to match).
+const CHUNK: usize = 256 * 1024;
+/// Longest line handed to the parser; the rest of a longer line is logged but not parsed.
+pub const MAX_PARSED_LINE: usize = 1024 * 1024;
+/// Chunks the terminal copy may fall behind before it drops (bounded memory: 64 × 256 KiB).
+const TERMINAL_QUEUE_CHUNKS: usize = 64;
+/// When a multi-line message is open and the pipe is quiet this long, close it.
+const CAPTURE_IDLE_MS: i32 = 200;
+/// Bytes of recent output kept in memory for diagnoses.
+const TAIL_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// A parsed event with the moment its line arrived.
+#[derive(Debug)]
+pub struct Timed {
+    pub at: Instant,
+    pub event: LogEvent,
+}
+
+/// The log file, shared by both readers.
+pub struct LogFile {
+    file: Option<File>,
+    pub path: Option<String>,
+    pub written: u64,
+    pub lost: u64,
+    pub error: Option<String>,
+}
+
+impl LogFile {
+    pub fn new(file: Option<File>, path: Option<String>) -> Self {
+        LogFile { file, path, written: 0, lost: 0, error: None }
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let Some(f) = &mut self.file else { return };
+        if self.error.is_some() {
+            self.lost += bytes.len() as u64;
+            return;
+        }
+        match f.write_all(bytes) {
+            Ok(()) => self.written += bytes.len() as u64,
+            Err(e) => {
+                // Keep draining the child's pipes: a full disk must not freeze the server.
+                let msg = format!("writing the log file {}: {e}", self.path.as_deref().unwrap_or("?"));
+                tracing::error!("{msg}; the child keeps running, further log bytes are counted as lost");
+                self.error = Some(msg);
+                self.lost += bytes.len() as u64;
+            }
+        }
+    }
+}
+
+/// The last bytes of output (both streams), for "what did it print before it died".
+pub struct Tail {
+    buf: Vec<u8>,
+}
+
+impl Tail {
+    fn push(&mut self, bytes: &[u8]) {
+        let bytes = &bytes[bytes.len().saturating_sub(TAIL_BYTES)..];
+        let overflow = (self.buf.len() + bytes.len()).saturating_sub(TAIL_BYTES);
+        if overflow > 0 {
+            self.buf.drain(..overflow);
+        }
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The last `n` complete lines, lossily decoded.
+    pub fn last_lines(&self, n: usize) -> Vec<String> {
+        let text = String::from_utf8_lossy(&self.buf);
+        let lines: Vec<&str> = text.lines().collect();
+        // The first line may be cut in the middle: skip it unless it is all we have.
+        let start = usize::from(lines.len() > n && self.buf.len() == TAIL_BYTES);
+        let from = lines.len().saturating_sub(n).max(start);
+        lines[from..].iter().map(|l| l.rsplit('\r').next().unwrap_or(l).to_string()).collect()
+    }
+}
+
+pub struct Shared {
+    pub log: Mutex<LogFile>,
+    pub tail: Mutex<Tail>,
+}
+
+impl Shared {
+    pub fn new(log: LogFile) -> Arc<Self> {
+        Arc::new(Shared { log: Mutex::new(log), tail: Mutex::new(Tail { buf: Vec::with_capacity(TAIL_BYTES) }) })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The terminal copy of one stream: a bounded queue to a writer thread.
+#[derive(Clone)]
+pub struct TerminalCopy {
+    tx: Option<SyncSender<Vec<u8>>>,
+    pub dropped: Arc<AtomicU64>,
+}
+
+impl TerminalCopy {
+    /// `fd`: 1 or 2. `None` when the terminal copy is off.
+    pub fn start(fd: i32, enabled: bool) -> TerminalCopy {
+        let dropped = Arc::new(AtomicU64::new(0));
+        if !enabled {
+            return TerminalCopy { tx: None, dropped };
+        }
+        let (tx, rx) = sync_channel::<Vec<u8>>(TERMINAL_QUEUE_CHUNKS);
+        let d = dropped.clone();
+        let started = std::thread::Builder::new().name(format!("terminal-{fd}")).spawn(move || {
+            // SAFETY: dup of our own stdout/stderr; the File owns the duplicate.
+            let dup = unsafe { libc::dup(fd) };
+            if dup < 0 {
+                return;
+            }
+            // SAFETY: `dup` is a fresh descriptor we own.
+            let mut out: File = unsafe { std::os::fd::FromRawFd::from_raw_fd(dup) };
+            let mut broken = false;
+            for chunk in rx {
+                if broken || out.write_all(&chunk).is_err() {
+                    // A closed terminal (EPIPE) must not stop the log path: count and move on.
+                    broken = true;
+                    d.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                }
+            }
+        });
+        match started {
+            Ok(_) => TerminalCopy { tx: Some(tx), dropped },
+            Err(e) => {
+                tracing::warn!("no terminal copy of fd {fd}: cannot start its thread: {e}");
+                TerminalCopy { tx: None, dropped }
+            }
+        }
+    }
+
+    fn offer(&self, bytes: &[u8]) {
+        let Some(tx) = &self.tx else { return };
+        match tx.try_send(bytes.to_vec()) {
+            Ok(()) => {}
+            Err(TrySendError::Full(c)) | Err(TrySendError::Disconnected(c)) => {
+                self.dropped.fetch_add(c.len() as u64, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Splits a byte stream into lines without copying complete lines; a partial line is kept up to
+/// `max` bytes and the excess is dropped from parsing (never from the log).
+pub struct LineFramer {
+    partial: Vec<u8>,
+    truncated: bool,
+    max: usize,
+}
+
+impl LineFramer {
+    pub fn new(max: usize) -> Self {
+        LineFramer { partial: Vec::new(), truncated: false, max }
+    }
+
+    pub fn feed(&mut self, chunk: &[u8], mut line: impl FnMut(&[u8], bool)) {
+        let mut start = 0;
+        for nl in memchr::memchr_iter(b'\n', chunk) {
+            let piece = &chunk[start..nl];
+            if self.partial.is_empty() && !self.truncated {
+                if piece.len() > self.max {
+                    line(&piece[..self.max], true);
+                } else {
+                    line(piece, false);
+                }
+            } else {
+                self.append(piece);
+                line(&self.partial, self.truncated);
+                self.partial.clear();
+                self.truncated = false;
+            }
+            start = nl + 1;
+        }
+        if start < chunk.len() {
+            self.append(&chunk[start..]);
+        }
+    }
+
+    fn append(&mut self, bytes: &[u8]) {
+        let room = self.max.saturating_sub(self.partial.len());
+        if bytes.len() > room {
+            self.truncated = true;
+        }
+        self.partial.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+
+    /// End of stream: the last line had no newline.
+    pub fn finish(&mut self, mut line: impl FnMut(&[u8], bool)) {
+        if !self.partial.is_empty() || self.truncated {
+            line(&self.partial, self.truncated);
+        }
+        self.partial = Vec::new();
+        self.truncated = false;
+    }
+}
+
+/// What one reader saw, returned when its pipe closes.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct StreamStats {
+    pub bytes: u64,
+    #[serde(flatten)]
+    pub parse: ParseStats,
+}
+
+/// Read `fd` to its end on a new thread.
+pub fn spawn_reader(
+    stream: Stream,
+    fd: OwnedFd,
+    shared: Arc<Shared>,
+    terminal: TerminalCopy,
+    events: UnboundedSender<Timed>,
+) -> std::io::Result<std::thread::JoinHandle<StreamStats>> {
+    let name = match stream {
+        Stream::Stdout => "child-stdout",
+        Stream::Stderr => "child-stderr",
+    };
+    std::thread::Builder::new().name(name.into()).spawn(move || read_loop(fd, &shared, &terminal, &events))
+}
+
+fn read_loop(fd: OwnedFd, shared: &Shared, terminal: &TerminalCopy, events: &UnboundedSender<Timed>) -> StreamStats {
+    let raw = fd.as_raw_fd();
+    // Fewer, larger reads when the child writes fast. Failure only costs speed.
+    // SAFETY: fcntl on our own pipe descriptor.
+    unsafe { libc::fcntl(raw, libc::F_SETPIPE_SZ, CHUNK as libc::c_int) };
+    let mut file = File::from(fd);
+    let mut buf = vec![0u8; CHUNK];
+    let mut framer = LineFramer::new(MAX_PARSED_LINE);
+    let mut parser = LogParser::new();
+    let mut bytes = 0u64;
+    let mut emit = |event: LogEvent| {
+        // The receiver is gone only when the supervisor is shutting down.
+        let _ = events.send(Timed { at: Instant::now(), event });
+    };
+    loop {
+        if parser.capturing() && !readable_within(raw, CAPTURE_IDLE_MS) {
+            parser.flush(&mut emit);
+            continue;
+        }
+        let n = match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::error!("reading the child's output: {e}");
+                break;
+            }
+        };
+        let chunk = &buf[..n];
+        bytes += n as u64;
+        lock(&shared.log).write(chunk);
+        terminal.offer(chunk);
+        lock(&shared.tail).push(chunk);
+        framer.feed(chunk, |line, truncated| parser.line(line, truncated, &mut emit));
+    }
+    framer.finish(|line, truncated| parser.line(line, truncated, &mut emit));
+    parser.flush(&mut emit);
+    StreamStats { bytes, parse: parser.stats }
+}
+
+fn readable_within(fd: i32, ms: i32) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    let rc = unsafe { libc::poll(&mut p, 1, ms) };
+    rc != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(chunks: &[&[u8]], max: usize) -> Vec<(Vec<u8>, bool)> {
+        let mut f = LineFramer::new(max);
+        let mut out = Vec::new();
+        for c in chunks {
+            f.feed(c, |l, t| out.push((l.to_vec(), t)));
+        }
+        f.finish(|l, t| out.push((l.to_vec(), t)));
+        out
+    }
+
+    #[test]
+    fn framer_joins_lines_across_chunks_and_keeps_the_last_unterminated_line() {
+        let out = frame(&[b"ab", b"c\nde", b"f\n\ng"], 100);
+        assert_eq!(out, [(b"abc".to_vec(), false), (b"def".to_vec(), false), (b"".to_vec(), false), (b"g".to_vec(), false)]);
+    }
+
+    #[test]
+    fn framer_bounds_long_lines_and_marks_them() {
+        let out = frame(&[b"0123456789", b"abcdef", b"\nok\n"], 8);
+        assert_eq!(out, [(b"01234567".to_vec(), true), (b"ok".to_vec(), false)]);
+        let out = frame(&[b"0123456789abc\nok"], 8);
+        assert_eq!(out, [(b"01234567".to_vec(), true), (b"ok".to_vec(), false)]);
+    }
+
+    #[test]
+    fn tail_keeps_the_last_lines() {
+        let mut t = Tail { buf: Vec::new() };
+        for i in 0..10_000 {
+            t.push(format!("line {i}\n").as_bytes());
+        }
+        assert_eq!(t.last_lines(2), ["line 9998", "line 9999"]);
+        assert!(t.buf.len() <= TAIL_BYTES);
+    }
+}

@@ -1,0 +1,50 @@
+use clap::Parser;
+use sglang_supervisor::cli::{Cli, Command, LogFormat};
+use sglang_supervisor::{lifecycle, sentinel};
+use std::process::ExitCode;
+
+/// The supervisor's own failures (bad options included) exit 125, so they never look like the
+/// server's own exit status.
+const EXIT_SUPERVISOR_FAILED: u8 = 125;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_SUPERVISOR_FAILED } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    init_tracing(cli.log_format);
+    match cli.command {
+        Command::Sentinel { pgid } => ExitCode::from(sentinel::sentinel_main(pgid) as u8),
+        Command::Run(args) => {
+            let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => return fail(anyhow::anyhow!("cannot start the async runtime: {e}")),
+            };
+            // block_on runs `run` on this (main) thread, which spawns the child: PDEATHSIG is tied
+            // to the spawning thread, and this one lives until we exit.
+            match rt.block_on(lifecycle::run(args)) {
+                Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+                Err(e) => fail(e),
+            }
+        }
+    }
+}
+
+fn fail(e: anyhow::Error) -> ExitCode {
+    eprintln!("sglang-supervisor: error: {e:#}");
+    ExitCode::from(EXIT_SUPERVISOR_FAILED)
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
