@@ -29,8 +29,13 @@ pub struct HttpUrl {
 
 impl HttpUrl {
     pub fn parse(url: &str) -> Result<Self, ProbeError> {
-        let bad = |why| ProbeError::BadUrl { url: url.to_string(), why };
-        let rest = url.strip_prefix("http://").ok_or_else(|| bad("only http:// is supported"))?;
+        let bad = |why| ProbeError::BadUrl {
+            url: url.to_string(),
+            why,
+        };
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| bad("only http:// is supported"))?;
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
@@ -48,13 +53,22 @@ impl HttpUrl {
         if host.is_empty() {
             return Err(bad("empty host"));
         }
-        let port = port.parse().map_err(|_| bad("port is not a number 0-65535"))?;
-        Ok(HttpUrl { host, port, path: path.to_string() })
+        let port = port
+            .parse()
+            .map_err(|_| bad("port is not a number 0-65535"))?;
+        Ok(HttpUrl {
+            host,
+            port,
+            path: path.to_string(),
+        })
     }
 
     /// The same server with another path.
     pub fn with_path(&self, path: &str) -> Self {
-        HttpUrl { path: path.to_string(), ..self.clone() }
+        HttpUrl {
+            path: path.to_string(),
+            ..self.clone()
+        }
     }
 
     pub fn base(&self) -> String {
@@ -87,7 +101,9 @@ enum Inner {
 
 async fn get_status_inner(url: &HttpUrl) -> Result<u16, Inner> {
     let host = url.host.trim_start_matches('[').trim_end_matches(']');
-    let mut stream = TcpStream::connect((host, url.port)).await.map_err(Inner::Io)?;
+    let mut stream = TcpStream::connect((host, url.port))
+        .await
+        .map_err(Inner::Io)?;
     stream.set_nodelay(true).map_err(Inner::Io)?;
     let req = format!(
         "GET {} HTTP/1.1\r\nHost: {}:{}\r\nUser-Agent: sglang-supervisor\r\nConnection: close\r\n\r\n",
@@ -130,11 +146,20 @@ mod tests {
     #[test]
     fn parses_urls_with_and_without_path_and_port() {
         let u = HttpUrl::parse("http://127.0.0.1:30000").unwrap();
-        assert_eq!((u.host.as_str(), u.port, u.path.as_str()), ("127.0.0.1", 30000, "/"));
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("127.0.0.1", 30000, "/")
+        );
         let u = HttpUrl::parse("http://localhost/health").unwrap();
-        assert_eq!((u.host.as_str(), u.port, u.path.as_str()), ("localhost", 80, "/health"));
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("localhost", 80, "/health")
+        );
         let u = HttpUrl::parse("http://[::1]:8080/ready").unwrap();
-        assert_eq!((u.host.as_str(), u.port, u.path.as_str()), ("[::1]", 8080, "/ready"));
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("[::1]", 8080, "/ready")
+        );
         assert!(HttpUrl::parse("https://x").is_err());
         assert!(HttpUrl::parse("http://x:notaport/").is_err());
     }
@@ -155,7 +180,9 @@ mod tests {
             let (mut s, _) = listener.accept().await.unwrap();
             let mut b = [0u8; 1024];
             let _ = s.read(&mut b).await.unwrap();
-            s.write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n").await.unwrap();
+            s.write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+                .await
+                .unwrap();
         });
         let url = HttpUrl::parse(&format!("http://127.0.0.1:{port}/health")).unwrap();
         assert_eq!(get_status(&url, Duration::from_secs(2)).await.unwrap(), 503);
@@ -167,6 +194,9 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         drop(listener);
         let url = HttpUrl::parse(&format!("http://127.0.0.1:{port}/")).unwrap();
-        assert!(matches!(get_status(&url, Duration::from_secs(2)).await, Err(ProbeError::Io { .. })));
+        assert!(matches!(
+            get_status(&url, Duration::from_secs(2)).await,
+            Err(ProbeError::Io { .. })
+        ));
     }
 }

@@ -18,7 +18,10 @@ use tokio::sync::oneshot;
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
     #[error("cannot start {program:?}: {source} (is it installed and on PATH? the command is run as argv, without a shell)")]
-    Exec { program: String, source: std::io::Error },
+    Exec {
+        program: String,
+        source: std::io::Error,
+    },
     #[error("no command given: put the server command after `--`")]
     Empty,
 }
@@ -85,10 +88,15 @@ fn reaper() -> &'static Reaper {
     static R: OnceLock<&'static Reaper> = OnceLock::new();
     R.get_or_init(|| {
         let r: &'static Reaper = Box::leak(Box::new(Reaper {
-            registry: Mutex::new(Registry { watchers: HashMap::new(), orphans_reaped: 0 }),
+            registry: Mutex::new(Registry {
+                watchers: HashMap::new(),
+                orphans_reaped: 0,
+            }),
             has_children: Condvar::new(),
         }));
-        let spawned = std::thread::Builder::new().name("reaper".into()).spawn(move || reap_forever(r));
+        let spawned = std::thread::Builder::new()
+            .name("reaper".into())
+            .spawn(move || reap_forever(r));
         if let Err(e) = spawned {
             tracing::error!("cannot start the reaper thread: {e}; exit statuses will not be seen");
         }
@@ -154,7 +162,10 @@ pub fn spawn(spec: SpawnSpec<'_>) -> Result<Spawned, SpawnError> {
     let r = reaper();
     #[allow(clippy::disallowed_methods)] // this is the one place allowed to build a Command
     let mut cmd = std::process::Command::new(program);
-    cmd.args(args).stdin(spec.stdin).stdout(spec.stdout).stderr(spec.stderr);
+    cmd.args(args)
+        .stdin(spec.stdin)
+        .stdout(spec.stdout)
+        .stderr(spec.stderr);
     if spec.new_process_group {
         cmd.process_group(0);
     }
@@ -176,9 +187,10 @@ pub fn spawn(spec: SpawnSpec<'_>) -> Result<Spawned, SpawnError> {
         }
     }
     let mut g = lock(r);
-    let mut child = cmd
-        .spawn()
-        .map_err(|source| SpawnError::Exec { program: program.to_string_lossy().into_owned(), source })?;
+    let mut child = cmd.spawn().map_err(|source| SpawnError::Exec {
+        program: program.to_string_lossy().into_owned(),
+        source,
+    })?;
     let pid = child.id() as i32;
     let (tx, rx) = oneshot::channel();
     g.watchers.insert(pid, tx);
@@ -223,14 +235,20 @@ fn read_stat(pid: i32) -> Option<ProcStat> {
 }
 
 fn all_pids() -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
 }
 
 /// Live (non-zombie) processes that descend from `root` or belong to process group `pgid`,
 /// minus `exclude`.
 pub fn tree_members(root: i32, pgid: Option<i32>, exclude: &[i32]) -> Vec<i32> {
-    let stats: HashMap<i32, ProcStat> = all_pids().into_iter().filter_map(|p| Some((p, read_stat(p)?))).collect();
+    let stats: HashMap<i32, ProcStat> = all_pids()
+        .into_iter()
+        .filter_map(|p| Some((p, read_stat(p)?)))
+        .collect();
     let mut out = Vec::new();
     for (&pid, st) in &stats {
         if pid == root || exclude.contains(&pid) || st.state == b'Z' || st.state == b'X' {

@@ -13,7 +13,13 @@ use std::time::Duration;
 )]
 pub struct Cli {
     /// Format of the supervisor's own messages on stderr (filter them with RUST_LOG).
-    #[arg(long, global = true, value_enum, default_value = "text", env = "SGLANG_SUPERVISOR_LOG_FORMAT")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "SGLANG_SUPERVISOR_LOG_FORMAT"
+    )]
     pub log_format: LogFormat,
 
     #[command(subcommand)]
@@ -71,7 +77,12 @@ pub struct RunArgs {
     pub grace: Duration,
 
     /// How readiness is decided.
-    #[arg(long, value_enum, default_value = "log", env = "SGLANG_SUPERVISOR_READY_ON")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "log",
+        env = "SGLANG_SUPERVISOR_READY_ON"
+    )]
     pub ready_on: ReadyOn,
 
     /// Server base URL for readiness checks. Default: --host/--port found in COMMAND
@@ -117,12 +128,28 @@ mod tests {
 
     #[test]
     fn run_takes_the_command_after_double_dash_with_its_own_flags() {
-        let cli = Cli::try_parse_from(["s", "run", "--grace", "5s", "--", "python3", "-m", "sglang.launch_server", "--port", "1"])
-            .unwrap();
-        let Command::Run(r) = cli.command else { panic!() };
+        let cli = Cli::try_parse_from([
+            "s",
+            "run",
+            "--grace",
+            "5s",
+            "--",
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            "--port",
+            "1",
+        ])
+        .unwrap();
+        let Command::Run(r) = cli.command else {
+            panic!()
+        };
         assert_eq!(r.grace, Duration::from_secs(5));
         assert_eq!(r.ready_timeout, Duration::from_secs(3600));
-        assert_eq!(r.command, ["python3", "-m", "sglang.launch_server", "--port", "1"]);
+        assert_eq!(
+            r.command,
+            ["python3", "-m", "sglang.launch_server", "--port", "1"]
+        );
         assert!(Cli::try_parse_from(["s", "run", "--grace", "soon", "--", "x"]).is_err());
     }
 }

@@ -14,7 +14,11 @@ pub struct Events {
 
 impl Events {
     pub fn new(file: Option<File>, path: Option<String>, t0: Instant) -> Self {
-        Events { file: file.map(Mutex::new), path, t0 }
+        Events {
+            file: file.map(Mutex::new),
+            path,
+            t0,
+        }
     }
 
     /// Seconds since the child was spawned (the `elapsed_s` of every event).
@@ -24,7 +28,10 @@ impl Events {
 
     pub fn emit(&self, event: &str, fields: Value) {
         let mut obj = Map::with_capacity(8);
-        obj.insert("ts".into(), Value::String(humantime::format_rfc3339_millis(SystemTime::now()).to_string()));
+        obj.insert(
+            "ts".into(),
+            Value::String(humantime::format_rfc3339_micros(SystemTime::now()).to_string()),
+        );
         obj.insert("event".into(), Value::String(event.into()));
         if let Value::Object(f) = fields {
             obj.extend(f);
@@ -42,7 +49,10 @@ impl Events {
         let mut f = file.lock().unwrap_or_else(|p| p.into_inner());
         // One write per line: a reader never sees half an event unless the disk is full.
         if let Err(e) = f.write_all(&line) {
-            tracing::error!("writing event {event} to {}: {e}", self.path.as_deref().unwrap_or("?"));
+            tracing::error!(
+                "writing event {event} to {}: {e}",
+                self.path.as_deref().unwrap_or("?")
+            );
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::child::{self, ExitStatus, SpawnSpec};
 use crate::cli::{ReadyOn, RunArgs};
 use crate::events::{round_ms, Events};
 use crate::logs::parse::LogEvent;
-use crate::logs::tee::{self, LogFile, Shared, StreamStats, TerminalCopy, Timed};
+use crate::logs::tee::{self, LogFile, Shared, StreamStats, Timed};
 use crate::redact::redact_argv;
 use crate::sentinel::Sentinel;
 use anyhow::{Context, Result};
@@ -78,7 +78,6 @@ struct Supervision {
     seen_deprecations: HashSet<String>,
     warnings_suppressed: u64,
     worker_deaths: u32,
-    batches: [u64; 2],
     probe_tx: mpsc::UnboundedSender<Probe>,
     /// Our own helper processes, never part of the server's tree.
     exclude: Vec<i32>,
@@ -93,7 +92,11 @@ pub fn server_url(args: &RunArgs) -> Result<HttpUrl> {
         return Ok(base.with_path("/"));
     }
     let (mut host, mut port) = ("127.0.0.1".to_string(), 30000u16);
-    let argv: Vec<String> = args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    let argv: Vec<String> = args
+        .command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let mut it = argv.iter();
     while let Some(a) = it.next() {
         let (flag, inline) = match a.split_once('=') {
@@ -103,11 +106,15 @@ pub fn server_url(args: &RunArgs) -> Result<HttpUrl> {
         if flag != "--host" && flag != "--port" {
             continue;
         }
-        let Some(v) = inline.or_else(|| it.next().cloned()) else { continue };
+        let Some(v) = inline.or_else(|| it.next().cloned()) else {
+            continue;
+        };
         if flag == "--host" {
             host = v;
         } else {
-            port = v.parse().with_context(|| format!("the server command has --port {v:?}, which is not a port number"))?;
+            port = v.parse().with_context(|| {
+                format!("the server command has --port {v:?}, which is not a port number")
+            })?;
         }
     }
     let host = match host.as_str() {
@@ -116,17 +123,34 @@ pub fn server_url(args: &RunArgs) -> Result<HttpUrl> {
         h if h.contains(':') && !h.starts_with('[') => format!("[{h}]"),
         h => h.to_string(),
     };
-    Ok(HttpUrl { host, port, path: "/".into() })
+    Ok(HttpUrl {
+        host,
+        port,
+        path: "/".into(),
+    })
 }
 
 fn create(path: &std::path::Path, what: &str) -> Result<File> {
-    File::create(path).with_context(|| format!("cannot create the {what} {} (check the directory exists and is writable)", path.display()))
+    File::create(path).with_context(|| {
+        format!(
+            "cannot create the {what} {} (check the directory exists and is writable)",
+            path.display()
+        )
+    })
 }
 
 /// Run the server to the end; returns the exit status of `run`.
 pub async fn run(args: RunArgs) -> Result<i32> {
-    let log_file = args.log_file.as_deref().map(|p| create(p, "log file")).transpose()?;
-    let events_file = args.events.as_deref().map(|p| create(p, "events file")).transpose()?;
+    let log_file = args
+        .log_file
+        .as_deref()
+        .map(|p| create(p, "log file"))
+        .transpose()?;
+    let events_file = args
+        .events
+        .as_deref()
+        .map(|p| create(p, "events file"))
+        .transpose()?;
     let url = server_url(&args)?;
     if let Err(e) = child::become_subreaper() {
         tracing::warn!("cannot become a child subreaper ({e}): descendants that call setsid may escape teardown");
@@ -160,9 +184,20 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         stderr: Stdio::piped(),
     })?;
     let pid = spawned.pid;
-    let events = Events::new(events_file, args.events.as_ref().map(|p| p.display().to_string()), t0);
-    let argv_text: Vec<String> = args.command.iter().map(|a: &OsString| a.to_string_lossy().into_owned()).collect();
-    events.emit("spawned", json!({"pid": pid, "argv": redact_argv(&argv_text)}));
+    let events = Events::new(
+        events_file,
+        args.events.as_ref().map(|p| p.display().to_string()),
+        t0,
+    );
+    let argv_text: Vec<String> = args
+        .command
+        .iter()
+        .map(|a: &OsString| a.to_string_lossy().into_owned())
+        .collect();
+    events.emit(
+        "spawned",
+        json!({"pid": pid, "argv": redact_argv(&argv_text)}),
+    );
     tracing::info!(pid, url = %url.base(), "spawned the server");
 
     let sentinel = match Sentinel::start(pid) {
@@ -174,17 +209,22 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     };
     let exclude: Vec<i32> = sentinel.iter().map(|s| s.pid).collect();
 
-    let shared = Shared::new(LogFile::new(log_file, args.log_file.as_ref().map(|p| p.display().to_string())));
+    let shared = Shared::new(LogFile::new(
+        log_file,
+        args.log_file.as_ref().map(|p| p.display().to_string()),
+    ));
     let (log_tx, mut log_rx) = mpsc::unbounded_channel::<Timed>();
-    let term_out = TerminalCopy::start(1, !args.no_tee);
-    let term_err = TerminalCopy::start(2, !args.no_tee);
+    let tee_to = |fd| (!args.no_tee).then(|| tee::terminal(fd));
     let mut readers = Vec::new();
     for (stream, fd, term) in [
-        (tee::Stream::Stdout, spawned.stdout, term_out.clone()),
-        (tee::Stream::Stderr, spawned.stderr, term_err.clone()),
+        (tee::Stream::Stdout, spawned.stdout, tee_to(1)),
+        (tee::Stream::Stderr, spawned.stderr, tee_to(2)),
     ] {
         if let Some(fd) = fd {
-            readers.push(tee::spawn_reader(stream, fd, shared.clone(), term, log_tx.clone()).context("starting a log reader thread")?);
+            readers.push(
+                tee::spawn_reader(stream, fd, shared.clone(), term, log_tx.clone())
+                    .context("starting a log reader thread")?,
+            );
         }
     }
     drop(log_tx);
@@ -209,7 +249,6 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         seen_deprecations: HashSet::new(),
         warnings_suppressed: 0,
         worker_deaths: 0,
-        batches: [0; 2],
         probe_tx,
         exclude: exclude.clone(),
         grace_deadline: None,
@@ -268,7 +307,7 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         ExitStatus::Code(c) => (Some(c), None),
         ExitStatus::Signal(n) => (None, Some(n)),
     };
-    let log = s.log_summary(&shared, &stats, &term_out, &term_err);
+    let log = s.log_summary(&shared, &stats);
     s.events.emit(
         "exited",
         json!({"code": code, "signal": signal, "elapsed_s": s.events.elapsed(exited_at), "requested": requested,
@@ -282,7 +321,12 @@ pub async fn run(args: RunArgs) -> Result<i32> {
 }
 
 async fn join_readers(readers: Vec<std::thread::JoinHandle<StreamStats>>) -> Vec<StreamStats> {
-    let joined = tokio::task::spawn_blocking(move || readers.into_iter().filter_map(|r| r.join().ok()).collect::<Vec<_>>());
+    let joined = tokio::task::spawn_blocking(move || {
+        readers
+            .into_iter()
+            .filter_map(|r| r.join().ok())
+            .collect::<Vec<_>>()
+    });
     match tokio::time::timeout(DRAIN_TIMEOUT, joined).await {
         Ok(Ok(stats)) => stats,
         _ => {
@@ -340,22 +384,41 @@ impl Supervision {
         let at = self.events.elapsed(t.at);
         match t.event {
             LogEvent::Ready => {
-                if !self.ready && !self.probing && self.stop.is_none() {
+                if self.args.ready_on == ReadyOn::Log
+                    && !self.ready
+                    && !self.probing
+                    && self.stop.is_none()
+                {
                     self.probing = true;
                     let (url, tx) = (self.url.clone(), self.probe_tx.clone());
-                    tokio::spawn(async move { let _ = tx.send(confirm_ready(url).await); });
+                    tokio::spawn(async move {
+                        let _ = tx.send(confirm_ready(url).await);
+                    });
                 }
             }
             LogEvent::ServerArgs(args) => self.events.emit("server_args", json!({"args": args})),
-            LogEvent::Deprecation { flag, replacement, message } => {
+            LogEvent::Deprecation {
+                flag,
+                replacement,
+                message,
+            } => {
                 if self.seen_deprecations.insert(message.clone()) {
-                    self.events.emit("deprecation", json!({"flag": flag, "replacement": replacement, "message": message}));
+                    self.events.emit(
+                        "deprecation",
+                        json!({"flag": flag, "replacement": replacement, "message": message}),
+                    );
                     tracing::warn!("deprecated: {message}");
                 }
             }
             LogEvent::Warning { message } => self.warn(message),
-            LogEvent::Phase { name, rank, reported_s, detail } => self.on_phase(name, rank, reported_s, detail, at),
-            LogEvent::Batch { kind, .. } => self.batches[kind as usize] += 1,
+            LogEvent::Phase {
+                name,
+                rank,
+                reported_s,
+                detail,
+            } => self.on_phase(name, rank, reported_s, detail, at),
+            // Batches are folded into `Shared::batches` by the readers; none arrive here.
+            LogEvent::Batch { .. } => {}
             LogEvent::Traceback { excerpt } => self.last_traceback = Some(excerpt),
             LogEvent::WorkerDied { line } => {
                 self.worker_deaths += 1;
@@ -369,7 +432,11 @@ impl Supervision {
                     self.on_fatal("uvicorn_worker_died", None, excerpt).await;
                 }
             }
-            LogEvent::Fatal { reason, rank, excerpt } => self.on_fatal(reason, rank, excerpt).await,
+            LogEvent::Fatal {
+                reason,
+                rank,
+                excerpt,
+            } => self.on_fatal(reason, rank, excerpt).await,
         }
     }
 
@@ -385,7 +452,14 @@ impl Supervision {
         self.seen_warnings.insert(message);
     }
 
-    fn on_phase(&mut self, name: &'static str, rank: Option<String>, reported_s: Option<f64>, detail: Option<String>, at: f64) {
+    fn on_phase(
+        &mut self,
+        name: &'static str,
+        rank: Option<String>,
+        reported_s: Option<f64>,
+        detail: Option<String>,
+        at: f64,
+    ) {
         let key = rank.clone().unwrap_or_else(|| "main".into());
         let progress = self.ranks.entry(key).or_default();
         progress.last = Some((name, at));
@@ -432,7 +506,11 @@ impl Supervision {
             tracing::error!(reason, rank = rank.as_deref(), "fatal: {excerpt}");
             return;
         }
-        tracing::error!(reason, rank = rank.as_deref(), "fatal before readiness, stopping the server:\n{excerpt}");
+        tracing::error!(
+            reason,
+            rank = rank.as_deref(),
+            "fatal before readiness, stopping the server:\n{excerpt}"
+        );
         self.stop = Some(Stop::Fatal);
         // SGLang may be killing itself right now; if it already exited, its own status stands.
         self.killed_live = !child::has_exited(self.pid);
@@ -443,16 +521,25 @@ impl Supervision {
         let name = signal_name(sig);
         if self.stop.is_some() {
             // A second signal: stop waiting for a graceful drain.
-            self.events.emit("signal", json!({"signal": name, "target": "tree"}));
+            self.events
+                .emit("signal", json!({"signal": name, "target": "tree"}));
             tracing::warn!("{name} again: SIGKILL to the whole process tree");
             child::kill_tree(self.pid, &self.exclude, Duration::ZERO).await;
             return;
         }
         self.stop = Some(Stop::Requested(sig));
-        let (target, dest) = if self.args.signal_group { ("group", -self.pid) } else { ("main", self.pid) };
+        let (target, dest) = if self.args.signal_group {
+            ("group", -self.pid)
+        } else {
+            ("main", self.pid)
+        };
         child::send_signal(dest, sig);
-        self.events.emit("signal", json!({"signal": name, "target": target}));
-        tracing::info!("{name} forwarded to the server's {target}; SIGKILL in {:?} if it is still running", self.args.grace);
+        self.events
+            .emit("signal", json!({"signal": name, "target": target}));
+        tracing::info!(
+            "{name} forwarded to the server's {target}; SIGKILL in {:?} if it is still running",
+            self.args.grace
+        );
         self.grace_deadline = Some(tokio::time::Instant::now() + self.args.grace);
     }
 
@@ -461,17 +548,31 @@ impl Supervision {
         let mut parts: Vec<String> = self
             .ranks
             .iter()
-            .filter_map(|(rank, p)| p.last.map(|(name, at)| format!("{rank} {} {}", describe_phase(name), ago(now - at))))
+            .filter_map(|(rank, p)| {
+                p.last
+                    .map(|(name, at)| format!("{rank} {} {}", describe_phase(name), ago(now - at)))
+            })
             .collect();
         if parts.is_empty() {
             parts.push("no startup phase was logged".into());
         }
-        let excerpt = format!("not ready after {}: {}", humantime::format_duration(self.args.ready_timeout), parts.join("; "));
+        let excerpt = format!(
+            "not ready after {}: {}",
+            humantime::format_duration(self.args.ready_timeout),
+            parts.join("; ")
+        );
         tracing::error!("{excerpt}; stopping the server");
-        self.events.emit("fatal", json!({"reason": "ready_timeout", "excerpt": excerpt}));
+        self.events.emit(
+            "fatal",
+            json!({"reason": "ready_timeout", "excerpt": excerpt}),
+        );
         self.fatal = Some(("ready_timeout".into(), excerpt));
         self.stop = Some(Stop::ReadyTimeout);
-        let dest = if self.args.signal_group { -self.pid } else { self.pid };
+        let dest = if self.args.signal_group {
+            -self.pid
+        } else {
+            self.pid
+        };
         child::send_signal(dest, libc::SIGTERM);
         self.grace_deadline = Some(tokio::time::Instant::now() + self.args.grace);
     }
@@ -485,26 +586,28 @@ impl Supervision {
             }
             Probe::ConfirmFailed(why) => {
                 self.probing = false;
-                tracing::warn!("the log says ready but HTTP does not confirm it ({why}); polling /health");
+                tracing::warn!(
+                    "the log says ready but HTTP does not confirm it ({why}); polling /health"
+                );
                 self.health_polling = true;
                 self.next_health = Some(tokio::time::Instant::now());
             }
-            Probe::Health(r) => {
-                match r {
-                    Ok(200) => self.become_ready(),
-                    other => {
-                        tracing::debug!("GET /health: {other:?}");
-                        self.next_health = Some(tokio::time::Instant::now() + HEALTH_PERIOD);
-                    }
+            Probe::Health(r) => match r {
+                Ok(200) => self.become_ready(),
+                other => {
+                    tracing::debug!("GET /health: {other:?}");
+                    self.next_health = Some(tokio::time::Instant::now() + HEALTH_PERIOD);
                 }
-            }
+            },
         }
     }
 
     fn poll_health(&self) {
         let (url, tx) = (self.url.with_path("/health"), self.probe_tx.clone());
         tokio::spawn(async move {
-            let r = get_status(&url, HEALTH_TIMEOUT).await.map_err(|e| e.to_string());
+            let r = get_status(&url, HEALTH_TIMEOUT)
+                .await
+                .map_err(|e| e.to_string());
             let _ = tx.send(Probe::Health(r));
         });
     }
@@ -516,9 +619,13 @@ impl Supervision {
         self.ready = true;
         let at = self.now_s();
         if let Some(up) = self.http_up_at {
-            self.events.emit("phase", json!({"name": "warmup", "elapsed_s": at, "duration_s": round_ms(at - up)}));
+            self.events.emit(
+                "phase",
+                json!({"name": "warmup", "elapsed_s": at, "duration_s": round_ms(at - up)}),
+            );
         }
-        self.events.emit("ready", json!({"elapsed_s": at, "url": self.url.base()}));
+        self.events
+            .emit("ready", json!({"elapsed_s": at, "url": self.url.base()}));
         tracing::info!("server ready after {at:.3} s at {}", self.url.base());
         if let Some(cmd) = &self.args.on_ready {
             run_on_ready(cmd);
@@ -533,26 +640,51 @@ impl Supervision {
         if self.ready && status == ExitStatus::Code(0) {
             return;
         }
-        let reason = if self.ready { "exited" } else { "exited_before_ready" };
+        let reason = if self.ready {
+            "exited"
+        } else {
+            "exited_before_ready"
+        };
         let excerpt = self.last_traceback.clone().unwrap_or_else(|| {
-            let lines = shared.tail.lock().map(|t| t.last_lines(15)).unwrap_or_default();
+            let lines = shared
+                .tail
+                .lock()
+                .map(|t| t.last_lines(15))
+                .unwrap_or_default();
             if lines.is_empty() {
                 "(no output)".into()
             } else {
                 lines.join("\n")
             }
         });
-        let excerpt = format!("the server exited with {} {}\n{excerpt}", describe_status(status), if self.ready { "after readiness" } else { "before it was ready" });
+        let excerpt = format!(
+            "the server exited with {} {}\n{excerpt}",
+            describe_status(status),
+            if self.ready {
+                "after readiness"
+            } else {
+                "before it was ready"
+            }
+        );
         tracing::error!("{excerpt}");
-        self.events.emit("fatal", json!({"reason": reason, "excerpt": excerpt}));
+        self.events
+            .emit("fatal", json!({"reason": reason, "excerpt": excerpt}));
     }
 
-    fn log_summary(&self, shared: &Shared, stats: &[StreamStats], out: &TerminalCopy, err: &TerminalCopy) -> Value {
+    fn log_summary(&self, shared: &Shared, stats: &[StreamStats]) -> Value {
         let log = shared.log.lock().unwrap_or_else(|p| p.into_inner());
-        let dropped = out.dropped.load(std::sync::atomic::Ordering::Relaxed) + err.dropped.load(std::sync::atomic::Ordering::Relaxed);
+        let dropped: u64 = [1, 2]
+            .map(|fd| {
+                tee::terminal(fd)
+                    .dropped
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            })
+            .iter()
+            .sum();
         if dropped > 0 {
             tracing::warn!("the terminal was too slow: {dropped} bytes were left out of the terminal copy (the log file has them)");
         }
+        let batches = shared.batches.lock().map(|b| b.count).unwrap_or_default();
         let sum = |f: fn(&StreamStats) -> u64| stats.iter().map(f).sum::<u64>();
         json!({
             "bytes": sum(|s| s.bytes),
@@ -564,8 +696,8 @@ impl Supervision {
             "log_file_lost_bytes": log.lost,
             "log_file_error": log.error,
             "terminal_dropped_bytes": dropped,
-            "prefill_batches": self.batches[0],
-            "decode_batches": self.batches[1],
+            "prefill_batches": batches[0],
+            "decode_batches": batches[1],
             "warnings_suppressed": self.warnings_suppressed,
             "orphans_reaped": child::orphans_reaped(),
         })
@@ -638,16 +770,37 @@ mod tests {
 
     #[test]
     fn server_url_comes_from_the_command_with_sglang_defaults() {
-        assert_eq!(server_url(&run_args(&["python3", "-m", "sglang.launch_server"])).unwrap().base(), "http://127.0.0.1:30000");
-        assert_eq!(server_url(&run_args(&["x", "--host", "0.0.0.0", "--port=8000"])).unwrap().base(), "http://127.0.0.1:8000");
-        assert_eq!(server_url(&run_args(&["x", "--host=::", "--port", "1"])).unwrap().base(), "http://[::1]:1");
+        assert_eq!(
+            server_url(&run_args(&["python3", "-m", "sglang.launch_server"]))
+                .unwrap()
+                .base(),
+            "http://127.0.0.1:30000"
+        );
+        assert_eq!(
+            server_url(&run_args(&["x", "--host", "0.0.0.0", "--port=8000"]))
+                .unwrap()
+                .base(),
+            "http://127.0.0.1:8000"
+        );
+        assert_eq!(
+            server_url(&run_args(&["x", "--host=::", "--port", "1"]))
+                .unwrap()
+                .base(),
+            "http://[::1]:1"
+        );
         assert!(server_url(&run_args(&["x", "--port", "http"])).is_err());
     }
 
     #[test]
     fn phase_descriptions_read_naturally() {
-        assert_eq!(describe_phase("cuda_graph_begin"), "stopped in cuda graph capture");
-        assert_eq!(describe_phase("load_weights_end"), "stopped after load weights");
+        assert_eq!(
+            describe_phase("cuda_graph_begin"),
+            "stopped in cuda graph capture"
+        );
+        assert_eq!(
+            describe_phase("load_weights_end"),
+            "stopped after load weights"
+        );
         assert_eq!(ago(14.0 * 60.0 + 3.0), "14m ago");
     }
 }

@@ -1,7 +1,9 @@
 use clap::Parser;
 use sglang_supervisor::cli::{Cli, Command, LogFormat};
+use sglang_supervisor::logs::tee::{terminal, StderrWriter};
 use sglang_supervisor::{lifecycle, sentinel};
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// The supervisor's own failures (bad options included) exit 125, so they never look like the
 /// server's own exit status.
@@ -11,7 +13,11 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
-            let code = if e.use_stderr() { EXIT_SUPERVISOR_FAILED } else { 0 };
+            let code = if e.use_stderr() {
+                EXIT_SUPERVISOR_FAILED
+            } else {
+                0
+            };
             let _ = e.print();
             return ExitCode::from(code);
         }
@@ -20,13 +26,22 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Sentinel { pgid } => ExitCode::from(sentinel::sentinel_main(pgid) as u8),
         Command::Run(args) => {
-            let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
                 Ok(rt) => rt,
                 Err(e) => return fail(anyhow::anyhow!("cannot start the async runtime: {e}")),
             };
             // block_on runs `run` on this (main) thread, which spawns the child: PDEATHSIG is tied
             // to the spawning thread, and this one lives until we exit.
-            match rt.block_on(lifecycle::run(args)) {
+            let result = rt.block_on(lifecycle::run(args));
+            // What is still queued for the terminal goes out now, unless the terminal is stalled.
+            for fd in [1, 2] {
+                terminal(fd).flush(Duration::from_secs(2));
+            }
+            match result {
                 Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
                 Err(e) => fail(e),
             }
@@ -42,7 +57,10 @@ fn fail(e: anyhow::Error) -> ExitCode {
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(|| StderrWriter)
+        .with_target(false);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),

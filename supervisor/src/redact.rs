@@ -9,7 +9,11 @@ pub const REDACTED: &str = "<redacted>";
 /// are not secrets.
 pub fn is_secret_name(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
-    n.ends_with("api_key") || n.ends_with("secret") || n.ends_with("password") || n.ends_with("_token") || n == "token"
+    n.ends_with("api_key")
+        || n.ends_with("secret")
+        || n.ends_with("password")
+        || n.ends_with("_token")
+        || n == "token"
 }
 
 /// Replace secret values (recursively) with `"<redacted>"`. `null` stays `null`: "unset" is not a secret.
@@ -66,10 +70,23 @@ mod tests {
 
     #[test]
     fn secret_names_follow_the_contract() {
-        for s in ["api_key", "admin_api_key", "hf_token", "HF_TOKEN", "ssl_keyfile_password", "client_secret"] {
+        for s in [
+            "api_key",
+            "admin_api_key",
+            "hf_token",
+            "HF_TOKEN",
+            "ssl_keyfile_password",
+            "client_secret",
+        ] {
             assert!(is_secret_name(s), "{s}");
         }
-        for s in ["tokenizer_path", "max_prefill_tokens", "ssl_keyfile", "model_path", "tokens"] {
+        for s in [
+            "tokenizer_path",
+            "max_prefill_tokens",
+            "ssl_keyfile",
+            "model_path",
+            "tokens",
+        ] {
             assert!(!is_secret_name(s), "{s}");
         }
     }
@@ -79,14 +96,36 @@ mod tests {
         let mut v = json!({"api_key": "sk-1", "admin_api_key": null, "nested": {"hf_token": "hf_x"},
                            "list": [{"password": 3}], "max_prefill_tokens": 16384});
         redact_value(&mut v);
-        assert_eq!(v, json!({"api_key": "<redacted>", "admin_api_key": null, "nested": {"hf_token": "<redacted>"},
-                             "list": [{"password": "<redacted>"}], "max_prefill_tokens": 16384}));
+        assert_eq!(
+            v,
+            json!({"api_key": "<redacted>", "admin_api_key": null, "nested": {"hf_token": "<redacted>"},
+                             "list": [{"password": "<redacted>"}], "max_prefill_tokens": 16384})
+        );
     }
 
     #[test]
     fn redacts_argv_in_both_flag_forms() {
-        let argv: Vec<String> = ["python3", "--api-key", "sk-1", "--admin-api-key=sk-2", "--port", "1"]
-            .iter().map(|s| s.to_string()).collect();
-        assert_eq!(redact_argv(&argv), ["python3", "--api-key", "<redacted>", "--admin-api-key=<redacted>", "--port", "1"]);
+        let argv: Vec<String> = [
+            "python3",
+            "--api-key",
+            "sk-1",
+            "--admin-api-key=sk-2",
+            "--port",
+            "1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            redact_argv(&argv),
+            [
+                "python3",
+                "--api-key",
+                "<redacted>",
+                "--admin-api-key=<redacted>",
+                "--port",
+                "1"
+            ]
+        );
     }
 }

@@ -17,7 +17,12 @@ pub struct Sentinel {
 impl Sentinel {
     pub fn start(pgid: i32) -> std::io::Result<Sentinel> {
         let exe = std::env::current_exe()?;
-        let argv: Vec<OsString> = vec![exe.into(), "__sentinel".into(), "--pgid".into(), pgid.to_string().into()];
+        let argv: Vec<OsString> = vec![
+            exe.into(),
+            "__sentinel".into(),
+            "--pgid".into(),
+            pgid.to_string().into(),
+        ];
         let s = spawn(SpawnSpec {
             argv: &argv,
             new_process_group: false,

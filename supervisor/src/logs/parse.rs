@@ -22,20 +22,43 @@ pub enum LogEvent {
     Ready,
     /// The resolved server args, parsed and redacted.
     ServerArgs(Map<String, Value>),
-    Deprecation { flag: Option<String>, replacement: Option<String>, message: String },
-    Warning { message: String },
+    Deprecation {
+        flag: Option<String>,
+        replacement: Option<String>,
+        message: String,
+    },
+    Warning {
+        message: String,
+    },
     /// A startup phase; `reported_s` is the duration SGLang itself printed (`elapsed=`).
-    Phase { name: &'static str, rank: Option<String>, reported_s: Option<f64>, detail: Option<String> },
-    Batch { kind: BatchKind, rank: Option<String>, fields: Map<String, Value> },
+    Phase {
+        name: &'static str,
+        rank: Option<String>,
+        reported_s: Option<f64>,
+        detail: Option<String>,
+    },
+    Batch {
+        kind: BatchKind,
+        rank: Option<String>,
+        fields: Map<String, Value>,
+    },
     /// Something that ends the server; `excerpt` quotes the lines that say why.
-    Fatal { reason: &'static str, rank: Option<String>, excerpt: String },
+    Fatal {
+        reason: &'static str,
+        rank: Option<String>,
+        excerpt: String,
+    },
     /// A traceback that matched no fatal pattern (kept for diagnosis if the child dies later).
-    Traceback { excerpt: String },
+    Traceback {
+        excerpt: String,
+    },
     /// uvicorn's `Child process [N] died`: a tokenizer worker killed by uvicorn's health check.
-    WorkerDied { line: String },
+    WorkerDied {
+        line: String,
+    },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BatchKind {
     Prefill,
     Decode,
@@ -60,7 +83,11 @@ pub struct LineHead<'a> {
 
 /// Split `[2026-12-02 08:44:01.123 DP0 TP3 EP3] msg`. Anything else is an unprefixed line.
 pub fn split_head(line: &str) -> LineHead<'_> {
-    let unprefixed = LineHead { ts: None, rank: None, msg: line };
+    let unprefixed = LineHead {
+        ts: None,
+        rank: None,
+        msg: line,
+    };
     let b = line.as_bytes();
     // "[YYYY-MM-DD HH:MM:SS" is 20 bytes.
     if b.len() < 21 || b[0] != b'[' {
@@ -88,7 +115,10 @@ pub fn split_head(line: &str) -> LineHead<'_> {
     // Rank parts: " NAME<digits>" where NAME is [A-Z_]+.
     while b.get(i) == Some(&b' ') {
         let mut j = i + 1;
-        while b.get(j).is_some_and(|c| c.is_ascii_uppercase() || *c == b'_') {
+        while b
+            .get(j)
+            .is_some_and(|c| c.is_ascii_uppercase() || *c == b'_')
+        {
             j += 1;
         }
         let name_len = j - i - 1;
@@ -106,7 +136,11 @@ pub fn split_head(line: &str) -> LineHead<'_> {
     }
     let rank = (i > ts_end).then(|| &line[ts_end + 1..i]);
     let msg = line.get(i + 1..).unwrap_or("");
-    LineHead { ts: Some(&line[1..ts_end]), rank, msg: msg.strip_prefix(' ').unwrap_or(msg) }
+    LineHead {
+        ts: Some(&line[1..ts_end]),
+        rank,
+        msg: msg.strip_prefix(' ').unwrap_or(msg),
+    }
 }
 
 /// Remove ANSI CSI sequences (`ESC [ ... final`) such as the yellow of deprecation warnings.
@@ -266,7 +300,11 @@ impl LogParser {
         if let Some(c) = self.capture.take() {
             let excerpt = c.excerpt();
             out(match c.reason {
-                Some(reason) => LogEvent::Fatal { reason, rank: c.rank, excerpt },
+                Some(reason) => LogEvent::Fatal {
+                    reason,
+                    rank: c.rank,
+                    excerpt,
+                },
                 None => LogEvent::Traceback { excerpt },
             });
         }
@@ -336,7 +374,11 @@ impl LogParser {
                 return;
             }
             if let Some(kind_rest) = batch(msg) {
-                out(LogEvent::Batch { kind: kind_rest.0, rank: rank(), fields: batch_fields(kind_rest.1) });
+                out(LogEvent::Batch {
+                    kind: kind_rest.0,
+                    rank: rank(),
+                    fields: batch_fields(kind_rest.1),
+                });
                 return;
             }
         }
@@ -350,10 +392,19 @@ impl LogParser {
             }
         }
         let Some(pat) = found else { return };
-        let fatal = |reason| LogEvent::Fatal { reason, rank: head.rank.map(str::to_string), excerpt: clip(line) };
+        let fatal = |reason| LogEvent::Fatal {
+            reason,
+            rank: head.rank.map(str::to_string),
+            excerpt: clip(line),
+        };
         match pat {
             Pat::Ready => out(LogEvent::Ready),
-            Pat::Uvicorn => out(LogEvent::Phase { name: "http_up", rank: rank(), reported_s: None, detail: None }),
+            Pat::Uvicorn => out(LogEvent::Phase {
+                name: "http_up",
+                rank: rank(),
+                reported_s: None,
+                detail: None,
+            }),
             Pat::Deprecated if msg.contains(" is deprecated") => out(deprecation(msg)),
             Pat::Deprecated => {}
             Pat::SchedulerExc | Pat::DetokExc | Pat::InitFailed => {
@@ -372,23 +423,37 @@ impl LogParser {
             Pat::SchedulerDied => out(fatal("scheduler_died")),
             Pat::Oom => out(fatal("cuda_oom")),
             Pat::Watchdog => out(fatal("watchdog_timeout")),
-            Pat::SubprocessCrashed if msg.starts_with("Subprocess ") => out(fatal("subprocess_crashed")),
+            Pat::SubprocessCrashed if msg.starts_with("Subprocess ") => {
+                out(fatal("subprocess_crashed"))
+            }
             Pat::SubprocessCrashed => {}
             // argparse prints with `print`, never through logging: a prefixed line is something else.
-            Pat::ArgparseError if head.ts.is_none() && is_argparse_error(msg) => out(fatal("argparse_error")),
+            Pat::ArgparseError if head.ts.is_none() && is_argparse_error(msg) => {
+                out(fatal("argparse_error"))
+            }
             Pat::ArgparseError => {}
-            Pat::WorkerDied if msg.contains("] died") => out(LogEvent::WorkerDied { line: clip(line) }),
+            Pat::WorkerDied if msg.contains("] died") => {
+                out(LogEvent::WorkerDied { line: clip(line) })
+            }
             Pat::WorkerDied => {}
             Pat::PyWarning if is_python_warning(msg) => {
-                out(LogEvent::Warning { message: clip(msg.trim()) });
+                out(LogEvent::Warning {
+                    message: clip(msg.trim()),
+                });
             }
             Pat::PyWarning => {}
         }
     }
 
     fn open(&mut self, reason: Option<&'static str>, rank: Option<String>, line: &str, bare: bool) {
-        self.capture =
-            Some(Capture { reason, rank, bare_traceback: bare, first: clip(line), tail: VecDeque::new(), skipped: 0 });
+        self.capture = Some(Capture {
+            reason,
+            rank,
+            bare_traceback: bare,
+            first: clip(line),
+            tail: VecDeque::new(),
+            skipped: 0,
+        });
     }
 }
 
@@ -420,7 +485,9 @@ fn is_argparse_error(msg: &str) -> bool {
             let prog = &msg[..i];
             !prog.is_empty()
                 && prog.len() <= 80
-                && prog.chars().all(|c| c.is_alphanumeric() || " ._-/".contains(c))
+                && prog
+                    .chars()
+                    .all(|c| c.is_alphanumeric() || " ._-/".contains(c))
         }
         None => false,
     }
@@ -432,14 +499,18 @@ fn is_python_warning(msg: &str) -> bool {
         return true;
     }
     msg.split_once(": ").is_some_and(|(_, rest)| {
-        rest.split_once(':').is_some_and(|(kind, _)| kind.ends_with("Warning") && !kind.contains(' '))
+        rest.split_once(':')
+            .is_some_and(|(kind, _)| kind.ends_with("Warning") && !kind.contains(' '))
     })
 }
 
 fn deprecation(msg: &str) -> LogEvent {
     let text = msg.trim();
     // Python warnings carry `path:line: UserWarning: ` in front of the text.
-    let text = text.find("Warning: ").map(|i| &text[i + 9..]).unwrap_or(text);
+    let text = text
+        .find("Warning: ")
+        .map(|i| &text[i + 9..])
+        .unwrap_or(text);
     let quoted = |s: &str| -> Option<String> {
         let a = s.find(['\'', '`'])?;
         let q = s[a..].chars().next()?;
@@ -450,22 +521,40 @@ fn deprecation(msg: &str) -> LogEvent {
         rest.split_whitespace().next().map(str::to_string)
     } else {
         let before = &text[..text.find(" is deprecated").unwrap_or(text.len())];
-        quoted(before).or_else(|| before.split_whitespace().find(|w| w.starts_with("--")).map(str::to_string))
+        quoted(before).or_else(|| {
+            before
+                .split_whitespace()
+                .find(|w| w.starts_with("--"))
+                .map(str::to_string)
+        })
     };
     let after = &text[text.find(" is deprecated").unwrap_or(0)..];
     let lower = after.to_ascii_lowercase();
     let replacement = lower.find("use ").and_then(|i| {
         let rest = &after[i + 4..];
         quoted(rest.split_whitespace().next().unwrap_or(""))
-            .or_else(|| rest.split_whitespace().next().map(|w| w.trim_end_matches(['.', ',', ';']).to_string()))
+            .or_else(|| {
+                rest.split_whitespace()
+                    .next()
+                    .map(|w| w.trim_end_matches(['.', ',', ';']).to_string())
+            })
             .filter(|w| !w.is_empty() && w != "the" && w != "a")
     });
-    LogEvent::Deprecation { flag, replacement, message: clip(text) }
+    LogEvent::Deprecation {
+        flag,
+        replacement,
+        message: clip(text),
+    }
 }
 
 fn elapsed(msg: &str) -> Option<f64> {
-    let i = msg.find("elapsed=").map(|i| i + 8).or_else(|| msg.find("elapsed: ").map(|i| i + 9))?;
-    let num: &str = msg[i..].split(|c: char| !(c.is_ascii_digit() || c == '.')).next()?;
+    let i = msg
+        .find("elapsed=")
+        .map(|i| i + 8)
+        .or_else(|| msg.find("elapsed: ").map(|i| i + 9))?;
+    let num: &str = msg[i..]
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .next()?;
     num.parse().ok()
 }
 
@@ -475,24 +564,43 @@ fn after<'a>(msg: &'a str, key: &str) -> Option<&'a str> {
 }
 
 fn phase(msg: &str, rank: Option<String>) -> Option<LogEvent> {
-    let ev = |name, reported_s, detail: Option<String>| Some(LogEvent::Phase { name, rank: rank.clone(), reported_s, detail });
+    let ev = |name, reported_s, detail: Option<String>| {
+        Some(LogEvent::Phase {
+            name,
+            rank: rank.clone(),
+            reported_s,
+            detail,
+        })
+    };
     let first = *msg.as_bytes().first()?;
     match first {
-        b'I' if msg.starts_with("Init torch distributed begin") => ev("init_distributed_begin", None, None),
-        b'I' if msg.starts_with("Init torch distributed end") => ev("init_distributed_end", elapsed(msg), None),
-        b'L' if msg.starts_with("Load weight begin") => {
-            ev("load_weights_begin", None, after(msg, "avail mem=").map(|m| format!("avail_mem_gb={m}")))
+        b'I' if msg.starts_with("Init torch distributed begin") => {
+            ev("init_distributed_begin", None, None)
         }
-        b'L' if msg.starts_with("Load weight end") => {
-            ev("load_weights_end", elapsed(msg), after(msg, "mem usage=").map(|m| format!("mem_usage_gb={m}")))
+        b'I' if msg.starts_with("Init torch distributed end") => {
+            ev("init_distributed_end", elapsed(msg), None)
         }
-        b'K' if msg.starts_with("KV Cache is allocated") => {
-            ev("kv_cache_allocated", None, after(msg, "#tokens: ").map(|t| format!("tokens={t}")))
-        }
+        b'L' if msg.starts_with("Load weight begin") => ev(
+            "load_weights_begin",
+            None,
+            after(msg, "avail mem=").map(|m| format!("avail_mem_gb={m}")),
+        ),
+        b'L' if msg.starts_with("Load weight end") => ev(
+            "load_weights_end",
+            elapsed(msg),
+            after(msg, "mem usage=").map(|m| format!("mem_usage_gb={m}")),
+        ),
+        b'K' if msg.starts_with("KV Cache is allocated") => ev(
+            "kv_cache_allocated",
+            None,
+            after(msg, "#tokens: ").map(|t| format!("tokens={t}")),
+        ),
         b'M' if msg.starts_with("Memory pool end") => ev("memory_pool_end", None, None),
-        b'm' if msg.starts_with("max_total_num_tokens=") => {
-            ev("max_total_num_tokens", None, after(msg, "max_total_num_tokens=").map(str::to_string))
-        }
+        b'm' if msg.starts_with("max_total_num_tokens=") => ev(
+            "max_total_num_tokens",
+            None,
+            after(msg, "max_total_num_tokens=").map(str::to_string),
+        ),
         b'C' if msg.starts_with("Capture") => {
             let lower = msg.to_ascii_lowercase();
             let g = lower.find("cuda graph")?;
@@ -524,14 +632,19 @@ fn batch(msg: &str) -> Option<(BatchKind, &str)> {
 fn batch_fields(rest: &str) -> Map<String, Value> {
     let mut m = Map::new();
     for part in rest.split(", ") {
-        let Some((k, v)) = part.split_once(": ") else { continue };
+        let Some((k, v)) = part.split_once(": ") else {
+            continue;
+        };
         let v = v.trim();
         let val = match v {
             "True" => Value::Bool(true),
             "False" => Value::Bool(false),
             _ => match v.parse::<f64>().ok().and_then(serde_json::Number::from_f64) {
                 Some(n) if v.contains('.') => Value::Number(n),
-                Some(_) => v.parse::<i64>().map(Value::from).unwrap_or(Value::String(v.to_string())),
+                Some(_) => v
+                    .parse::<i64>()
+                    .map(Value::from)
+                    .unwrap_or(Value::String(v.to_string())),
                 None => Value::String(v.to_string()),
             },
         };
@@ -558,22 +671,41 @@ mod tests {
     #[test]
     fn heads_with_and_without_ms_and_every_rank_combination() {
         let h = split_head("[2026-12-02 08:44:01] hello");
-        assert_eq!(h, LineHead { ts: Some("2026-12-02 08:44:01"), rank: None, msg: "hello" });
+        assert_eq!(
+            h,
+            LineHead {
+                ts: Some("2026-12-02 08:44:01"),
+                rank: None,
+                msg: "hello"
+            }
+        );
         let h = split_head("[2026-12-02 08:44:01.123 DP0 PP1 ATTN_CP0 MOE_DP1 TP3 EP3] x");
         assert_eq!(h.ts, Some("2026-12-02 08:44:01.123"));
         assert_eq!(h.rank, Some("DP0 PP1 ATTN_CP0 MOE_DP1 TP3 EP3"));
         assert_eq!(h.msg, "x");
         assert_eq!(split_head("[2026-12-02 08:44:01 TP12]").rank, Some("TP12"));
-        for bad in ["[rank0]:[W1202 09:22:08.104886580 ProcessGroupNCCL.cpp:1575] Warning", "[2026-12-02 08:44:01 tp0] x",
-                    "[2026-12-02 08:44:01.12] x", "[2026-12-02 08:44:01 TP] x", "plain", "[2026-12-02 08:44:01"] {
+        for bad in [
+            "[rank0]:[W1202 09:22:08.104886580 ProcessGroupNCCL.cpp:1575] Warning",
+            "[2026-12-02 08:44:01 tp0] x",
+            "[2026-12-02 08:44:01.12] x",
+            "[2026-12-02 08:44:01 TP] x",
+            "plain",
+            "[2026-12-02 08:44:01",
+        ] {
             assert_eq!(split_head(bad).ts, None, "{bad}");
         }
     }
 
     #[test]
     fn ready_line_matches_with_uvicorn_prefix_and_without() {
-        assert_eq!(events(&["[2026-12-02 09:23:08] The server is fired up and ready to roll!"]), [LogEvent::Ready]);
-        assert_eq!(events(&["[2026-12-02 09:41:27] INFO:     The server is fired up and ready to roll!"]), [LogEvent::Ready]);
+        assert_eq!(
+            events(&["[2026-12-02 09:23:08] The server is fired up and ready to roll!"]),
+            [LogEvent::Ready]
+        );
+        assert_eq!(
+            events(&["[2026-12-02 09:41:27] INFO:     The server is fired up and ready to roll!"]),
+            [LogEvent::Ready]
+        );
         assert_eq!(events(&["[2026-12-02 09:20:20] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)"]),
                    [LogEvent::Phase { name: "http_up", rank: None, reported_s: None, detail: None }]);
     }
@@ -581,11 +713,21 @@ mod tests {
     #[test]
     fn server_args_both_forms_are_parsed_and_redacted() {
         let ev = events(&["[2026-12-02 09:19:56] server_args=ServerArgs(model_path='/m', tp_size=1, api_key='sk-secret', hf_token=None)"]);
-        let LogEvent::ServerArgs(m) = &ev[0] else { panic!("{ev:?}") };
-        assert_eq!(Value::Object(m.clone()), json!({"model_path": "/m", "tp_size": 1, "api_key": "<redacted>", "hf_token": null}));
+        let LogEvent::ServerArgs(m) = &ev[0] else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(
+            Value::Object(m.clone()),
+            json!({"model_path": "/m", "tp_size": 1, "api_key": "<redacted>", "hf_token": null})
+        );
         let ev = events(&["[2026-12-02 09:19:56 TP0] server_args={'model_path': '/m', 'admin_api_key': 'x', 'max_prefill_tokens': 16384}"]);
-        let LogEvent::ServerArgs(m) = &ev[0] else { panic!("{ev:?}") };
-        assert_eq!(Value::Object(m.clone()), json!({"model_path": "/m", "admin_api_key": "<redacted>", "max_prefill_tokens": 16384}));
+        let LogEvent::ServerArgs(m) = &ev[0] else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(
+            Value::Object(m.clone()),
+            json!({"model_path": "/m", "admin_api_key": "<redacted>", "max_prefill_tokens": 16384})
+        );
     }
 
     #[test]
@@ -596,15 +738,27 @@ mod tests {
             message: "'--cuda-graph-max-bs' is deprecated and will be removed in a future release. Use '--cuda-graph-max-bs-decode' instead.".into(),
         };
         let text = "'--cuda-graph-max-bs' is deprecated and will be removed in a future release. Use '--cuda-graph-max-bs-decode' instead.";
-        assert_eq!(events(&[&format!("[2026-12-02 08:44:01] \x1b[1;33m{text}\x1b[0m")]), [want.clone()]);
+        assert_eq!(
+            events(&[&format!("[2026-12-02 08:44:01] \x1b[1;33m{text}\x1b[0m")]),
+            std::slice::from_ref(&want)
+        );
         assert_eq!(events(&[&format!("\x1b[1;33m{text}\x1b[0m")]), [want]);
         let ev = events(&["[2026-12-02 08:44:01] The command line argument '--disable-cuda-graph' is deprecated and will be removed in future versions."]);
-        assert!(matches!(&ev[0], LogEvent::Deprecation { flag: Some(f), replacement: None, .. } if f == "--disable-cuda-graph"), "{ev:?}");
+        assert!(
+            matches!(&ev[0], LogEvent::Deprecation { flag: Some(f), replacement: None, .. } if f == "--disable-cuda-graph"),
+            "{ev:?}"
+        );
         let ev = events(&["[2026-12-02 08:44:01] --enable-flashinfer-allreduce-fusion is deprecated. Please use --flashinfer-allreduce-fusion-backend=auto instead."]);
-        assert!(matches!(&ev[0], LogEvent::Deprecation { flag: Some(f), replacement: Some(r), .. }
-            if f == "--enable-flashinfer-allreduce-fusion" && r == "--flashinfer-allreduce-fusion-backend=auto"), "{ev:?}");
+        assert!(
+            matches!(&ev[0], LogEvent::Deprecation { flag: Some(f), replacement: Some(r), .. }
+            if f == "--enable-flashinfer-allreduce-fusion" && r == "--flashinfer-allreduce-fusion-backend=auto"),
+            "{ev:?}"
+        );
         let ev = events(&["/tmp/site/sglang/srt/environ.py:976: UserWarning: Environment variable SGL_LOG is deprecated, please use SGLANG_LOG"]);
-        assert!(matches!(&ev[0], LogEvent::Deprecation { flag: Some(f), replacement: Some(r), .. } if f == "SGL_LOG" && r == "SGLANG_LOG"), "{ev:?}");
+        assert!(
+            matches!(&ev[0], LogEvent::Deprecation { flag: Some(f), replacement: Some(r), .. } if f == "SGL_LOG" && r == "SGLANG_LOG"),
+            "{ev:?}"
+        );
     }
 
     #[test]
@@ -618,24 +772,54 @@ mod tests {
             "[2026-12-02 09:23:06] Capture cuda graph end. Time elapsed: 12.50 s. mem usage=1.2 GB",
             "[2026-12-02 09:20:20] max_total_num_tokens=132287100, chunked_prefill_size=8192",
         ]);
-        let names: Vec<_> = ev.iter().map(|e| match e { LogEvent::Phase { name, .. } => *name, _ => "?" }).collect();
-        assert_eq!(names, ["init_distributed_end", "load_weights_end", "kv_cache_allocated", "cuda_graph_begin", "cuda_graph_end", "cuda_graph_end", "max_total_num_tokens"]);
-        assert!(matches!(&ev[1], LogEvent::Phase { rank: Some(r), reported_s: Some(s), .. } if r == "TP1" && (*s - 0.24).abs() < 1e-9));
-        assert!(matches!(&ev[2], LogEvent::Phase { detail: Some(d), .. } if d == "tokens=132287100"));
+        let names: Vec<_> = ev
+            .iter()
+            .map(|e| match e {
+                LogEvent::Phase { name, .. } => *name,
+                _ => "?",
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "init_distributed_end",
+                "load_weights_end",
+                "kv_cache_allocated",
+                "cuda_graph_begin",
+                "cuda_graph_end",
+                "cuda_graph_end",
+                "max_total_num_tokens"
+            ]
+        );
+        assert!(
+            matches!(&ev[1], LogEvent::Phase { rank: Some(r), reported_s: Some(s), .. } if r == "TP1" && (*s - 0.24).abs() < 1e-9)
+        );
+        assert!(
+            matches!(&ev[2], LogEvent::Phase { detail: Some(d), .. } if d == "tokens=132287100")
+        );
         assert!(matches!(&ev[3], LogEvent::Phase { detail: Some(d), .. } if d == "target decode"));
-        assert!(matches!(&ev[5], LogEvent::Phase { reported_s: Some(s), .. } if (*s - 12.5).abs() < 1e-9));
+        assert!(
+            matches!(&ev[5], LogEvent::Phase { reported_s: Some(s), .. } if (*s - 12.5).abs() < 1e-9)
+        );
         assert!(matches!(&ev[6], LogEvent::Phase { detail: Some(d), .. } if d == "132287100"));
     }
 
     #[test]
     fn batch_lines_become_typed_fields() {
         let ev = events(&["[2026-12-02 08:45:02 TP0] Decode batch, #running-req: 32, #token: 18432, token usage: 0.02, cuda graph: True, gen throughput (token/s): 3120.55, #queue-req: 0"]);
-        let LogEvent::Batch { kind, rank, fields } = &ev[0] else { panic!("{ev:?}") };
+        let LogEvent::Batch { kind, rank, fields } = &ev[0] else {
+            panic!("{ev:?}")
+        };
         assert_eq!((*kind, rank.as_deref()), (BatchKind::Decode, Some("TP0")));
-        assert_eq!(Value::Object(fields.clone()), json!({"#running-req": 32, "#token": 18432, "token usage": 0.02,
-            "cuda graph": true, "gen throughput (token/s)": 3120.55, "#queue-req": 0}));
+        assert_eq!(
+            Value::Object(fields.clone()),
+            json!({"#running-req": 32, "#token": 18432, "token usage": 0.02,
+            "cuda graph": true, "gen throughput (token/s)": 3120.55, "#queue-req": 0})
+        );
         let ev = events(&["[2026-12-02 09:22:00] Prefill batch, #new-seq: 1, #new-token: 510, #cached-token: 2, token usage: 0.00, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 1108.22"]);
-        assert!(matches!(&ev[0], LogEvent::Batch { kind: BatchKind::Prefill, fields, .. } if fields["#new-token"] == json!(510)));
+        assert!(
+            matches!(&ev[0], LogEvent::Batch { kind: BatchKind::Prefill, fields, .. } if fields["#new-token"] == json!(510))
+        );
     }
 
     #[test]
@@ -654,11 +838,32 @@ mod tests {
             "[2026-12-02 09:24:34] Received sigquit from a child process. It usually means the child failed.",
         ]);
         assert_eq!(ev.len(), 2, "{ev:?}");
-        let LogEvent::Fatal { reason, rank, excerpt } = &ev[0] else { panic!("{ev:?}") };
-        assert_eq!((*reason, rank.as_deref()), ("scheduler_exception", Some("TP1")));
+        let LogEvent::Fatal {
+            reason,
+            rank,
+            excerpt,
+        } = &ev[0]
+        else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(
+            (*reason, rank.as_deref()),
+            ("scheduler_exception", Some("TP1"))
+        );
         assert!(excerpt.starts_with("[2026-12-02 09:24:34 TP1] Scheduler hit an exception"));
-        assert!(excerpt.ends_with("ImportError: Can not import FA3 in sgl_kernel. Please check your installation."), "{excerpt}");
-        assert!(matches!(&ev[1], LogEvent::Fatal { reason: "child_sigquit", .. }));
+        assert!(
+            excerpt.ends_with(
+                "ImportError: Can not import FA3 in sgl_kernel. Please check your installation."
+            ),
+            "{excerpt}"
+        );
+        assert!(matches!(
+            &ev[1],
+            LogEvent::Fatal {
+                reason: "child_sigquit",
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -670,9 +875,17 @@ mod tests {
             "next unrelated line",
         ]);
         assert_eq!(ev.len(), 1, "{ev:?}");
-        assert!(matches!(&ev[0], LogEvent::Fatal { reason: "scheduler_died", excerpt, .. } if excerpt.contains("RuntimeError: Rank 0")));
-        let ev = events(&["Traceback (most recent call last):", "  File \"a\", line 1", "ValueError: boom"]);
-        assert!(matches!(&ev[0], LogEvent::Traceback { excerpt } if excerpt.ends_with("ValueError: boom")));
+        assert!(
+            matches!(&ev[0], LogEvent::Fatal { reason: "scheduler_died", excerpt, .. } if excerpt.contains("RuntimeError: Rank 0"))
+        );
+        let ev = events(&[
+            "Traceback (most recent call last):",
+            "  File \"a\", line 1",
+            "ValueError: boom",
+        ]);
+        assert!(
+            matches!(&ev[0], LogEvent::Traceback { excerpt } if excerpt.ends_with("ValueError: boom"))
+        );
     }
 
     #[test]
@@ -686,9 +899,15 @@ mod tests {
         ];
         for (line, want) in cases {
             let ev = events(&[line]);
-            assert!(matches!(&ev[..], [LogEvent::Fatal { reason, .. }] if *reason == want), "{line}: {ev:?}");
+            assert!(
+                matches!(&ev[..], [LogEvent::Fatal { reason, .. }] if *reason == want),
+                "{line}: {ev:?}"
+            );
         }
-        assert!(matches!(&events(&["[2026-12-02 09:33:23] INFO:     Child process [2870] died"])[..], [LogEvent::WorkerDied { .. }]));
+        assert!(matches!(
+            &events(&["[2026-12-02 09:33:23] INFO:     Child process [2870] died"])[..],
+            [LogEvent::WorkerDied { .. }]
+        ));
         // "error:" inside ordinary text is not argparse.
         assert!(events(&["[2026-12-02 09:23:13] [http_server] Error: Either text, input_ids or input_embeds should be provided."]).is_empty());
         assert!(events(&["[2026-12-02 09:23:13] request failed: error: timeout [x]"]).is_empty());
@@ -707,8 +926,18 @@ mod tests {
         let mut p = LogParser::new();
         let mut n = 0;
         p.line(bar.as_bytes(), false, &mut |_| n += 1);
-        p.line(b"\xff\xfe[2026-12-02 09:23:13] \xc3", false, &mut |_| n += 1);
+        p.line(b"\xff\xfe[2026-12-02 09:23:13] \xc3", false, &mut |_| {
+            n += 1
+        });
         assert_eq!(n, 0);
-        assert_eq!(p.stats, ParseStats { lines: 2, progress_lines: 1, non_utf8_lines: 1, truncated_lines: 0 });
+        assert_eq!(
+            p.stats,
+            ParseStats {
+                lines: 2,
+                progress_lines: 1,
+                non_utf8_lines: 1,
+                truncated_lines: 0
+            }
+        );
     }
 }

@@ -14,7 +14,11 @@ const MAX_DEPTH: usize = 64;
 /// Returns `None` when the text is neither form. Keys that could not be reached (a truncated line)
 /// are summarised under `_unparsed` as raw text.
 pub fn parse_server_args(text: &str) -> Option<Map<String, Value>> {
-    let mut p = Parser { s: text.as_bytes(), src: text, i: 0 };
+    let mut p = Parser {
+        s: text.as_bytes(),
+        src: text,
+        i: 0,
+    };
     p.ws();
     match p.peek()? {
         b'{' => match p.value(0) {
@@ -279,7 +283,8 @@ impl<'a> Parser<'a> {
         // `-inf` / `-nan`
         if self.peek().is_some_and(is_ident_start) {
             let w = self.ident();
-            return matches!(w, "inf" | "nan").then(|| Value::String(self.slice(start, self.i).to_string()));
+            return matches!(w, "inf" | "nan")
+                .then(|| Value::String(self.slice(start, self.i).to_string()));
         }
         let mut float = false;
         while let Some(c) = self.peek() {
@@ -296,7 +301,11 @@ impl<'a> Parser<'a> {
             }
             self.i += 1;
         }
-        let text: String = self.slice(start, self.i).chars().filter(|&c| c != '_').collect();
+        let text: String = self
+            .slice(start, self.i)
+            .chars()
+            .filter(|&c| c != '_')
+            .collect();
         if !float {
             if let Ok(v) = text.parse::<i64>() {
                 return Some(Value::Number(v.into()));
@@ -305,7 +314,11 @@ impl<'a> Parser<'a> {
                 return Some(Value::Number(v.into()));
             }
             // Larger than 64 bits: keep the digits exactly rather than round them.
-            return text.bytes().skip_while(|&b| b == b'-' || b == b'+').all(|b| b.is_ascii_digit()).then_some(Value::String(text));
+            return text
+                .bytes()
+                .skip_while(|&b| b == b'-' || b == b'+')
+                .all(|b| b.is_ascii_digit())
+                .then_some(Value::String(text));
         }
         let f: f64 = text.parse().ok()?;
         Number::from_f64(f).map(Value::Number)
@@ -498,7 +511,11 @@ mod tests {
         let deep = format!("{{'a': {}1{}}}", "[".repeat(10_000), "]".repeat(10_000));
         let m = parse_server_args(&deep).unwrap();
         let text = serde_json::to_string(&m["a"]).unwrap();
-        assert!(text.contains("\"[[["), "nesting past the limit is kept as raw text: {}", &text[..200]);
+        assert!(
+            text.contains("\"[[["),
+            "nesting past the limit is kept as raw text: {}",
+            &text[..200]
+        );
         let m = parse_server_args("ServerArgs(a=1, b='x").unwrap();
         assert_eq!(m["a"], json!(1));
     }

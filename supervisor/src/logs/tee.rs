@@ -5,13 +5,15 @@
 //! streams under a lock, so the file keeps arrival order), a non-blocking hand-off to a terminal
 //! writer thread (a bounded queue: when the terminal is slower than the child, the terminal copy
 //! drops chunks and counts them; the log file never does), then line framing and parsing in place.
-use super::parse::{LogEvent, LogParser, ParseStats};
+use super::parse::{BatchKind, LogEvent, LogParser, ParseStats};
+use serde_json::{Map, Value};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -19,8 +21,8 @@ use tokio::sync::mpsc::UnboundedSender;
 const CHUNK: usize = 256 * 1024;
 /// Longest line handed to the parser; the rest of a longer line is logged but not parsed.
 pub const MAX_PARSED_LINE: usize = 1024 * 1024;
-/// Chunks the terminal copy may fall behind before it drops (bounded memory: 64 × 256 KiB).
-const TERMINAL_QUEUE_CHUNKS: usize = 64;
+/// Chunks the terminal copy may fall behind before it drops (bounded memory: 16 × 256 KiB).
+const TERMINAL_QUEUE_CHUNKS: usize = 16;
 /// When a multi-line message is open and the pipe is quiet this long, close it.
 const CAPTURE_IDLE_MS: i32 = 200;
 /// Bytes of recent output kept in memory for diagnoses.
@@ -50,7 +52,13 @@ pub struct LogFile {
 
 impl LogFile {
     pub fn new(file: Option<File>, path: Option<String>) -> Self {
-        LogFile { file, path, written: 0, lost: 0, error: None }
+        LogFile {
+            file,
+            path,
+            written: 0,
+            lost: 0,
+            error: None,
+        }
     }
 
     fn write(&mut self, bytes: &[u8]) {
@@ -63,8 +71,13 @@ impl LogFile {
             Ok(()) => self.written += bytes.len() as u64,
             Err(e) => {
                 // Keep draining the child's pipes: a full disk must not freeze the server.
-                let msg = format!("writing the log file {}: {e}", self.path.as_deref().unwrap_or("?"));
-                tracing::error!("{msg}; the child keeps running, further log bytes are counted as lost");
+                let msg = format!(
+                    "writing the log file {}: {e}",
+                    self.path.as_deref().unwrap_or("?")
+                );
+                tracing::error!(
+                    "{msg}; the child keeps running, further log bytes are counted as lost"
+                );
                 self.error = Some(msg);
                 self.lost += bytes.len() as u64;
             }
@@ -94,18 +107,37 @@ impl Tail {
         // The first line may be cut in the middle: skip it unless it is all we have.
         let start = usize::from(lines.len() > n && self.buf.len() == TAIL_BYTES);
         let from = lines.len().saturating_sub(n).max(start);
-        lines[from..].iter().map(|l| l.rsplit('\r').next().unwrap_or(l).to_string()).collect()
+        lines[from..]
+            .iter()
+            .map(|l| l.rsplit('\r').next().unwrap_or(l).to_string())
+            .collect()
     }
+}
+
+/// The latest `Prefill batch` / `Decode batch` fields per rank, and how many were seen. Batch
+/// lines are the bulk of a busy log: they update this in place instead of travelling as events,
+/// so a flood of them costs no memory.
+#[derive(Default)]
+pub struct Batches {
+    pub count: [u64; 2],
+    pub latest: HashMap<(BatchKind, Option<String>), Map<String, Value>>,
 }
 
 pub struct Shared {
     pub log: Mutex<LogFile>,
     pub tail: Mutex<Tail>,
+    pub batches: Mutex<Batches>,
 }
 
 impl Shared {
     pub fn new(log: LogFile) -> Arc<Self> {
-        Arc::new(Shared { log: Mutex::new(log), tail: Mutex::new(Tail { buf: Vec::with_capacity(TAIL_BYTES) }) })
+        Arc::new(Shared {
+            log: Mutex::new(log),
+            tail: Mutex::new(Tail {
+                buf: Vec::with_capacity(TAIL_BYTES),
+            }),
+            batches: Mutex::new(Batches::default()),
+        })
     }
 }
 
@@ -113,56 +145,97 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The terminal copy of one stream: a bounded queue to a writer thread.
-#[derive(Clone)]
+/// Our stdout or stderr, written by one thread from a bounded queue. Both the child's output and
+/// our own messages go through it, so a stalled terminal (a full pipe nobody reads) can block
+/// neither the child nor the supervisor: past the queue's bound, chunks are dropped and counted.
 pub struct TerminalCopy {
     tx: Option<SyncSender<Vec<u8>>>,
+    pending: Arc<AtomicU64>,
     pub dropped: Arc<AtomicU64>,
 }
 
+/// The process-wide writers of fd 1 and fd 2.
+pub fn terminal(fd: i32) -> &'static TerminalCopy {
+    static OUT: OnceLock<TerminalCopy> = OnceLock::new();
+    static ERR: OnceLock<TerminalCopy> = OnceLock::new();
+    let cell = if fd == 1 { &OUT } else { &ERR };
+    cell.get_or_init(|| TerminalCopy::start(if fd == 1 { 1 } else { 2 }))
+}
+
 impl TerminalCopy {
-    /// `fd`: 1 or 2. `None` when the terminal copy is off.
-    pub fn start(fd: i32, enabled: bool) -> TerminalCopy {
+    fn start(fd: i32) -> TerminalCopy {
         let dropped = Arc::new(AtomicU64::new(0));
-        if !enabled {
-            return TerminalCopy { tx: None, dropped };
-        }
+        let pending = Arc::new(AtomicU64::new(0));
         let (tx, rx) = sync_channel::<Vec<u8>>(TERMINAL_QUEUE_CHUNKS);
-        let d = dropped.clone();
-        let started = std::thread::Builder::new().name(format!("terminal-{fd}")).spawn(move || {
-            // SAFETY: dup of our own stdout/stderr; the File owns the duplicate.
-            let dup = unsafe { libc::dup(fd) };
-            if dup < 0 {
-                return;
-            }
-            // SAFETY: `dup` is a fresh descriptor we own.
-            let mut out: File = unsafe { std::os::fd::FromRawFd::from_raw_fd(dup) };
-            let mut broken = false;
-            for chunk in rx {
-                if broken || out.write_all(&chunk).is_err() {
-                    // A closed terminal (EPIPE) must not stop the log path: count and move on.
-                    broken = true;
-                    d.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        let (d, p) = (dropped.clone(), pending.clone());
+        let started = std::thread::Builder::new()
+            .name(format!("terminal-{fd}"))
+            .spawn(move || {
+                // SAFETY: dup of our own stdout/stderr; the File owns the duplicate.
+                let dup = unsafe { libc::dup(fd) };
+                let mut out: Option<File> = (dup >= 0).then(|| {
+                    // SAFETY: `dup` is a fresh descriptor we own.
+                    unsafe { std::os::fd::FromRawFd::from_raw_fd(dup) }
+                });
+                for chunk in rx {
+                    let ok = out.as_mut().is_some_and(|o| o.write_all(&chunk).is_ok());
+                    if !ok {
+                        // A closed terminal (EPIPE) must not stop anything: count and move on.
+                        out = None;
+                        d.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    }
+                    p.fetch_sub(1, Ordering::Release);
                 }
-            }
-        });
+            });
         match started {
-            Ok(_) => TerminalCopy { tx: Some(tx), dropped },
-            Err(e) => {
-                tracing::warn!("no terminal copy of fd {fd}: cannot start its thread: {e}");
-                TerminalCopy { tx: None, dropped }
-            }
+            Ok(_) => TerminalCopy {
+                tx: Some(tx),
+                pending,
+                dropped,
+            },
+            Err(_) => TerminalCopy {
+                tx: None,
+                pending,
+                dropped,
+            },
         }
     }
 
-    fn offer(&self, bytes: &[u8]) {
-        let Some(tx) = &self.tx else { return };
-        match tx.try_send(bytes.to_vec()) {
-            Ok(()) => {}
-            Err(TrySendError::Full(c)) | Err(TrySendError::Disconnected(c)) => {
-                self.dropped.fetch_add(c.len() as u64, Ordering::Relaxed);
-            }
+    pub fn offer(&self, bytes: &[u8]) {
+        let Some(tx) = &self.tx else {
+            self.dropped
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            return;
+        };
+        self.pending.fetch_add(1, Ordering::Acquire);
+        if let Err(TrySendError::Full(c) | TrySendError::Disconnected(c)) =
+            tx.try_send(bytes.to_vec())
+        {
+            self.pending.fetch_sub(1, Ordering::Release);
+            self.dropped.fetch_add(c.len() as u64, Ordering::Relaxed);
         }
+    }
+
+    /// Wait (bounded) until everything queued was written: called once before exiting.
+    pub fn flush(&self, timeout: std::time::Duration) {
+        let end = Instant::now() + timeout;
+        while self.pending.load(Ordering::Acquire) > 0 && Instant::now() < end {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+}
+
+/// `tracing` writes our own messages through the stderr queue.
+pub struct StderrWriter;
+
+impl Write for StderrWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        terminal(2).offer(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -176,7 +249,11 @@ pub struct LineFramer {
 
 impl LineFramer {
     pub fn new(max: usize) -> Self {
-        LineFramer { partial: Vec::new(), truncated: false, max }
+        LineFramer {
+            partial: Vec::new(),
+            truncated: false,
+            max,
+        }
     }
 
     pub fn feed(&mut self, chunk: &[u8], mut line: impl FnMut(&[u8], bool)) {
@@ -207,7 +284,8 @@ impl LineFramer {
         if bytes.len() > room {
             self.truncated = true;
         }
-        self.partial.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        self.partial
+            .extend_from_slice(&bytes[..bytes.len().min(room)]);
     }
 
     /// End of stream: the last line had no newline.
@@ -233,17 +311,24 @@ pub fn spawn_reader(
     stream: Stream,
     fd: OwnedFd,
     shared: Arc<Shared>,
-    terminal: TerminalCopy,
+    terminal: Option<&'static TerminalCopy>,
     events: UnboundedSender<Timed>,
 ) -> std::io::Result<std::thread::JoinHandle<StreamStats>> {
     let name = match stream {
         Stream::Stdout => "child-stdout",
         Stream::Stderr => "child-stderr",
     };
-    std::thread::Builder::new().name(name.into()).spawn(move || read_loop(fd, &shared, &terminal, &events))
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || read_loop(fd, &shared, terminal, &events))
 }
 
-fn read_loop(fd: OwnedFd, shared: &Shared, terminal: &TerminalCopy, events: &UnboundedSender<Timed>) -> StreamStats {
+fn read_loop(
+    fd: OwnedFd,
+    shared: &Shared,
+    terminal: Option<&TerminalCopy>,
+    events: &UnboundedSender<Timed>,
+) -> StreamStats {
     let raw = fd.as_raw_fd();
     // Fewer, larger reads when the child writes fast. Failure only costs speed.
     // SAFETY: fcntl on our own pipe descriptor.
@@ -253,9 +338,19 @@ fn read_loop(fd: OwnedFd, shared: &Shared, terminal: &TerminalCopy, events: &Unb
     let mut framer = LineFramer::new(MAX_PARSED_LINE);
     let mut parser = LogParser::new();
     let mut bytes = 0u64;
-    let mut emit = |event: LogEvent| {
+    let mut emit = |event: LogEvent| match event {
+        LogEvent::Batch { kind, rank, fields } => {
+            let mut b = lock(&shared.batches);
+            b.count[kind as usize] += 1;
+            b.latest.insert((kind, rank), fields);
+        }
         // The receiver is gone only when the supervisor is shutting down.
-        let _ = events.send(Timed { at: Instant::now(), event });
+        event => {
+            let _ = events.send(Timed {
+                at: Instant::now(),
+                event,
+            });
+        }
     };
     loop {
         if parser.capturing() && !readable_within(raw, CAPTURE_IDLE_MS) {
@@ -274,17 +369,28 @@ fn read_loop(fd: OwnedFd, shared: &Shared, terminal: &TerminalCopy, events: &Unb
         let chunk = &buf[..n];
         bytes += n as u64;
         lock(&shared.log).write(chunk);
-        terminal.offer(chunk);
+        if let Some(t) = terminal {
+            t.offer(chunk);
+        }
         lock(&shared.tail).push(chunk);
-        framer.feed(chunk, |line, truncated| parser.line(line, truncated, &mut emit));
+        framer.feed(chunk, |line, truncated| {
+            parser.line(line, truncated, &mut emit)
+        });
     }
     framer.finish(|line, truncated| parser.line(line, truncated, &mut emit));
     parser.flush(&mut emit);
-    StreamStats { bytes, parse: parser.stats }
+    StreamStats {
+        bytes,
+        parse: parser.stats,
+    }
 }
 
 fn readable_within(fd: i32, ms: i32) -> bool {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd.
     let rc = unsafe { libc::poll(&mut p, 1, ms) };
     rc != 0
@@ -307,7 +413,15 @@ mod tests {
     #[test]
     fn framer_joins_lines_across_chunks_and_keeps_the_last_unterminated_line() {
         let out = frame(&[b"ab", b"c\nde", b"f\n\ng"], 100);
-        assert_eq!(out, [(b"abc".to_vec(), false), (b"def".to_vec(), false), (b"".to_vec(), false), (b"g".to_vec(), false)]);
+        assert_eq!(
+            out,
+            [
+                (b"abc".to_vec(), false),
+                (b"def".to_vec(), false),
+                (b"".to_vec(), false),
+                (b"g".to_vec(), false)
+            ]
+        );
     }
 
     #[test]

@@ -1,1 +1,760 @@
-fn main() {}
+//! sglang-replay: plays back recorded real SGLang output (tests/fixtures/) with its timing, and
+//! serves the HTTP endpoints a real server has, so the supervisor can be tested end to end without
+//! a GPU. Fault modes reproduce what real servers do when they fail.
+//!
+//! Like SGLang it runs a small process tree (a "scheduler" and a "detokenizer" child), logs to
+//! stderr, answers SIGTERM by draining and then SIGKILLing itself (exit 137), SIGINT by exit 0,
+//! and after a scheduler crash prints the traceback, `Received sigquit ...` and SIGKILLs itself.
+#![allow(clippy::disallowed_methods)] // a test program: it spawns its own children directly
+use anyhow::{Context, Result};
+use clap::Parser;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const DEFAULT_LOG: &[u8] =
+    include_bytes!("../../fixtures/sglang-0.5.14-h200/B_decode_graph/server.log");
+const DEFAULT_SERVER_INFO: &str =
+    include_str!("../../fixtures/sglang-0.5.14-h200/B_decode_graph/server_info.json");
+const DEFAULT_MODEL_INFO: &str =
+    include_str!("../../fixtures/sglang-0.5.14-h200/B_decode_graph/model_info.json");
+const DEFAULT_METRICS: &str =
+    include_str!("../../fixtures/sglang-0.5.14-h200/B_decode_graph/metrics.txt");
+/// The real scheduler traceback of the FA3 failure (fixture C_fail_fa3), without its header line.
+const CRASH_TRACEBACK: &str = "Traceback (most recent call last):
+  File \"/tmp/site/sglang/srt/managers/scheduler.py\", line 4211, in run_scheduler_process
+    scheduler = Scheduler(
+                ^^^^^^^^^^
+  File \"/tmp/site/sglang/srt/layers/attention/flashattention_backend.py\", line 184, in __init__
+    from sgl_kernel.flash_attn import (
+  File \"/tmp/site/sgl_kernel/flash_attn.py\", line 10, in <module>
+    raise ImportError(
+ImportError: Can not import FA3 in sgl_kernel. Please check your installation.
+";
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "Replay recorded SGLang output and serve its HTTP API (test double for sglang.launch_server)"
+)]
+struct Args {
+    /// Recorded server.log to replay (default: the embedded B_decode_graph run).
+    #[arg(long)]
+    log: Option<PathBuf>,
+    /// Directory with server_info.json / model_info.json / metrics.txt (default: embedded).
+    #[arg(long)]
+    fixture_dir: Option<PathBuf>,
+    /// Time scale: 1 = as recorded, 100 = a hundred times faster.
+    #[arg(long, default_value_t = 1.0)]
+    speed: f64,
+    /// Longest pause between two lines, in seconds (after scaling).
+    #[arg(long, default_value_t = 5.0)]
+    max_gap: f64,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 30000)]
+    port: u16,
+    /// SGLang version to imitate: /ready exists from 0.5.20 on.
+    #[arg(long, default_value = "0.5.14")]
+    version: String,
+    /// Rank prefixes for scheduler lines, e.g. "TP0,TP1" or "DP0 TP0 EP0,DP0 TP1 EP1": each
+    /// scheduler line is printed once per rank with that prefix.
+    #[arg(long)]
+    ranks: Option<String>,
+    /// Timestamps with milliseconds (as with SGLANG_LOG_MS).
+    #[arg(long)]
+    log_ms: bool,
+    /// uvicorn access lines go to stdout (as in SGLang); default: everything on stderr.
+    #[arg(long)]
+    access_log_stdout: bool,
+    /// Crash in this phase (init, load_weights, kv_cache, cuda_graph, http_up): scheduler
+    /// traceback, `Received sigquit`, then SIGKILL of itself, like SGLang.
+    #[arg(long)]
+    crash_in: Option<String>,
+    /// Which rank crashes (a prefix from --ranks); default: the unprefixed scheduler.
+    #[arg(long)]
+    crash_rank: Option<String>,
+    /// Stop printing in this phase and hang (HTTP keeps answering 503 / refusing).
+    #[arg(long)]
+    hang_in: Option<String>,
+    /// Ignore SIGTERM (and SIGINT).
+    #[arg(long)]
+    ignore_sigterm: bool,
+    /// Start grandchildren that ignore SIGTERM: one in our group, one in a new session.
+    #[arg(long)]
+    grandchildren: bool,
+    /// Print argparse's usage and `sglang serve: error: MSG`, exit 2.
+    #[arg(long)]
+    argparse_error: Option<String>,
+    /// After readiness, write this many bytes of realistic log lines as fast as possible.
+    #[arg(long, default_value_t = 0)]
+    flood_bytes: u64,
+    /// After readiness, write lines with invalid UTF-8 and ANSI colour codes.
+    #[arg(long)]
+    invalid_utf8: bool,
+    /// After readiness, write one line of this many bytes (newline only at its end).
+    #[arg(long, default_value_t = 0)]
+    huge_line: u64,
+    /// Exit by itself with this code this many seconds after readiness (e.g. "0:2").
+    #[arg(long)]
+    exit_after_ready: Option<String>,
+    /// Print the ready line `--ready-lines` times (multi-worker servers print it per worker).
+    #[arg(long, default_value_t = 1)]
+    ready_lines: u32,
+    /// Write the wall-clock time (ns since epoch) of the ready line here, just before printing it.
+    #[arg(long)]
+    ready_stamp: Option<PathBuf>,
+    /// Also write every byte printed (both streams, in order) here, for byte-exact comparisons.
+    #[arg(long)]
+    record: Option<PathBuf>,
+    /// Internal: run as a worker process that sleeps until killed.
+    #[arg(long, hide = true)]
+    worker: Option<String>,
+    /// Everything else (SGLang flags we accept and ignore).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    rest: Vec<String>,
+}
+
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
+static READY: AtomicBool = AtomicBool::new(false);
+static HTTP_UP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNAL.store(sig, Ordering::SeqCst);
+}
+
+/// Both output streams, plus the optional record of everything, under one lock (order kept).
+struct Out {
+    record: Option<File>,
+}
+
+fn out() -> &'static Mutex<Out> {
+    static O: OnceLock<Mutex<Out>> = OnceLock::new();
+    O.get_or_init(|| Mutex::new(Out { record: None }))
+}
+
+fn emit(to_stdout: bool, bytes: &[u8]) {
+    let mut o = out().lock().unwrap_or_else(|p| p.into_inner());
+    let fd = if to_stdout { 1 } else { 2 };
+    let mut off = 0;
+    while off < bytes.len() {
+        // SAFETY: writing our own buffer to our own fd.
+        let n = unsafe { libc::write(fd, bytes[off..].as_ptr().cast(), bytes.len() - off) };
+        if n <= 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            break;
+        }
+        off += n as usize;
+    }
+    if let Some(r) = &mut o.record {
+        let _ = r.write_all(&bytes[..off]);
+    }
+}
+
+fn now_ts(ms: bool) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    let (y, m, d) = civil(days);
+    let base = format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    );
+    if ms {
+        format!("{base}.{:03}", now.subsec_millis())
+    } else {
+        base
+    }
+}
+
+/// Days since 1970-01-01 to (year, month, day) (Howard Hinnant's algorithm).
+fn civil(z: i64) -> (i64, u32, u32) {
+    let z = z + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z.rem_euclid(146097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn log_line(args: &Args, rank: Option<&str>, msg: &str) {
+    let prefix = match rank {
+        Some(r) => format!("[{} {r}] ", now_ts(args.log_ms)),
+        None => format!("[{}] ", now_ts(args.log_ms)),
+    };
+    emit(false, format!("{prefix}{msg}\n").as_bytes());
+}
+
+/// Recorded line → (timestamp seconds, rank-less message) when it has the standard prefix.
+fn split_recorded(line: &str) -> Option<(i64, &str)> {
+    let b = line.as_bytes();
+    if b.len() < 21 || b[0] != b'[' || b[20] != b']' {
+        return None;
+    }
+    let t = &line[12..20];
+    let secs = t[0..2].parse::<i64>().ok()? * 3600
+        + t[3..5].parse::<i64>().ok()? * 60
+        + t[6..8].parse::<i64>().ok()?;
+    Some((secs, line.get(22..).unwrap_or("")))
+}
+
+const SCHEDULER_LINES: &[&str] = &[
+    "Init torch distributed",
+    "Load weight",
+    "KV Cache is allocated",
+    "Memory pool end",
+    "Capture ",
+    "max_total_num_tokens=",
+    "Decode batch",
+    "Prefill batch",
+    "Tree cache initialized",
+    "Disable prefill CUDA graph",
+];
+
+fn phase_of(msg: &str) -> Option<&'static str> {
+    [
+        ("Init torch distributed begin", "init"),
+        ("Load weight begin", "load_weights"),
+        ("KV Cache is allocated", "kv_cache"),
+        ("CUDA graph begin", "cuda_graph"),
+        ("Uvicorn running on", "http_up"),
+    ]
+    .iter()
+    .find(|(frag, _)| msg.contains(frag))
+    .map(|(_, p)| *p)
+}
+
+fn sleep_interruptible(d: Duration) {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        if SIGNAL.load(Ordering::SeqCst) != 0 {
+            return;
+        }
+        std::thread::sleep(
+            Duration::from_millis(5).min(end.saturating_duration_since(Instant::now())),
+        );
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Some(role) = &args.worker {
+        worker_main(role);
+    }
+    let Err(e) = run(args);
+    eprintln!("sglang-replay: {e:#}");
+    std::process::exit(1);
+}
+
+/// A worker (scheduler / detokenizer / grandchild): named like SGLang's, sleeps until killed.
+fn worker_main(role: &str) -> ! {
+    let (name, ignore_term, new_session) = match role {
+        "scheduler" => ("sglang::schedul", false, false),
+        "detokenizer" => ("sglang::detoken", false, false),
+        "stubborn" => ("stubborn", true, false),
+        "stubborn-setsid" => ("stubborn-setsid", true, true),
+        _ => ("worker", false, false),
+    };
+    // SAFETY: plain libc calls on our own process.
+    unsafe {
+        if new_session {
+            libc::setsid();
+        }
+        if ignore_term {
+            libc::signal(libc::SIGTERM, libc::SIG_IGN);
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+        }
+        if let Ok(c) = std::ffi::CString::new(name) {
+            libc::prctl(libc::PR_SET_NAME, c.as_ptr(), 0, 0, 0);
+        }
+    }
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+fn spawn_worker(role: &str) -> Result<u32> {
+    let exe = std::env::current_exe()?;
+    let child = Command::new(exe)
+        .arg("--worker")
+        .arg(role)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("spawning worker {role}"))?;
+    Ok(child.id())
+}
+
+fn run(args: Args) -> Result<std::convert::Infallible> {
+    if let Some(p) = &args.record {
+        out().lock().unwrap_or_else(|p| p.into_inner()).record =
+            Some(File::create(p).context("--record")?);
+    }
+    // SAFETY: installing a handler that only stores to an atomic.
+    unsafe {
+        let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        for sig in [libc::SIGTERM, libc::SIGINT] {
+            libc::signal(
+                sig,
+                if args.ignore_sigterm {
+                    libc::SIG_IGN
+                } else {
+                    handler
+                },
+            );
+        }
+    }
+    if let Some(msg) = &args.argparse_error {
+        emit(false, b"usage: sglang serve [-h] --model-path MODEL_PATH [--tokenizer-path TOKENIZER_PATH]\n                    [--host HOST] [--port PORT] [--tp-size TP_SIZE]\n");
+        emit(false, format!("sglang serve: error: {msg}\n").as_bytes());
+        std::process::exit(2);
+    }
+    let log = match &args.log {
+        Some(p) => std::fs::read(p).with_context(|| format!("reading --log {}", p.display()))?,
+        None => DEFAULT_LOG.to_vec(),
+    };
+    let fixture = |name: &str, default: &str| -> String {
+        args.fixture_dir
+            .as_ref()
+            .and_then(|d| std::fs::read_to_string(d.join(name)).ok())
+            .unwrap_or_else(|| default.to_string())
+    };
+    let http = Arc::new(HttpFixtures {
+        server_info: fixture("server_info.json", DEFAULT_SERVER_INFO),
+        model_info: fixture("model_info.json", DEFAULT_MODEL_INFO),
+        metrics: fixture("metrics.txt", DEFAULT_METRICS),
+        has_ready: version_at_least(&args.version, 0, 5, 20),
+        access_stdout: args.access_log_stdout,
+        log_ms: args.log_ms,
+    });
+
+    let mut workers = vec![spawn_worker("scheduler")?, spawn_worker("detokenizer")?];
+    if args.grandchildren {
+        workers.push(spawn_worker("stubborn")?);
+        workers.push(spawn_worker("stubborn-setsid")?);
+    }
+    let ranks: Vec<Option<String>> = match &args.ranks {
+        Some(r) => r.split(',').map(|s| Some(s.trim().to_string())).collect(),
+        None => vec![None],
+    };
+
+    let mut prev_ts: Option<i64> = None;
+    let mut ready_printed = false;
+    for raw in log.split_inclusive(|&b| b == b'\n') {
+        check_signal(&args, &workers);
+        let text = String::from_utf8_lossy(raw);
+        let line = text.trim_end_matches('\n');
+        let Some((ts, msg)) = split_recorded(line) else {
+            emit(false, raw);
+            continue;
+        };
+        if let Some(p) = prev_ts {
+            let gap = ((ts - p).max(0) as f64 / args.speed).min(args.max_gap);
+            sleep_interruptible(Duration::from_secs_f64(gap));
+            check_signal(&args, &workers);
+        }
+        prev_ts = Some(ts);
+        // Recorded access lines of the original run's /health polling are replaced by our own.
+        if msg.starts_with("INFO:     127.0.0.1:") {
+            continue;
+        }
+        if msg.contains("The server is fired up and ready to roll!") {
+            if ready_printed {
+                continue;
+            }
+            ready_printed = true;
+            announce_ready(&args);
+            after_ready(&args, &workers);
+            continue;
+        }
+        if msg.contains("Uvicorn running on") {
+            start_http(&args, http.clone())?;
+        }
+        if msg.starts_with("SIGTERM received")
+            || msg.starts_with("Gracefully exiting")
+            || msg.starts_with("kill_process_tree")
+        {
+            // The recorded stop belongs to the recorded run; ours happens when we are signalled.
+            continue;
+        }
+        let phase = phase_of(msg);
+        if SCHEDULER_LINES.iter().any(|f| msg.starts_with(f)) {
+            for r in &ranks {
+                log_line(&args, r.as_deref(), msg);
+            }
+        } else {
+            log_line(&args, None, msg);
+        }
+        if let Some(p) = phase {
+            if args.crash_in.as_deref() == Some(p) {
+                crash(&args, &workers);
+            }
+            if args.hang_in.as_deref() == Some(p) {
+                loop {
+                    check_signal(&args, &workers);
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+    // End of the recording: stay up (ready or, e.g. after the uvicorn worker-kill loop, not)
+    // until signalled, like a server.
+    {
+        loop {
+            check_signal(&args, &workers);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+fn version_at_least(v: &str, a: u32, b: u32, c: u32) -> bool {
+    let p: Vec<u32> = v.split('.').filter_map(|x| x.parse().ok()).collect();
+    (
+        p.first().copied().unwrap_or(0),
+        p.get(1).copied().unwrap_or(0),
+        p.get(2).copied().unwrap_or(0),
+    ) >= (a, b, c)
+}
+
+fn announce_ready(args: &Args) {
+    READY.store(true, Ordering::SeqCst);
+    if let Some(p) = &args.ready_stamp {
+        let ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let _ = std::fs::write(p, ns.to_string());
+    }
+    let prefix = if args.ready_lines > 1 {
+        "INFO:     "
+    } else {
+        ""
+    };
+    for _ in 0..args.ready_lines.max(1) {
+        log_line(
+            args,
+            None,
+            &format!("{prefix}The server is fired up and ready to roll!"),
+        );
+    }
+}
+
+fn after_ready(args: &Args, workers: &[u32]) {
+    if args.invalid_utf8 {
+        emit(
+            false,
+            b"[2026-12-02 09:23:13] bytes \xff\xfe\xc3 not UTF-8\n",
+        );
+        emit(false, b"\x1b[1;33mcoloured \x1b[0mwarning\n");
+    }
+    if args.huge_line > 0 {
+        let block = vec![b'x'; 1 << 20];
+        let mut left = args.huge_line;
+        while left > 0 {
+            let n = left.min(block.len() as u64) as usize;
+            emit(false, &block[..n]);
+            left -= n as u64;
+        }
+        emit(false, b"\n");
+    }
+    if args.flood_bytes > 0 {
+        let line = b"[2026-12-02 09:22:00] Decode batch, #running-req: 8, #token: 4436, token usage: 0.00, cuda graph: False, gen throughput (token/s): 2275.55, #queue-req: 0\n";
+        let block: Vec<u8> = line
+            .iter()
+            .copied()
+            .cycle()
+            .take(line.len() * 512)
+            .collect();
+        let mut left = args.flood_bytes;
+        while left > 0 {
+            let n = left.min(block.len() as u64) as usize;
+            emit(false, &block[..n]);
+            left -= n as u64;
+        }
+    }
+    if let Some(spec) = &args.exit_after_ready {
+        let (code, secs) = spec.split_once(':').unwrap_or((spec, "0"));
+        sleep_interruptible(Duration::from_secs_f64(secs.parse().unwrap_or(0.0)));
+        check_signal(args, workers);
+        for &w in workers {
+            // SAFETY: kill our own children.
+            unsafe { libc::kill(w as i32, libc::SIGKILL) };
+        }
+        std::process::exit(code.parse().unwrap_or(0));
+    }
+}
+
+/// React to SIGTERM / SIGINT the way SGLang 0.5.14 does.
+fn check_signal(args: &Args, workers: &[u32]) {
+    match SIGNAL.swap(0, Ordering::SeqCst) {
+        libc::SIGTERM => {
+            log_line(
+                args,
+                None,
+                "SIGTERM received. signum=None frame=None. Draining requests and shutting down...",
+            );
+            std::thread::sleep(Duration::from_secs_f64((2.0 / args.speed).min(2.0)));
+            log_line(args, None, "Gracefully exiting... Remaining number of requests 0. Remaining requests remaining_rids=[].");
+            let me = std::process::id();
+            log_line(
+                args,
+                None,
+                &format!(
+                    "kill_process_tree called: parent_pid={me}, include_parent=True, pid={me}"
+                ),
+            );
+            for &w in workers {
+                // SAFETY: kill our own children, then ourselves, as SGLang's kill_process_tree does.
+                unsafe { libc::kill(w as i32, libc::SIGKILL) };
+            }
+            // SAFETY: as above.
+            unsafe { libc::kill(me as i32, libc::SIGKILL) };
+        }
+        libc::SIGINT => {
+            log_line(args, None, "Shutting down");
+            for &w in workers {
+                // SAFETY: kill our own children.
+                unsafe { libc::kill(w as i32, libc::SIGKILL) };
+            }
+            std::process::exit(0);
+        }
+        _ => {}
+    }
+}
+
+fn crash(args: &Args, _workers: &[u32]) -> ! {
+    let rank = args.crash_rank.as_deref();
+    log_line(
+        args,
+        rank,
+        &format!("Scheduler hit an exception: {}", CRASH_TRACEBACK.trim_end()),
+    );
+    emit(false, b"\n");
+    log_line(
+        args,
+        None,
+        "Received sigquit from a child process. It usually means the child failed.",
+    );
+    let me = std::process::id();
+    log_line(
+        args,
+        None,
+        &format!("kill_process_tree called: parent_pid={me}, include_parent=True, pid={me}"),
+    );
+    // SGLang kills its tree with SIGKILL, itself included; the workers are the supervisor's
+    // problem from here (as with a real SGLang whose children it did not reach).
+    // SAFETY: kill ourselves.
+    unsafe { libc::kill(me as i32, libc::SIGKILL) };
+    std::process::exit(137);
+}
+
+struct HttpFixtures {
+    server_info: String,
+    model_info: String,
+    metrics: String,
+    has_ready: bool,
+    access_stdout: bool,
+    log_ms: bool,
+}
+
+fn start_http(args: &Args, fx: Arc<HttpFixtures>) -> Result<()> {
+    if HTTP_UP.swap(true, Ordering::SeqCst) {
+        return Ok(());
+    }
+    let listener = TcpListener::bind((args.host.as_str(), args.port))
+        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let fx = fx.clone();
+            std::thread::spawn(move || {
+                let _ = serve(conn, &fx);
+            });
+        }
+    });
+    Ok(())
+}
+
+fn serve(conn: TcpStream, fx: &HttpFixtures) -> Result<()> {
+    conn.set_nodelay(true)?;
+    let peer = conn.peer_addr().map(|a| a.port()).unwrap_or(0);
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut w = conn;
+    loop {
+        let mut request_line = String::new();
+        if reader.read_line(&mut request_line)? == 0 {
+            return Ok(());
+        }
+        let mut parts = request_line.split_whitespace();
+        let (method, path) = (
+            parts.next().unwrap_or("").to_string(),
+            parts.next().unwrap_or("/").to_string(),
+        );
+        let mut len = 0usize;
+        let mut close = false;
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h)? == 0 {
+                return Ok(());
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let lower = h.to_ascii_lowercase();
+            if let Some(v) = lower.strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+            if lower == "connection: close" {
+                close = true;
+            }
+        }
+        let mut body = vec![0u8; len.min(64 << 20)];
+        reader.read_exact(&mut body)?;
+        let status = route(&method, &path, &body, fx, &mut w)?;
+        let access = format!(
+            "[{}] INFO:     127.0.0.1:{peer} - \"{method} {path} HTTP/1.1\" {status}\n",
+            now_ts(fx.log_ms),
+            status = status_text(status)
+        );
+        emit(fx.access_stdout, access.as_bytes());
+        if close {
+            return Ok(());
+        }
+    }
+}
+
+fn status_text(code: u16) -> String {
+    let reason = match code {
+        200 => "OK",
+        404 => "Not Found",
+        503 => "Service Unavailable",
+        _ => "",
+    };
+    format!("{code} {reason}").trim_end().to_string()
+}
+
+fn respond(w: &mut TcpStream, code: u16, ctype: &str, body: &str) -> Result<u16> {
+    let head = format!(
+        "HTTP/1.1 {}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\n\r\n",
+        status_text(code),
+        body.len()
+    );
+    w.write_all(head.as_bytes())?;
+    w.write_all(body.as_bytes())?;
+    Ok(code)
+}
+
+fn route(
+    method: &str,
+    path: &str,
+    body: &[u8],
+    fx: &HttpFixtures,
+    w: &mut TcpStream,
+) -> Result<u16> {
+    let ready = READY.load(Ordering::SeqCst);
+    let path = path.split('?').next().unwrap_or(path);
+    match (method, path) {
+        ("GET", "/health" | "/health_generate") => {
+            respond(w, if ready { 200 } else { 503 }, "text/plain", "")
+        }
+        ("GET", "/ready") if fx.has_ready => {
+            respond(w, if ready { 200 } else { 503 }, "application/json", "{}")
+        }
+        ("GET", "/model_info" | "/get_model_info") => {
+            respond(w, 200, "application/json", &fx.model_info)
+        }
+        ("GET", "/server_info" | "/get_server_info") => {
+            respond(w, 200, "application/json", &fx.server_info)
+        }
+        ("GET", "/metrics") => respond(
+            w,
+            200,
+            "text/plain; version=0.0.4; charset=utf-8",
+            &fx.metrics,
+        ),
+        ("GET", "/v1/models") => respond(
+            w,
+            200,
+            "application/json",
+            r#"{"object":"list","data":[{"id":"/models/tiny-llama","object":"model","owned_by":"sglang","max_model_len":4096}]}"#,
+        ),
+        ("POST", "/generate" | "/v1/completions") if ready => {
+            generate(path == "/generate", body, w)
+        }
+        ("POST", _) => respond(
+            w,
+            503,
+            "application/json",
+            r#"{"error":"server not ready"}"#,
+        ),
+        _ => respond(w, 404, "application/json", r#"{"detail":"Not Found"}"#),
+    }
+}
+
+/// Token-by-token answers with SGLang's shapes (`meta_info` for /generate, `usage` for OpenAI).
+fn generate(native: bool, body: &[u8], w: &mut TcpStream) -> Result<u16> {
+    let req: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let stream = req["stream"].as_bool().unwrap_or(false);
+    let n = if native {
+        req["sampling_params"]["max_new_tokens"].as_u64()
+    } else {
+        req["max_tokens"].as_u64()
+    }
+    .unwrap_or(8)
+    .clamp(1, 4096);
+    let prompt_tokens = req["text"]
+        .as_str()
+        .or(req["prompt"].as_str())
+        .map_or(1, |t| t.split_whitespace().count().max(1));
+    let token_gap = Duration::from_millis(2);
+    if !stream {
+        std::thread::sleep(token_gap * n as u32);
+        let text = " tok".repeat(n as usize);
+        let body = if native {
+            serde_json::json!({"text": text, "meta_info": {"prompt_tokens": prompt_tokens, "completion_tokens": n, "finish_reason": {"type": "length", "length": n}}})
+        } else {
+            serde_json::json!({"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                               "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens as u64 + n}})
+        };
+        return respond(w, 200, "application/json", &body.to_string());
+    }
+    w.write_all(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+    )?;
+    let mut send = |data: &str| -> Result<()> {
+        let frame = format!("data: {data}\n\n");
+        w.write_all(format!("{:x}\r\n{frame}\r\n", frame.len()).as_bytes())?;
+        w.flush()?;
+        Ok(())
+    };
+    for i in 1..=n {
+        std::thread::sleep(token_gap);
+        let chunk = if native {
+            serde_json::json!({"text": " tok".repeat(i as usize), "meta_info": {"prompt_tokens": prompt_tokens, "completion_tokens": i}})
+        } else {
+            let mut c = serde_json::json!({"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": " tok", "finish_reason": null}]});
+            if i == n {
+                c["usage"] = serde_json::json!({"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens as u64 + n});
+            }
+            c
+        };
+        send(&chunk.to_string())?;
+    }
+    send("[DONE]")?;
+    w.write_all(b"0\r\n\r\n")?;
+    Ok(200)
+}

@@ -1,0 +1,268 @@
+//! Helpers for running the real `sglang-supervisor` binary against the replay server.
+#![allow(dead_code, clippy::disallowed_methods, clippy::unwrap_used)]
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/sglang-0.5.14-h200")
+        .join(name)
+}
+
+pub fn supervisor_bin() -> PathBuf {
+    // target/<profile>/deps/<test> → target/<profile>/sglang-supervisor
+    let mut p = std::env::current_exe().unwrap();
+    p.pop();
+    p.pop();
+    let bin = p.join("sglang-supervisor");
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests with `cargo test --workspace`",
+        bin.display()
+    );
+    bin
+}
+
+pub fn replay_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_sglang-replay")
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One supervised replay run in its own temp dir, tagged so its processes can be found.
+pub struct Run {
+    pub dir: PathBuf,
+    pub child: Child,
+    pub tag: String,
+    pub port: u16,
+    started: Instant,
+}
+
+pub struct Opts<'a> {
+    pub supervisor: &'a [&'a str],
+    pub replay: &'a [&'a str],
+    pub stdout: Stdio,
+    pub stderr: Stdio,
+}
+
+impl Default for Opts<'_> {
+    fn default() -> Self {
+        Opts {
+            supervisor: &[],
+            replay: &[],
+            stdout: Stdio::null(),
+            stderr: Stdio::null(),
+        }
+    }
+}
+
+impl Run {
+    pub fn start(name: &str, opts: Opts<'_>) -> Run {
+        let tag = format!(
+            "{name}-{}-{}",
+            std::process::id(),
+            Instant::now().elapsed().as_nanos()
+        );
+        let dir = std::env::temp_dir().join(format!("sglsup-{tag}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = free_port();
+        let mut cmd = Command::new(supervisor_bin());
+        cmd.arg("run")
+            .arg("--events")
+            .arg(dir.join("events.jsonl"))
+            .arg("--log-file")
+            .arg(dir.join("server.log"))
+            .args(opts.supervisor)
+            .arg("--")
+            .arg(replay_bin())
+            .arg("--port")
+            .arg(port.to_string())
+            .arg("--record")
+            .arg(dir.join("record.log"))
+            .args(opts.replay)
+            .env("REPLAY_TAG", &tag)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(opts.stdout)
+            .stderr(opts.stderr);
+        let child = cmd.spawn().unwrap();
+        Run {
+            dir,
+            child,
+            tag,
+            port,
+            started: Instant::now(),
+        }
+    }
+
+    pub fn events(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.dir.join("events.jsonl")).unwrap_or_default();
+        text.lines()
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("bad event line {l:?}: {e}"))
+            })
+            .collect()
+    }
+
+    pub fn events_named(&self, name: &str) -> Vec<Value> {
+        self.events()
+            .into_iter()
+            .filter(|e| e["event"] == name)
+            .collect()
+    }
+
+    pub fn wait_event(&self, name: &str, timeout: Duration) -> Value {
+        let end = Instant::now() + timeout;
+        loop {
+            if let Some(e) = self.events_named(name).into_iter().next() {
+                return e;
+            }
+            assert!(
+                Instant::now() < end,
+                "no {name} event within {timeout:?}; events: {:#?}",
+                self.events()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn signal(&self, sig: i32) {
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// Wait for the supervisor to exit; its exit status.
+    pub fn wait(&mut self, timeout: Duration) -> i32 {
+        let end = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st.code().unwrap_or_else(|| {
+                    128 + std::os::unix::process::ExitStatusExt::signal(&st).unwrap_or(0)
+                });
+            }
+            if Instant::now() >= end {
+                let _ = self.child.kill();
+                panic!(
+                    "supervisor still running after {timeout:?}; events: {:#?}",
+                    self.events()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Processes (other than the supervisor) that carry this run's tag in their environment.
+    pub fn survivors(&self) -> Vec<i32> {
+        tagged_processes(&self.tag)
+    }
+
+    pub fn assert_no_survivors(&self) {
+        // Zombies may take a moment to be reaped by whoever inherits them.
+        let end = Instant::now() + Duration::from_secs(2);
+        loop {
+            let left = self.survivors();
+            if left.is_empty() {
+                return;
+            }
+            if Instant::now() >= end {
+                for p in &left {
+                    unsafe { libc::kill(*p, libc::SIGKILL) };
+                }
+                panic!("processes of the tree survived: {left:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The log file has exactly the bytes the child wrote (checked by SHA-256 and length).
+    pub fn assert_log_is_exact(&self) {
+        let log = std::fs::read(self.dir.join("server.log")).unwrap();
+        let rec = std::fs::read(self.dir.join("record.log")).unwrap();
+        assert_eq!(
+            log.len(),
+            rec.len(),
+            "log file length differs from what the child wrote"
+        );
+        assert_eq!(
+            sha256(&log),
+            sha256(&rec),
+            "log file bytes differ from what the child wrote"
+        );
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for p in self.survivors() {
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+pub fn sha256(b: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(b))
+}
+
+pub fn tagged_processes(tag: &str) -> Vec<i32> {
+    let needle = format!("REPLAY_TAG={tag}");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        if !env.split(|&b| b == 0).any(|kv| kv == needle.as_bytes()) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or("");
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if state != "Z" && comm.trim() != "sglang-supervis" {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// RFC 3339 `2026-12-02T11:07:26.739155Z` → ns since the epoch.
+pub fn humantime_to_ns(ts: &str) -> u128 {
+    let (date, time) = ts.trim_end_matches('Z').split_once('T').unwrap();
+    let d: Vec<i64> = date.split('-').map(|x| x.parse().unwrap()).collect();
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let t: Vec<i64> = hms.split(':').map(|x| x.parse().unwrap()).collect();
+    let (y, m, day) = (d[0], d[1], d[2]);
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146097 + doe - 719468;
+    let secs = days * 86400 + t[0] * 3600 + t[1] * 60 + t[2];
+    let frac_ns: u128 = format!("{frac:0<9}")[..9].parse().unwrap();
+    secs as u128 * 1_000_000_000 + frac_ns
+}

@@ -1,0 +1,644 @@
+//! `sglang-supervisor run` end to end: the real binary, real processes and signals, real HTTP over
+//! loopback, and recorded real SGLang 0.5.14 output replayed with its timing.
+mod common;
+use common::*;
+use serde_json::Value;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(60);
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+fn exited(run: &Run) -> Value {
+    run.events_named("exited")
+        .pop()
+        .unwrap_or_else(|| panic!("no exited event: {:#?}", run.events()))
+}
+
+#[test]
+fn normal_start_is_ready_with_phases_and_args_then_sigterm_is_a_requested_stop() {
+    let log = fixture("B_decode_graph/server.log");
+    let mut run = Run::start(
+        "normal",
+        Opts {
+            replay: &[
+                "--log",
+                log.to_str().unwrap(),
+                "--speed",
+                "40",
+                "--grandchildren",
+            ],
+            ..Default::default()
+        },
+    );
+    let ready = run.wait_event("ready", T);
+    assert_eq!(ready["url"], format!("http://127.0.0.1:{}", run.port));
+    run.signal(libc::SIGTERM);
+    let code = run.wait(T);
+    assert_eq!(
+        code, 143,
+        "a requested SIGTERM stop exits 143 even though SGLang SIGKILLs itself"
+    );
+    let ev = run.events();
+    let names: Vec<&str> = ev.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(names[0], "spawned");
+    let ready_at = names.iter().position(|n| *n == "ready").unwrap();
+    let http_up = ev
+        .iter()
+        .position(|e| e["event"] == "phase" && e["name"] == "http_up")
+        .unwrap();
+    assert!(http_up < ready_at, "Uvicorn running is not readiness");
+    for phase in [
+        "init_distributed_begin",
+        "load_weights_begin",
+        "load_weights_end",
+        "kv_cache_allocated",
+        "cuda_graph_begin",
+        "cuda_graph_end",
+        "max_total_num_tokens",
+        "warmup",
+    ] {
+        assert!(
+            ev.iter()
+                .any(|e| e["event"] == "phase" && e["name"] == phase),
+            "missing phase {phase}"
+        );
+    }
+    let graph_end = ev.iter().find(|e| e["name"] == "cuda_graph_end").unwrap();
+    assert_eq!(graph_end["duration_s"], 2.01, "the duration SGLang printed");
+    let args = &run.events_named("server_args")[0]["args"];
+    assert_eq!(args["model_path"], "/models/tiny-llama");
+    assert_eq!(args["tp_size"], 1);
+    assert_eq!(args["mem_fraction_static"], 0.91);
+    assert_eq!(args["cuda_graph_config"]["decode"]["backend"], "full");
+    assert!(
+        args.as_object().unwrap().len() > 400,
+        "all ~404 fields: {}",
+        args.as_object().unwrap().len()
+    );
+    let ex = exited(&run);
+    assert_eq!(
+        (
+            ex["requested"].clone(),
+            ex["exit_status"].clone(),
+            ex["signal"].clone()
+        ),
+        (Value::Bool(true), 143.into(), 9.into())
+    );
+    assert_eq!(run.events_named("signal")[0]["target"], "main");
+    assert!(run.events_named("leftover").is_empty());
+    run.assert_log_is_exact();
+    run.assert_no_survivors();
+}
+
+#[test]
+fn every_replayed_fixture_parses_without_spurious_fatals() {
+    // The successful recorded starts: ready, no fatal, the deprecations SGLang printed.
+    for (name, extra) in [
+        ("A_nograph", vec![]),
+        ("D_sigint", vec![]),
+        ("F_tokworkers2", s(&["--ready-lines", "2"])),
+    ] {
+        let log = fixture(&format!("{name}/server.log"));
+        let mut args = s(&["--log", log.to_str().unwrap(), "--speed", "200"]);
+        args.extend(extra);
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut run = Run::start(
+            name,
+            Opts {
+                replay: &a,
+                ..Default::default()
+            },
+        );
+        run.wait_event("ready", T);
+        run.signal(libc::SIGINT);
+        assert_eq!(run.wait(T), 130, "{name}: SIGINT stop → 128+2");
+        assert_eq!(
+            run.events_named("ready").len(),
+            1,
+            "{name}: one ready event even when the line is printed per worker"
+        );
+        assert!(
+            run.events_named("fatal").is_empty(),
+            "{name}: {:#?}",
+            run.events_named("fatal")
+        );
+        let warnings = run.events_named("warning");
+        assert!(
+            warnings.iter().any(|w| w["message"]
+                .as_str()
+                .unwrap()
+                .contains("'sglang serve' is the recommended entrypoint")),
+            "{name}"
+        );
+        run.assert_log_is_exact();
+        run.assert_no_survivors();
+    }
+}
+
+#[test]
+fn recorded_fa3_failure_is_diagnosed_from_the_scheduler_traceback() {
+    let log = fixture("C_fail_fa3/server.log");
+    let mut run = Run::start(
+        "fa3",
+        Opts {
+            replay: &["--log", log.to_str().unwrap(), "--speed", "50"],
+            ..Default::default()
+        },
+    );
+    let code = run.wait(T);
+    let fatal = &run.events_named("fatal")[0];
+    assert_eq!(fatal["reason"], "scheduler_exception");
+    let excerpt = fatal["excerpt"].as_str().unwrap();
+    assert!(excerpt.contains("Scheduler hit an exception"), "{excerpt}");
+    assert!(
+        excerpt.ends_with(
+            "ImportError: Can not import FA3 in sgl_kernel. Please check your installation."
+        ),
+        "{excerpt}"
+    );
+    // The recorded log has no crash-then-kill of its own: the supervisor stopped a live server.
+    assert_eq!(code, 1, "{:#?}", run.events());
+    assert!(run.events_named("ready").is_empty());
+    run.assert_log_is_exact();
+    run.assert_no_survivors();
+}
+
+#[test]
+fn crash_in_each_phase_names_the_rank_and_stops_at_once() {
+    for phase in ["init", "load_weights", "kv_cache", "cuda_graph"] {
+        let mut run = Run::start(
+            &format!("crash-{phase}"),
+            Opts {
+                replay: &[
+                    "--speed",
+                    "50",
+                    "--ranks",
+                    "TP0,TP1",
+                    "--crash-in",
+                    phase,
+                    "--crash-rank",
+                    "TP1",
+                ],
+                ..Default::default()
+            },
+        );
+        let code = run.wait(T);
+        // SGLang SIGKILLs itself right after its traceback; whoever is first, the status says so.
+        assert!(code == 137 || code == 1, "{phase}: exit {code}");
+        let fatal = run.events_named("fatal");
+        assert_eq!(
+            fatal[0]["reason"], "scheduler_exception",
+            "{phase}: {fatal:#?}"
+        );
+        assert_eq!(fatal[0]["rank"], "TP1", "{phase}");
+        assert!(
+            fatal[0]["excerpt"]
+                .as_str()
+                .unwrap()
+                .contains("ImportError: Can not import FA3"),
+            "{phase}"
+        );
+        let ex = exited(&run);
+        assert_eq!(ex["requested"], false);
+        assert_eq!(ex["exit_status"], code);
+        run.assert_log_is_exact();
+        run.assert_no_survivors();
+    }
+}
+
+#[test]
+fn argparse_error_exits_2_with_the_error_quoted() {
+    let msg = "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill";
+    let mut run = Run::start(
+        "argparse",
+        Opts {
+            replay: &["--argparse-error", msg],
+            ..Default::default()
+        },
+    );
+    assert_eq!(run.wait(T), 2);
+    let fatal = &run.events_named("fatal")[0];
+    assert_eq!(fatal["reason"], "argparse_error");
+    assert_eq!(fatal["excerpt"], format!("sglang serve: error: {msg}"));
+    assert_eq!(exited(&run)["code"], 2);
+    run.assert_log_is_exact();
+}
+
+#[test]
+fn uvicorn_worker_kill_loop_is_diagnosed_with_the_env_var_to_set() {
+    let log = fixture("F_tokworkers2_FAILED_healthcheck10s/server.log");
+    let mut run = Run::start(
+        "uvicorn",
+        Opts {
+            replay: &["--log", log.to_str().unwrap(), "--speed", "20"],
+            ..Default::default()
+        },
+    );
+    assert_eq!(run.wait(T), 1, "we stopped a live, never-ready server");
+    let fatal = &run.events_named("fatal")[0];
+    assert_eq!(fatal["reason"], "uvicorn_worker_died");
+    let excerpt = fatal["excerpt"].as_str().unwrap();
+    assert!(
+        excerpt.contains("Child process [")
+            && excerpt.contains("SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT=180"),
+        "{excerpt}"
+    );
+    run.assert_log_is_exact();
+    run.assert_no_survivors();
+}
+
+#[test]
+fn ready_timeout_says_where_each_rank_stopped_and_exits_124() {
+    let mut run = Run::start(
+        "hang",
+        Opts {
+            supervisor: &["--ready-timeout", "2s", "--grace", "1s"],
+            replay: &[
+                "--speed",
+                "50",
+                "--ranks",
+                "TP0,TP1",
+                "--hang-in",
+                "cuda_graph",
+                "--ignore-sigterm",
+            ],
+            ..Default::default()
+        },
+    );
+    assert_eq!(run.wait(T), 124);
+    let fatal = &run.events_named("fatal")[0];
+    assert_eq!(fatal["reason"], "ready_timeout");
+    let excerpt = fatal["excerpt"].as_str().unwrap();
+    assert!(excerpt.starts_with("not ready after 2s"), "{excerpt}");
+    assert!(
+        excerpt.contains("TP0 stopped in cuda graph capture")
+            && excerpt.contains("TP1 stopped in cuda graph capture"),
+        "{excerpt}"
+    );
+    assert!(
+        run.elapsed() < Duration::from_secs(10),
+        "timeout 2 s + grace 1 s, took {:?}",
+        run.elapsed()
+    );
+    run.assert_no_survivors();
+}
+
+#[test]
+fn child_ignoring_sigterm_with_setsid_grandchildren_is_killed_after_grace() {
+    let mut run = Run::start(
+        "stubborn",
+        Opts {
+            supervisor: &["--grace", "1s"],
+            replay: &["--speed", "50", "--ignore-sigterm", "--grandchildren"],
+            ..Default::default()
+        },
+    );
+    run.wait_event("ready", T);
+    let t = Instant::now();
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(T), 143);
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "grace 1 s, took {took:?}"
+    );
+    let ex = exited(&run);
+    assert_eq!(ex["signal"], 9);
+    assert_eq!(ex["requested"], true);
+    run.assert_no_survivors();
+}
+
+#[test]
+fn second_sigint_kills_the_tree_without_waiting_for_grace() {
+    let mut run = Run::start(
+        "sigint2",
+        Opts {
+            supervisor: &["--grace", "60s"],
+            replay: &["--speed", "50", "--ignore-sigterm"],
+            ..Default::default()
+        },
+    );
+    run.wait_event("ready", T);
+    run.signal(libc::SIGINT);
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    run.signal(libc::SIGINT);
+    assert_eq!(run.wait(T), 130);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let sigs = run.events_named("signal");
+    assert_eq!(
+        (sigs[0]["target"].as_str(), sigs[1]["target"].as_str()),
+        (Some("main"), Some("tree"))
+    );
+    run.assert_no_survivors();
+}
+
+#[test]
+fn signal_group_forwards_to_the_whole_group() {
+    let mut run = Run::start(
+        "group",
+        Opts {
+            supervisor: &["--signal-group"],
+            replay: &["--speed", "50"],
+            ..Default::default()
+        },
+    );
+    run.wait_event("ready", T);
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(T), 143);
+    assert_eq!(run.events_named("signal")[0]["target"], "group");
+    run.assert_no_survivors();
+}
+
+#[test]
+fn main_process_killed_during_start_takes_the_rest_of_the_tree_at_once() {
+    let log = fixture("A_nograph/server.log");
+    let mut run = Run::start(
+        "sigkill-main",
+        Opts {
+            replay: &["--log", log.to_str().unwrap(), "--speed", "5"],
+            ..Default::default()
+        },
+    );
+    let spawned = run.wait_event("spawned", T);
+    run.wait_event("server_args", T);
+    let pid = spawned["pid"].as_i64().unwrap() as i32;
+    let t = Instant::now();
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert_eq!(run.wait(T), 137);
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    let fatal = &run.events_named("fatal")[0];
+    assert_eq!(fatal["reason"], "exited_before_ready");
+    assert!(fatal["excerpt"]
+        .as_str()
+        .unwrap()
+        .starts_with("the server exited with signal 9 (SIGKILL) before it was ready"));
+    run.assert_no_survivors();
+}
+
+#[test]
+fn sigkilled_supervisor_leaves_no_server_behind() {
+    let mut run = Run::start(
+        "sigkill-sup",
+        Opts {
+            replay: &["--speed", "50", "--grandchildren"],
+            ..Default::default()
+        },
+    );
+    run.wait_event("ready", T);
+    assert!(
+        run.survivors().len() >= 4,
+        "main, scheduler, detokenizer, grandchildren: {:?}",
+        run.survivors()
+    );
+    run.signal(libc::SIGKILL);
+    run.wait(T);
+    // PDEATHSIG kills the main process; the sentinel kills its process group. The setsid
+    // grandchild left the group and outlives a SIGKILLed supervisor: that one is documented.
+    let end = Instant::now() + Duration::from_secs(3);
+    loop {
+        let left: Vec<i32> = run
+            .survivors()
+            .into_iter()
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/comm"))
+                    .map(|c| c.trim() != "stubborn-setsid")
+                    .unwrap_or(false)
+            })
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "survived a SIGKILLed supervisor: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn child_exit_code_passes_through_with_a_diagnosis() {
+    let mut run = Run::start(
+        "exit3",
+        Opts {
+            replay: &["--speed", "50", "--exit-after-ready", "3:0.2"],
+            ..Default::default()
+        },
+    );
+    assert_eq!(run.wait(T), 3);
+    let ex = exited(&run);
+    assert_eq!(
+        (ex["code"].clone(), ex["requested"].clone()),
+        (3.into(), false.into())
+    );
+    assert_eq!(run.events_named("fatal")[0]["reason"], "exited");
+    run.assert_log_is_exact();
+    run.assert_no_survivors();
+}
+
+#[test]
+fn flood_invalid_utf8_and_a_100mb_line_lose_no_byte_with_a_stalled_terminal() {
+    // stdout/stderr of the supervisor go to a pipe nobody reads: the terminal copy must drop, the
+    // child must never block, the log must be exact.
+    let mut run = Run::start(
+        "flood",
+        Opts {
+            replay: &[
+                "--speed",
+                "50",
+                "--invalid-utf8",
+                "--huge-line",
+                "104857600",
+                "--flood-bytes",
+                "209715200",
+                "--exit-after-ready",
+                "0:0",
+            ],
+            stdout: Stdio::piped(),
+            stderr: Stdio::piped(),
+            ..Default::default()
+        },
+    );
+    let pid = run.child.id();
+    let mut max_rss_kb = 0u64;
+    let end = Instant::now() + Duration::from_secs(120);
+    while run.child.try_wait().unwrap().is_none() {
+        if let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            if let Some(l) = st.lines().find(|l| l.starts_with("VmRSS:")) {
+                max_rss_kb = max_rss_kb.max(l.split_whitespace().nth(1).unwrap().parse().unwrap());
+            }
+        }
+        assert!(Instant::now() < end, "flood did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(run.wait(T), 0);
+    let ex = exited(&run);
+    let log = &ex["log"];
+    assert!(log["truncated_lines"].as_u64().unwrap() >= 1, "{log}");
+    assert!(log["non_utf8_lines"].as_u64().unwrap() >= 1, "{log}");
+    assert!(
+        log["terminal_dropped_bytes"].as_u64().unwrap() > 0,
+        "the stalled terminal copy dropped: {log}"
+    );
+    assert_eq!(log["log_file_lost_bytes"], 0);
+    assert!(log["bytes"].as_u64().unwrap() > 300 << 20, "{log}");
+    // Terminal queues 2 × 4 MiB + line buffers 2 × 1 MiB + read buffers: far from the 300 MB that went through.
+    assert!(
+        max_rss_kb < 32 * 1024,
+        "supervisor RSS peaked at {max_rss_kb} kB"
+    );
+    run.assert_log_is_exact();
+    run.assert_no_survivors();
+}
+
+#[test]
+fn both_streams_are_logged_in_arrival_order_and_kept_apart_on_the_terminal() {
+    let mut run = Run::start(
+        "streams",
+        Opts {
+            replay: &["--speed", "50", "--access-log-stdout"],
+            stdout: Stdio::piped(),
+            ..Default::default()
+        },
+    );
+    run.wait_event("ready", T);
+    // Each HTTP request makes the replay print an access line on stdout.
+    for _ in 0..5 {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", run.port)).unwrap();
+        use std::io::{Read, Write};
+        s.write_all(b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut b = Vec::new();
+        s.read_to_end(&mut b).unwrap();
+        assert!(b.starts_with(b"HTTP/1.1 200"));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    run.signal(libc::SIGTERM);
+    let mut out = String::new();
+    use std::io::Read;
+    run.child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert_eq!(run.wait(T), 143);
+    // The terminal's stdout got exactly the child's stdout: the access lines.
+    assert!(
+        out.lines().count() >= 5 && out.lines().all(|l| l.contains("INFO:     127.0.0.1:")),
+        "{out}"
+    );
+    // The log has both streams: same bytes as written, as a multiset of lines.
+    let log = std::fs::read_to_string(run.dir.join("server.log")).unwrap();
+    let rec = std::fs::read_to_string(run.dir.join("record.log")).unwrap();
+    let (mut a, mut b): (Vec<&str>, Vec<&str>) = (log.lines().collect(), rec.lines().collect());
+    a.sort_unstable();
+    b.sort_unstable();
+    assert_eq!(a, b);
+    assert!(
+        log.contains("\"GET /model_info HTTP/1.1\" 200"),
+        "the ready line was confirmed over HTTP"
+    );
+    run.assert_no_survivors();
+}
+
+#[test]
+fn ready_on_new_versions_is_confirmed_by_get_ready_within_milliseconds() {
+    let stamp_dir = std::env::temp_dir().join(format!("sglsup-stamp-{}", std::process::id()));
+    std::fs::create_dir_all(&stamp_dir).unwrap();
+    let stamp = stamp_dir.join("ready.ns");
+    let mut run = Run::start(
+        "v0520",
+        Opts {
+            replay: &[
+                "--speed",
+                "50",
+                "--version",
+                "0.5.20",
+                "--ready-stamp",
+                stamp.to_str().unwrap(),
+            ],
+            ..Default::default()
+        },
+    );
+    let ready = run.wait_event("ready", T);
+    let line_ns: u128 = std::fs::read_to_string(&stamp)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let ts = ready["ts"].as_str().unwrap();
+    let ready_ns = humantime_to_ns(ts);
+    let lag_ms = (ready_ns as f64 - line_ns as f64) / 1e6;
+    assert!(
+        (0.0..250.0).contains(&lag_ms),
+        "ready event {lag_ms:.1} ms after the ready line"
+    );
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(T), 143);
+    let log = std::fs::read_to_string(run.dir.join("server.log")).unwrap();
+    assert!(
+        log.contains("\"GET /ready HTTP/1.1\" 200"),
+        "0.5.20+ is confirmed with /ready"
+    );
+    let _ = std::fs::remove_dir_all(stamp_dir);
+}
+
+#[test]
+fn ready_on_http_polls_health() {
+    let mut run = Run::start(
+        "http",
+        Opts {
+            supervisor: &["--ready-on", "http"],
+            replay: &["--speed", "20"],
+            ..Default::default()
+        },
+    );
+    run.wait_event("ready", T);
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(T), 143);
+    let log = std::fs::read_to_string(run.dir.join("server.log")).unwrap();
+    assert!(log.contains("\"GET /health HTTP/1.1\" 200"));
+    run.assert_no_survivors();
+}
+
+#[test]
+fn supervisor_failures_exit_125_with_a_clear_message() {
+    let bin = supervisor_bin();
+    #[allow(clippy::disallowed_methods)]
+    let out = std::process::Command::new(&bin)
+        .args(["run", "--", "/nonexistent/sglang-server"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("/nonexistent/sglang-server") && err.contains("PATH"),
+        "{err}"
+    );
+    #[allow(clippy::disallowed_methods)]
+    let out = std::process::Command::new(&bin)
+        .args(["run", "--log-file", "/nonexistent-dir/x.log", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-dir/x.log"));
+    #[allow(clippy::disallowed_methods)]
+    let out = std::process::Command::new(&bin)
+        .args(["run", "--ready-timeout", "soon", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    #[allow(clippy::disallowed_methods)]
+    let out = std::process::Command::new(&bin)
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--ready-timeout"));
+}
