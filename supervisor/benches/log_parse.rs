@@ -1,1 +1,80 @@
-fn main() {}
+//! Parser cost per byte of real SGLang output, against framing alone (the floor any tee pays).
+//! `cargo bench -p sglang-supervisor --bench log_parse`
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use sglang_supervisor::logs::parse::{BatchKind, LogEvent, LogParser, LogSink};
+use sglang_supervisor::logs::tee::LineFramer;
+
+const DIR: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tests/fixtures/sglang-0.5.14-h200"
+);
+
+/// The steady state of a serving log: recorded batch and access lines.
+fn steady() -> Vec<u8> {
+    let mut all = Vec::new();
+    for run in ["A_nograph", "B_decode_graph", "F_tokworkers2"] {
+        let log = std::fs::read_to_string(format!("{DIR}/{run}/server.log")).unwrap_or_default();
+        for l in log
+            .lines()
+            .filter(|l| l.contains(" batch, ") || l.contains("INFO:     127.0.0.1"))
+        {
+            all.extend_from_slice(l.as_bytes());
+            all.push(b'\n');
+        }
+    }
+    all
+}
+
+/// One whole real startup, server_args line included.
+fn startup() -> Vec<u8> {
+    std::fs::read(format!("{DIR}/A_nograph/server.log")).unwrap_or_default()
+}
+
+/// Counts what it gets, like the reader's sink it keeps batch lines as borrowed text.
+struct Count(usize);
+
+impl LogSink for Count {
+    fn event(&mut self, _: LogEvent) {
+        self.0 += 1;
+    }
+    fn batch(&mut self, _: BatchKind, _: Option<&str>, body: &str) {
+        self.0 += body.len();
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    for (name, data) in [("steady", steady()), ("startup", startup())] {
+        bench_corpus(c, name, &data);
+    }
+}
+
+fn bench_corpus(c: &mut Criterion, name: &str, data: &[u8]) {
+    let mut g = c.benchmark_group(format!("log_{name}"));
+    g.throughput(Throughput::Bytes(data.len() as u64));
+    g.bench_function("frame_only", |b| {
+        b.iter(|| {
+            let mut f = LineFramer::new(1 << 20);
+            let mut n = 0usize;
+            for chunk in data.chunks(256 * 1024) {
+                f.feed(chunk, |l, _| n += l.len());
+            }
+            n
+        })
+    });
+    g.bench_function("frame_and_parse", |b| {
+        b.iter(|| {
+            let mut f = LineFramer::new(1 << 20);
+            let mut p = LogParser::new();
+            let mut sink = Count(0);
+            for chunk in data.chunks(256 * 1024) {
+                f.feed(chunk, |l, t| p.line(l, t, &mut sink));
+            }
+            p.flush(&mut sink);
+            sink.0
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -700,8 +700,17 @@ impl Supervision {
             "decode_batches": batches[1],
             "warnings_suppressed": self.warnings_suppressed,
             "orphans_reaped": child::orphans_reaped(),
+            "supervisor_max_rss_kb": max_rss_kb(),
         })
     }
+}
+
+/// Our own peak resident memory (the supervisor must never perturb the benchmark it watches).
+fn max_rss_kb() -> Option<i64> {
+    // SAFETY: getrusage fills a plain struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer.
+    (unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } == 0).then_some(ru.ru_maxrss)
 }
 
 fn describe_status(s: ExitStatus) -> String {

@@ -73,6 +73,27 @@ impl BatchKind {
     }
 }
 
+/// Where parsed lines go. Batch lines are the bulk of a busy log, so they get their own method
+/// with borrowed text: a sink can keep the latest per rank without allocating per line, and parse
+/// the fields ([`batch_fields`]) only when someone asks. Any `FnMut(LogEvent)` is a sink that
+/// receives batches as parsed `LogEvent::Batch` events.
+pub trait LogSink {
+    fn event(&mut self, event: LogEvent);
+    fn batch(&mut self, kind: BatchKind, rank: Option<&str>, body: &str) {
+        self.event(LogEvent::Batch {
+            kind,
+            rank: rank.map(str::to_string),
+            fields: batch_fields(body),
+        });
+    }
+}
+
+impl<F: FnMut(LogEvent)> LogSink for F {
+    fn event(&mut self, event: LogEvent) {
+        self(event)
+    }
+}
+
 /// Timestamp, rank prefix and message of one line. `ts` is `None` for unprefixed lines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LineHead<'a> {
@@ -212,7 +233,10 @@ fn matcher() -> &'static AhoCorasick {
     M.get_or_init(|| {
         // The patterns are fixed ASCII literals; building cannot fail for them.
         #[allow(clippy::expect_used)]
-        AhoCorasick::new(PATTERNS.iter().map(|(p, _)| p)).expect("static patterns")
+        AhoCorasick::builder()
+            .kind(Some(aho_corasick::AhoCorasickKind::DFA))
+            .build(PATTERNS.iter().map(|(p, _)| p))
+            .expect("static patterns")
     })
 }
 
@@ -296,10 +320,10 @@ impl LogParser {
     }
 
     /// Close an open capture (the stream ended or went quiet).
-    pub fn flush(&mut self, out: &mut impl FnMut(LogEvent)) {
+    pub fn flush(&mut self, out: &mut impl LogSink) {
         if let Some(c) = self.capture.take() {
             let excerpt = c.excerpt();
-            out(match c.reason {
+            out.event(match c.reason {
                 Some(reason) => LogEvent::Fatal {
                     reason,
                     rank: c.rank,
@@ -311,7 +335,7 @@ impl LogParser {
     }
 
     /// One line without its `\n`. `truncated`: the framer cut it at its length limit.
-    pub fn line(&mut self, raw: &[u8], truncated: bool, out: &mut impl FnMut(LogEvent)) {
+    pub fn line(&mut self, raw: &[u8], truncated: bool, out: &mut impl LogSink) {
         self.stats.lines += 1;
         if truncated {
             self.stats.truncated_lines += 1;
@@ -325,7 +349,7 @@ impl LogParser {
             }
         };
         // A tqdm bar rewrites itself with `\r`: only its last state is a line worth reading.
-        let text: &str = match text.rfind('\r') {
+        let text: &str = match memchr::memrchr(b'\r', text.as_bytes()) {
             Some(i) => {
                 self.stats.progress_lines += 1;
                 &text[i + 1..]
@@ -336,7 +360,7 @@ impl LogParser {
         self.classify(&clean, out);
     }
 
-    fn classify(&mut self, line: &str, out: &mut impl FnMut(LogEvent)) {
+    fn classify(&mut self, line: &str, out: &mut impl LogSink) {
         let head = split_head(line);
         if let Some(c) = &mut self.capture {
             if head.ts.is_none() {
@@ -365,26 +389,29 @@ impl LogParser {
                 let mut v = Value::Object(std::mem::take(&mut map));
                 redact_value(&mut v);
                 if let Value::Object(m) = v {
-                    out(LogEvent::ServerArgs(m));
+                    out.event(LogEvent::ServerArgs(m));
                 }
                 return;
             }
             if let Some(ev) = phase(msg, rank()) {
-                out(ev);
+                out.event(ev);
                 return;
             }
-            if let Some(kind_rest) = batch(msg) {
-                out(LogEvent::Batch {
-                    kind: kind_rest.0,
-                    rank: rank(),
-                    fields: batch_fields(kind_rest.1),
-                });
+            if let Some((kind, body)) = batch(msg) {
+                out.batch(kind, head.rank, body);
                 return;
+            }
+            // uvicorn access lines (`INFO:     127.0.0.1:50312 - "GET /health ..." 200`) are half of
+            // a busy log and mean nothing to us: skip them before the pattern scan.
+            if let Some(rest) = msg.strip_prefix("INFO:     ") {
+                if rest.starts_with(|c: char| c.is_ascii_digit() || c == '[') {
+                    return;
+                }
             }
         }
 
         let mut found: Option<Pat> = None;
-        for m in matcher().find_overlapping_iter(line) {
+        for m in matcher().find_iter(line) {
             let p = PATTERNS[m.pattern().as_usize()].1;
             // Earlier patterns in the table win; they are the more specific.
             if found.is_none_or(|f| (p as usize) < (f as usize)) {
@@ -398,14 +425,14 @@ impl LogParser {
             excerpt: clip(line),
         };
         match pat {
-            Pat::Ready => out(LogEvent::Ready),
-            Pat::Uvicorn => out(LogEvent::Phase {
+            Pat::Ready => out.event(LogEvent::Ready),
+            Pat::Uvicorn => out.event(LogEvent::Phase {
                 name: "http_up",
                 rank: rank(),
                 reported_s: None,
                 detail: None,
             }),
-            Pat::Deprecated if msg.contains(" is deprecated") => out(deprecation(msg)),
+            Pat::Deprecated if msg.contains(" is deprecated") => out.event(deprecation(msg)),
             Pat::Deprecated => {}
             Pat::SchedulerExc | Pat::DetokExc | Pat::InitFailed => {
                 let reason = match pat {
@@ -419,25 +446,25 @@ impl LogParser {
                 self.open(None, None, line, true);
             }
             Pat::Traceback => {}
-            Pat::Sigquit => out(fatal("child_sigquit")),
-            Pat::SchedulerDied => out(fatal("scheduler_died")),
-            Pat::Oom => out(fatal("cuda_oom")),
-            Pat::Watchdog => out(fatal("watchdog_timeout")),
+            Pat::Sigquit => out.event(fatal("child_sigquit")),
+            Pat::SchedulerDied => out.event(fatal("scheduler_died")),
+            Pat::Oom => out.event(fatal("cuda_oom")),
+            Pat::Watchdog => out.event(fatal("watchdog_timeout")),
             Pat::SubprocessCrashed if msg.starts_with("Subprocess ") => {
-                out(fatal("subprocess_crashed"))
+                out.event(fatal("subprocess_crashed"))
             }
             Pat::SubprocessCrashed => {}
             // argparse prints with `print`, never through logging: a prefixed line is something else.
             Pat::ArgparseError if head.ts.is_none() && is_argparse_error(msg) => {
-                out(fatal("argparse_error"))
+                out.event(fatal("argparse_error"))
             }
             Pat::ArgparseError => {}
             Pat::WorkerDied if msg.contains("] died") => {
-                out(LogEvent::WorkerDied { line: clip(line) })
+                out.event(LogEvent::WorkerDied { line: clip(line) })
             }
             Pat::WorkerDied => {}
             Pat::PyWarning if is_python_warning(msg) => {
-                out(LogEvent::Warning {
+                out.event(LogEvent::Warning {
                     message: clip(msg.trim()),
                 });
             }
@@ -629,7 +656,8 @@ fn batch(msg: &str) -> Option<(BatchKind, &str)> {
     Some((kind, rest.split_once(',').map(|(_, r)| r).unwrap_or("")))
 }
 
-fn batch_fields(rest: &str) -> Map<String, Value> {
+/// `#running-req: 32, token usage: 0.02, cuda graph: True, ...` as typed JSON fields.
+pub fn batch_fields(rest: &str) -> Map<String, Value> {
     let mut m = Map::new();
     for part in rest.split(", ") {
         let Some((k, v)) = part.split_once(": ") else {
@@ -939,5 +967,14 @@ mod tests {
                 truncated_lines: 0
             }
         );
+    }
+
+    #[test]
+    fn access_lines_are_skipped_whole_whatever_their_path_says() {
+        let line = "[2026-12-02 09:20:21] INFO:     127.0.0.1:39496 - \"GET /x: error: Warning: is deprecated HTTP/1.1\" 503";
+        assert!(events(&[line]).is_empty());
+        let v6 =
+            "[2026-12-02 09:20:21] INFO:     [::1]:39496 - \"GET /ready to roll! HTTP/1.1\" 200 OK";
+        assert!(events(&[v6]).is_empty());
     }
 }

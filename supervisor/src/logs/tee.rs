@@ -5,9 +5,8 @@
 //! streams under a lock, so the file keeps arrival order), a non-blocking hand-off to a terminal
 //! writer thread (a bounded queue: when the terminal is slower than the child, the terminal copy
 //! drops chunks and counts them; the log file never does), then line framing and parsing in place.
-use super::parse::{BatchKind, LogEvent, LogParser, ParseStats};
+use super::parse::{batch_fields, BatchKind, LogEvent, LogParser, LogSink, ParseStats};
 use serde_json::{Map, Value};
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -120,7 +119,55 @@ impl Tail {
 #[derive(Default)]
 pub struct Batches {
     pub count: [u64; 2],
-    pub latest: HashMap<(BatchKind, Option<String>), Map<String, Value>>,
+    /// (kind, rank, text after `Decode batch,`); a handful of ranks, so a Vec beats a map.
+    latest: Vec<(BatchKind, Option<String>, String)>,
+}
+
+impl Batches {
+    fn record(&mut self, kind: BatchKind, rank: Option<&str>, body: &str) {
+        self.count[kind as usize] += 1;
+        match self
+            .latest
+            .iter_mut()
+            .find(|(k, r, _)| *k == kind && r.as_deref() == rank)
+        {
+            Some((_, _, text)) => {
+                text.clear();
+                text.push_str(body);
+            }
+            None => self
+                .latest
+                .push((kind, rank.map(str::to_string), body.to_string())),
+        }
+    }
+
+    /// The latest batch line's fields per (kind, rank).
+    pub fn latest(&self) -> Vec<(BatchKind, Option<&str>, Map<String, Value>)> {
+        self.latest
+            .iter()
+            .map(|(k, r, t)| (*k, r.as_deref(), batch_fields(t)))
+            .collect()
+    }
+}
+
+/// The reader's sink: events to the lifecycle, batches folded into `Shared::batches`.
+struct ReaderSink<'a> {
+    events: &'a UnboundedSender<Timed>,
+    batches: &'a Mutex<Batches>,
+}
+
+impl LogSink for ReaderSink<'_> {
+    fn event(&mut self, event: LogEvent) {
+        // The receiver is gone only when the supervisor is shutting down.
+        let _ = self.events.send(Timed {
+            at: Instant::now(),
+            event,
+        });
+    }
+
+    fn batch(&mut self, kind: BatchKind, rank: Option<&str>, body: &str) {
+        lock(self.batches).record(kind, rank, body);
+    }
 }
 
 pub struct Shared {
@@ -338,19 +385,9 @@ fn read_loop(
     let mut framer = LineFramer::new(MAX_PARSED_LINE);
     let mut parser = LogParser::new();
     let mut bytes = 0u64;
-    let mut emit = |event: LogEvent| match event {
-        LogEvent::Batch { kind, rank, fields } => {
-            let mut b = lock(&shared.batches);
-            b.count[kind as usize] += 1;
-            b.latest.insert((kind, rank), fields);
-        }
-        // The receiver is gone only when the supervisor is shutting down.
-        event => {
-            let _ = events.send(Timed {
-                at: Instant::now(),
-                event,
-            });
-        }
+    let mut emit = ReaderSink {
+        events,
+        batches: &shared.batches,
     };
     loop {
         if parser.capturing() && !readable_within(raw, CAPTURE_IDLE_MS) {

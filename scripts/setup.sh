@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what building and testing need on a fresh Debian machine (idempotent, quiet when done).
+set -euo pipefail
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+need_apt=()
+for bin_pkg in "cc:build-essential" "curl:curl" "python3:python3" "pkg-config:pkg-config" "procps:procps"; do
+  bin=${bin_pkg%%:*}; pkg=${bin_pkg#*:}
+  if [ "$bin" = procps ]; then command -v ps >/dev/null || need_apt+=("$pkg"); continue; fi
+  command -v "$bin" >/dev/null || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" ca-certificates >/dev/null
+fi
+if ! command -v cargo >/dev/null; then
+  [ -x "$HOME/.cargo/bin/cargo" ] || curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy >/dev/null
+  # shellcheck disable=SC1091
+  . "$HOME/.cargo/env"
+fi

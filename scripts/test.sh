@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Every test: formatting, lints, unit tests, and the integration tests that run the real binary
+# against the replayed SGLang server (real processes, signals and HTTP over loopback).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/setup.sh
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --release -- -D warnings
+# The integration tests run target/release/sglang-supervisor: build the binaries first.
+cargo build --release --workspace --bins
+cargo test --release --workspace
