@@ -258,16 +258,13 @@ pub fn tree_members(root: i32, pgid: Option<i32>, exclude: &[i32]) -> Vec<i32> {
         let mut seen = HashSet::new();
         let mut p = st.ppid;
         let mut descends = false;
-        while p > 1 && seen.insert(p) {
+        // Up the parent chain; the root may be PID 1 (we run as init), so walk to 0.
+        while p > 0 && seen.insert(p) {
             if p == root {
                 descends = true;
                 break;
             }
             p = stats.get(&p).map_or(0, |s| s.ppid);
-        }
-        // The root itself may be PID 1 (we run as init): everything then descends from it.
-        if root == 1 && st.ppid == 1 {
-            descends = true;
         }
         if descends || in_group {
             out.push(pid);

@@ -196,7 +196,7 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         .collect();
     events.emit(
         "spawned",
-        json!({"pid": pid, "argv": redact_argv(&argv_text)}),
+        json!({"pid": pid, "argv": redact_argv(&argv_text), "supervisor_pid": std::process::id()}),
     );
     tracing::info!(pid, url = %url.base(), "spawned the server");
 

@@ -642,3 +642,42 @@ fn supervisor_failures_exit_125_with_a_clear_message() {
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).contains("--ready-timeout"));
 }
+
+#[test]
+fn as_pid_1_it_reaps_orphans_without_stealing_the_childs_status() {
+    // A new PID namespace makes the supervisor PID 1 (as in a container without tini).
+    #[allow(clippy::disallowed_methods)]
+    let probe = std::process::Command::new("unshare").args(["--pid", "--fork", "--mount-proc", "true"]).status();
+    if !probe.map(|s| s.success()).unwrap_or(false) {
+        eprintln!("SKIPPED as_pid_1...: `unshare --pid --fork --mount-proc` is not permitted here (needs CAP_SYS_ADMIN)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("sglsup-pid1-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let events = dir.join("events.jsonl");
+    let tag = format!("pid1-{}", std::process::id());
+    #[allow(clippy::disallowed_methods)]
+    let status = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc"])
+        .arg(supervisor_bin())
+        .args(["run", "--no-tee", "--events"])
+        .arg(&events)
+        .arg("--")
+        .arg(replay_bin())
+        .args(["--speed", "50", "--grandchildren", "--exit-after-ready", "3:0.3", "--port"])
+        .arg(free_port().to_string())
+        .env("REPLAY_TAG", &tag)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(3), "the child's own exit code, not an orphan's");
+    let ev: Vec<Value> = std::fs::read_to_string(&events).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let spawned = ev.iter().find(|e| e["event"] == "spawned").unwrap();
+    assert_eq!(spawned["supervisor_pid"], 1, "the supervisor is PID 1 of the namespace");
+    let ex = ev.iter().find(|e| e["event"] == "exited").unwrap();
+    assert_eq!(ex["code"], 3);
+    assert!(ex["log"]["orphans_reaped"].as_u64().unwrap() >= 2, "the replay's orphaned workers were reaped: {ex}");
+    assert!(tagged_processes(&tag).is_empty(), "nothing of the namespace survives");
+    let _ = std::fs::remove_dir_all(dir);
+}
