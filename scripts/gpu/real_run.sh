@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# One planned call on the lent H200 (see docs/real-gpu.md): a real SGLang 0.5.14 server on the
+# tiny dummy Llama, started and stopped under the supervisor in several ways.
+#   usage (on the GPU machine, repo root): scripts/gpu/real_run.sh BIN BUNDLE OUTDIR [PHASES]
+#   BIN     the x86-64 sglang-supervisor binary; BUNDLE the prepared .sgldev; OUTDIR gets the files.
+#   PHASES  default "A C G K": A normal start + checks + SIGTERM; C failing start (fa3);
+#           G main process SIGKILLed during start; K supervisor SIGKILLed after ready.
+# Needs dev-device/ (a copy of shared/sglang-device) next to it. Every phase writes
+# OUTDIR/<phase>/{events.jsonl,server.log,supervisor.err,checks.txt} and the summary.
+set -u
+BIN=$(realpath "${1:?binary}"); B=$(realpath "${2:?bundle}"); O=$(realpath -m "${3:?outdir}"); PHASES=${4:-A C G K}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+mkdir -p "$O"
+exec > >(tee "$O/summary.txt") 2>&1
+# shellcheck source=/dev/null
+source "$HERE/dev-device/serve.sh"
+install_bundle "$B" || exit 1
+eval "$(print_env)"
+PORT=30000
+SERVER=(python3 -m sglang.launch_server --model-path "$B/tiny-llama" --load-format dummy --host 127.0.0.1 --port $PORT
+        --attention-backend triton --sampling-backend pytorch --grammar-backend none --enable-metrics
+        --cuda-graph-backend-prefill disabled)
+now() { date +%s.%N; }
+sub() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", a-b}'; }
+get() { python3 -c 'import sys,urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' "$1"; }
+post() { python3 -c 'import sys,urllib.request; urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=sys.argv[2].encode(), headers={"content-type":"application/json"}), timeout=30).read()' "$1" "$2"; }
+say() { echo "[real-run $(date +%T.%3N)] $*"; }
+check() { # check NAME CONDITION-RESULT(0/1) DETAIL
+  local verdict=FAIL; [ "$2" = 0 ] && verdict=ok
+  echo "$verdict  $1  $3" | tee -a "$P/checks.txt"
+}
+wait_event() { # wait_event NAME TIMEOUT_S → 0 when seen
+  local end=$(( $(date +%s) + $2 ))
+  while [ "$(date +%s)" -lt "$end" ]; do
+    grep -q "\"event\":\"$1\"" "$P/events.jsonl" 2>/dev/null && return 0
+    grep -q '"event":"exited"' "$P/events.jsonl" 2>/dev/null && return 1
+    sleep 0.05
+  done
+  return 1
+}
+gpu_procs() { nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null | grep -v '^$' || true; }
+tree_left() { ps -eo pid,ppid,pgid,stat,etimes,rss,args | grep -E 'sglang|resource_tracker|multiprocessing' | grep -v -E 'grep|real_run' || true; }
+start_sup() { # start_sup EXTRA_SERVER_ARGS...
+  "$BIN" run --events "$P/events.jsonl" --log-file "$P/server.log" --grace 30s --ready-timeout 6m --no-tee \
+    -- "${SERVER[@]}" "$@" 2> "$P/supervisor.err" &
+  SUP=$!
+  T_START=$(now)
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv > "$O/gpu.txt" 2>&1
+for phase in $PHASES; do
+  P=$O/$phase; mkdir -p "$P"
+  case $phase in
+  A)
+    say "A: normal start, checks, SIGTERM"
+    start_sup
+    if wait_event ready 360; then
+      t_ready=$(now)
+      ready_line=$(grep -n 'The server is fired up and ready to roll!' "$P/server.log" | head -1)
+      check ready 0 "after $(sub $t_ready $T_START) s; line: $ready_line"
+      get "http://127.0.0.1:$PORT/server_info" > "$P/server_info.json"
+      get "http://127.0.0.1:$PORT/metrics" > "$P/metrics.txt"
+      python3 - "$P" <<'PY' | tee -a "$P/checks.txt"
+import json, sys
+p = sys.argv[1]
+ev = [json.loads(l) for l in open(f"{p}/events.jsonl")]
+args = next(e["args"] for e in ev if e["event"] == "server_args")
+info = json.load(open(f"{p}/server_info.json"))
+common = [k for k in args if k in info]
+diff = [k for k in common if args[k] != info[k] and args[k] != "<redacted>"]
+only_log = [k for k in args if k not in info]
+print(f"{'ok' if not diff else 'FAIL'}  server_args_vs_server_info  {len(common)} keys compared, {len(diff)} differ: "
+      + ", ".join(f"{k}: log={args[k]!r} http={info[k]!r}" for k in diff[:8]) + f"; {len(only_log)} only in the log: {only_log[:8]}")
+phases = [(e["name"], e.get("rank"), e["elapsed_s"], e.get("duration_s")) for e in ev if e["event"] == "phase"]
+print("ok  phases  " + "; ".join(f"{n}@{t}s" + (f"({d}s)" if d is not None else "") for n, r, t, d in phases))
+ready = next(e for e in ev if e["event"] == "ready")
+print(f"ok  ready_event  elapsed_s={ready['elapsed_s']} ts={ready['ts']}")
+PY
+      for i in 1 2 3; do post "http://127.0.0.1:$PORT/generate" '{"text":"The capital of France is","sampling_params":{"max_new_tokens":32}}'; done
+      tree_left > "$P/ps_before_stop.txt"; gpu_procs > "$P/gpu_before_stop.txt"
+      t0=$(now); kill -TERM "$SUP"; wait "$SUP"; rc=$?; t1=$(now)
+      check sigterm_exit_143 "$([ "$rc" = 143 ] && echo 0 || echo 1)" "rc=$rc after $(sub $t1 $t0) s"
+      grep '"event":"exited"' "$P/events.jsonl" | tee -a "$P/checks.txt"
+      sleep 1; left=$(tree_left); g=$(gpu_procs)
+      check no_process_left "$([ -z "$left" ] && echo 0 || echo 1)" "$left"
+      check no_gpu_memory_held "$([ -z "$g" ] && echo 0 || echo 1)" "$g"
+    else
+      check ready 1 "no ready event"; kill -KILL "$SUP" 2>/dev/null; wait "$SUP"
+    fi
+    ;;
+  C)
+    say "C: failing start (fa3 not in the bundle)"
+    start_sup --attention-backend fa3
+    wait "$SUP"; rc=$?; t1=$(now)
+    check fails_nonzero "$([ "$rc" != 0 ] && echo 0 || echo 1)" "rc=$rc after $(sub $t1 $T_START) s"
+    grep '"event":"fatal"' "$P/events.jsonl" | head -3 | cut -c1-1500 | tee -a "$P/checks.txt"
+    grep -q 'ImportError: Can not import FA3' "$P/events.jsonl"; check fatal_quotes_importerror $? ""
+    sleep 1; left=$(tree_left); g=$(gpu_procs)
+    check no_process_left "$([ -z "$left" ] && echo 0 || echo 1)" "$left"
+    check no_gpu_memory_held "$([ -z "$g" ] && echo 0 || echo 1)" "$g"
+    ;;
+  G)
+    say "G: SIGKILL of the server's main process during start"
+    start_sup
+    if wait_event server_args 200; then
+      sleep 20  # into the scheduler's start, as in the recorded G run (60 s in)
+      main=$(grep -o '"event":"spawned","pid":[0-9]*' "$P/events.jsonl" | grep -o '[0-9]*$')
+      tree_left > "$P/ps_before_kill.txt"
+      t0=$(now); kill -KILL "$main"; wait "$SUP"; rc=$?; t1=$(now)
+      left=$(tree_left); g=$(gpu_procs)
+      check supervisor_done "$([ "$rc" = 137 ] && echo 0 || echo 1)" "rc=$rc, $(sub $t1 $t0) s after the kill"
+      check no_process_left_at_once "$([ -z "$left" ] && echo 0 || echo 1)" "$left"
+      check no_gpu_memory_held "$([ -z "$g" ] && echo 0 || echo 1)" "$g"
+      grep '"event":"fatal"' "$P/events.jsonl" | cut -c1-600 | tee -a "$P/checks.txt"
+    else
+      check server_args_seen 1 ""; kill -KILL "$SUP"; wait "$SUP"
+    fi
+    ;;
+  K)
+    say "K: the supervisor itself SIGKILLed after ready (PDEATHSIG + sentinel)"
+    start_sup
+    if wait_event ready 360; then
+      tree_left > "$P/ps_before_kill.txt"; gpu_procs > "$P/gpu_before_kill.txt"
+      t0=$(now); kill -KILL "$SUP"; wait "$SUP" 2>/dev/null
+      for i in $(seq 40); do [ -z "$(tree_left)" ] && break; sleep 0.05; done; t1=$(now)
+      left=$(tree_left); sleep 2; g=$(gpu_procs)
+      check tree_gone_after_supervisor_sigkill "$([ -z "$left" ] && echo 0 || echo 1)" "$(sub $t1 $t0) s; $left"
+      check no_gpu_memory_held "$([ -z "$g" ] && echo 0 || echo 1)" "$g"
+    else
+      check ready 1 ""; kill -KILL "$SUP"; wait "$SUP"
+    fi
+    ;;
+  esac
+  pkill -KILL -f sglang.launch_server 2>/dev/null; pkill -KILL -f 'sglang::' 2>/dev/null
+done
+say "done"; grep -h -E '^(ok|FAIL)' "$O"/*/checks.txt
+# Keep the kernels compiled on this machine for the next call (optional).
+[ -n "${PACK_JIT:-}" ] && cache_pack "$O/jit-cache.tar.xz" >/dev/null 2>&1
+exit 0
