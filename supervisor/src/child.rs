@@ -242,7 +242,7 @@ fn all_pids() -> Vec<i32> {
         .collect()
 }
 
-/// Live (non-zombie) processes that descend from `root` or belong to process group `pgid`,
+/// Processes (zombies included) that descend from `root` or belong to process group `pgid`,
 /// minus `exclude`.
 pub fn tree_members(root: i32, pgid: Option<i32>, exclude: &[i32]) -> Vec<i32> {
     let stats: HashMap<i32, ProcStat> = all_pids()
@@ -251,7 +251,7 @@ pub fn tree_members(root: i32, pgid: Option<i32>, exclude: &[i32]) -> Vec<i32> {
         .collect();
     let mut out = Vec::new();
     for (&pid, st) in &stats {
-        if pid == root || exclude.contains(&pid) || st.state == b'Z' || st.state == b'X' {
+        if pid == root || exclude.contains(&pid) {
             continue;
         }
         let in_group = pgid.is_some_and(|g| st.pgid == g);
@@ -287,14 +287,30 @@ pub async fn kill_tree(pgid: i32, exclude: &[i32], wait: Duration) -> Vec<i32> {
     let deadline = Instant::now() + wait;
     loop {
         send_signal(-pgid, libc::SIGKILL);
-        let alive = tree_members(me, Some(pgid), exclude);
-        for &p in &alive {
+        let members = tree_members(me, Some(pgid), exclude);
+        for &p in &members {
             send_signal(p, libc::SIGKILL);
         }
-        if alive.is_empty() || Instant::now() >= deadline {
-            return alive;
+        // Wait until they are reaped, not merely zombies: a GPU process whose main thread is a
+        // zombie can still have threads tearing down its CUDA context (seen on a real H200).
+        if members.is_empty() {
+            return members;
+        }
+        if Instant::now() >= deadline {
+            return members.into_iter().filter(|&p| is_running(p)).collect();
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Not yet a plain zombie: running, or a zombie thread-group leader whose other threads still run.
+pub fn is_running(pid: i32) -> bool {
+    match read_stat(pid) {
+        None => false,
+        Some(s) if s.state == b'Z' || s.state == b'X' => {
+            std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count()) > 1
+        }
+        Some(_) => true,
     }
 }
 

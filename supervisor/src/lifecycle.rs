@@ -315,7 +315,7 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     );
     tracing::info!(?status, exit_status, requested, "server exited");
     if let Some(sen) = sentinel {
-        sen.disarm();
+        sen.disarm().await;
     }
     Ok(exit_status)
 }

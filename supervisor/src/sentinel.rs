@@ -12,6 +12,7 @@ use std::process::Stdio;
 pub struct Sentinel {
     pub pid: i32,
     pipe: Option<std::fs::File>,
+    exit: tokio::sync::oneshot::Receiver<crate::child::ExitStatus>,
 }
 
 impl Sentinel {
@@ -33,13 +34,24 @@ impl Sentinel {
         })
         .map_err(std::io::Error::other)?;
         let pipe = s.stdin.map(|fd: OwnedFd| std::fs::File::from(fd));
-        Ok(Sentinel { pid: s.pid, pipe })
+        Ok(Sentinel {
+            pid: s.pid,
+            pipe,
+            exit: s.exit,
+        })
     }
 
-    /// The server tree is gone: tell the sentinel to exit without killing anything.
-    pub fn disarm(mut self) {
+    /// The server tree is gone: tell the sentinel to exit without killing anything, and reap it
+    /// (left unreaped, it would become a zombie of whoever inherits it).
+    pub async fn disarm(mut self) {
         if let Some(mut p) = self.pipe.take() {
             let _ = p.write_all(b"d");
+        }
+        if tokio::time::timeout(std::time::Duration::from_secs(1), self.exit)
+            .await
+            .is_err()
+        {
+            tracing::debug!(pid = self.pid, "the sentinel did not exit within 1 s");
         }
     }
 }

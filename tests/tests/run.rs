@@ -92,6 +92,37 @@ fn normal_start_is_ready_with_phases_and_args_then_sigterm_is_a_requested_stop()
     assert!(run.events_named("leftover").is_empty());
     run.assert_log_is_exact();
     run.assert_no_survivors();
+    // Not even zombies or our sentinel: the supervisor reaped everything before it exited.
+    let all = tagged_any(&run.tag);
+    assert!(all.is_empty(), "left behind (pid, state, comm): {all:?}");
+    assert!(
+        no_zombie_children_of_init_named(&[
+            "sglang-supervis",
+            "sglang::schedul",
+            "sglang::detoken"
+        ]),
+        "zombies re-parented to init"
+    );
+}
+
+/// Zombies can't be matched by environment (it is gone); by name, among init's children.
+fn no_zombie_children_of_init_named(names: &[&str]) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().all(|e| {
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let comm = stat
+            .split('(')
+            .nth(1)
+            .and_then(|r| r.rsplit_once(')'))
+            .map(|(c, _)| c)
+            .unwrap_or("");
+        let rest: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        !(rest.first() == Some(&"Z") && rest.get(1) == Some(&"1") && names.contains(&comm))
+    })
 }
 
 #[test]
@@ -647,7 +678,9 @@ fn supervisor_failures_exit_125_with_a_clear_message() {
 fn as_pid_1_it_reaps_orphans_without_stealing_the_childs_status() {
     // A new PID namespace makes the supervisor PID 1 (as in a container without tini).
     #[allow(clippy::disallowed_methods)]
-    let probe = std::process::Command::new("unshare").args(["--pid", "--fork", "--mount-proc", "true"]).status();
+    let probe = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "true"])
+        .status();
     if !probe.map(|s| s.success()).unwrap_or(false) {
         eprintln!("SKIPPED as_pid_1...: `unshare --pid --fork --mount-proc` is not permitted here (needs CAP_SYS_ADMIN)");
         return;
@@ -664,20 +697,44 @@ fn as_pid_1_it_reaps_orphans_without_stealing_the_childs_status() {
         .arg(&events)
         .arg("--")
         .arg(replay_bin())
-        .args(["--speed", "50", "--grandchildren", "--exit-after-ready", "3:0.3", "--port"])
+        .args([
+            "--speed",
+            "50",
+            "--grandchildren",
+            "--exit-after-ready",
+            "3:0.3",
+            "--port",
+        ])
         .arg(free_port().to_string())
         .env("REPLAY_TAG", &tag)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .unwrap();
-    assert_eq!(status.code(), Some(3), "the child's own exit code, not an orphan's");
-    let ev: Vec<Value> = std::fs::read_to_string(&events).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "the child's own exit code, not an orphan's"
+    );
+    let ev: Vec<Value> = std::fs::read_to_string(&events)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let spawned = ev.iter().find(|e| e["event"] == "spawned").unwrap();
-    assert_eq!(spawned["supervisor_pid"], 1, "the supervisor is PID 1 of the namespace");
+    assert_eq!(
+        spawned["supervisor_pid"], 1,
+        "the supervisor is PID 1 of the namespace"
+    );
     let ex = ev.iter().find(|e| e["event"] == "exited").unwrap();
     assert_eq!(ex["code"], 3);
-    assert!(ex["log"]["orphans_reaped"].as_u64().unwrap() >= 2, "the replay's orphaned workers were reaped: {ex}");
-    assert!(tagged_processes(&tag).is_empty(), "nothing of the namespace survives");
+    assert!(
+        ex["log"]["orphans_reaped"].as_u64().unwrap() >= 2,
+        "the replay's orphaned workers were reaped: {ex}"
+    );
+    assert!(
+        tagged_processes(&tag).is_empty(),
+        "nothing of the namespace survives"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -221,6 +221,36 @@ pub fn sha256(b: &[u8]) -> String {
     format!("{:x}", Sha256::digest(b))
 }
 
+/// Every process with the tag, zombies and our own helpers included.
+pub fn tagged_any(tag: &str) -> Vec<(i32, String, String)> {
+    let needle = format!("REPLAY_TAG={tag}");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or("")
+            .to_string();
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        // A zombie's environ is empty: match zombies by name instead.
+        if env.split(|&b| b == 0).any(|kv| kv == needle.as_bytes()) {
+            out.push((pid, state, comm));
+        }
+    }
+    out
+}
+
 pub fn tagged_processes(tag: &str) -> Vec<i32> {
     let needle = format!("REPLAY_TAG={tag}");
     let mut out = Vec::new();
