@@ -105,26 +105,6 @@ fn normal_start_is_ready_with_phases_and_args_then_sigterm_is_a_requested_stop()
     );
 }
 
-/// Zombies can't be matched by environment (it is gone); by name, among init's children.
-fn no_zombie_children_of_init_named(names: &[&str]) -> bool {
-    std::fs::read_dir("/proc").unwrap().flatten().all(|e| {
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        let comm = stat
-            .split('(')
-            .nth(1)
-            .and_then(|r| r.rsplit_once(')'))
-            .map(|(c, _)| c)
-            .unwrap_or("");
-        let rest: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        !(rest.first() == Some(&"Z") && rest.get(1) == Some(&"1") && names.contains(&comm))
-    })
-}
-
 #[test]
 fn every_replayed_fixture_parses_without_spurious_fatals() {
     // The successful recorded starts: ready, no fatal, the deprecations SGLang printed.
