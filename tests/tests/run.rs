@@ -718,3 +718,84 @@ fn as_pid_1_it_reaps_orphans_without_stealing_the_childs_status() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_flag_removed_in_0_5_20_fails_fast_with_argparses_ambiguous_option() {
+    let mut run = Run::start(
+        "v0520-removed",
+        Opts {
+            replay: &["--version", "0.5.20", "--cuda-graph-max-bs", "8"],
+            ..Default::default()
+        },
+    );
+    assert_eq!(run.wait(T), 2);
+    let fatal = &run.events_named("fatal")[0];
+    assert_eq!(fatal["reason"], "argparse_error");
+    assert_eq!(
+        fatal["excerpt"],
+        "sglang serve: error: ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill"
+    );
+    assert!(run.elapsed() < Duration::from_secs(5));
+    run.assert_log_is_exact();
+}
+
+#[test]
+fn version_0_5_19_forms_dict_server_args_bare_coloured_deprecation_and_ms_timestamps() {
+    let mut run = Run::start(
+        "v0519",
+        Opts {
+            replay: &[
+                "--version",
+                "0.5.19",
+                "--log-ms",
+                "--speed",
+                "50",
+                "--ranks",
+                "TP0,TP1",
+                "--cuda-graph-max-bs=8",
+            ],
+            ..Default::default()
+        },
+    );
+    run.wait_event("ready", T);
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(T), 143);
+    let dep = run.events_named("deprecation");
+    let d = dep
+        .iter()
+        .find(|d| d["flag"] == "--cuda-graph-max-bs")
+        .unwrap_or_else(|| panic!("{dep:#?}"));
+    assert_eq!(d["replacement"], "--cuda-graph-max-bs-decode");
+    assert!(
+        !d["message"].as_str().unwrap().contains('\u{1b}'),
+        "colour codes stripped"
+    );
+    // The dict form (resolved_dict()) parsed back equals what /server_info serves.
+    let args = run.events_named("server_args")[0]["args"].clone();
+    let info: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("B_decode_graph/server_info.json")).unwrap(),
+    )
+    .unwrap();
+    let mut compared = 0;
+    for (k, v) in args.as_object().unwrap() {
+        assert_eq!(&info[k], v, "server_args[{k}]");
+        compared += 1;
+    }
+    assert!(compared > 400, "{compared}");
+    // Rank-prefixed phases with millisecond timestamps, one per rank.
+    let loads: Vec<Value> = run
+        .events_named("phase")
+        .into_iter()
+        .filter(|p| p["name"] == "load_weights_end")
+        .collect();
+    assert_eq!(
+        loads
+            .iter()
+            .map(|p| p["rank"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["TP0", "TP1"]
+    );
+    assert!(loads.iter().all(|p| p["duration_s"] == 0.09));
+    run.assert_log_is_exact();
+    run.assert_no_survivors();
+}

@@ -318,6 +318,29 @@ fn run(args: Args) -> Result<std::convert::Infallible> {
             );
         }
     }
+    // Version-specific behaviour of a flag removed in 0.5.20 (reference section 4, 5b): 0.5.19
+    // accepts it with a yellow deprecation warning printed without timestamp (logging's
+    // lastResort); 0.5.20's argparse prefix matching finds two candidates and exits 2.
+    let uses_removed = args
+        .rest
+        .iter()
+        .any(|a| a == "--cuda-graph-max-bs" || a.starts_with("--cuda-graph-max-bs="));
+    if uses_removed && version_at_least(&args.version, 0, 5, 20) {
+        emit(
+            false,
+            b"usage: sglang serve [-h] --model-path MODEL_PATH [--tokenizer-path TOKENIZER_PATH]\n",
+        );
+        let written = args
+            .rest
+            .iter()
+            .find(|a| a.starts_with("--cuda-graph-max-bs"))
+            .map_or("--cuda-graph-max-bs", String::as_str);
+        emit(false, format!("sglang serve: error: ambiguous option: {written} could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill\n").as_bytes());
+        std::process::exit(2);
+    }
+    if uses_removed {
+        emit(false, b"\x1b[1;33m'--cuda-graph-max-bs' is deprecated and will be removed in a future release. Use '--cuda-graph-max-bs-decode' instead.\x1b[0m\n");
+    }
     if let Some(msg) = &args.argparse_error {
         emit(false, b"usage: sglang serve [-h] --model-path MODEL_PATH [--tokenizer-path TOKENIZER_PATH]\n                    [--host HOST] [--port PORT] [--tp-size TP_SIZE]\n");
         emit(false, format!("sglang serve: error: {msg}\n").as_bytes());
@@ -379,6 +402,15 @@ fn run(args: Args) -> Result<std::convert::Infallible> {
             ready_printed = true;
             announce_ready(&args);
             after_ready(&args, &workers);
+            continue;
+        }
+        if msg.starts_with("server_args=") && version_at_least(&args.version, 0, 5, 19) {
+            // 0.5.19+ logs `resolved_dict()`: the dict repr of what /server_info serves.
+            log_line(
+                &args,
+                None,
+                &format!("server_args={}", python_repr(&http.server_info_args())),
+            );
             continue;
         }
         if msg.contains("Uvicorn running on") {
@@ -562,6 +594,47 @@ fn crash(args: &Args, _workers: &[u32]) -> ! {
     std::process::exit(137);
 }
 
+/// Python's repr of a JSON value (dict repr of `resolved_dict()` as 0.5.19+ logs it).
+fn python_repr(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Null => "None".into(),
+        Value::Bool(true) => "True".into(),
+        Value::Bool(false) => "False".into(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => {
+            let mut out = String::from("'");
+            for c in s.chars() {
+                match c {
+                    '\\' => out.push_str("\\\\"),
+                    '\'' => out.push_str("\\'"),
+                    '\n' => out.push_str("\\n"),
+                    '\t' => out.push_str("\\t"),
+                    c if (c as u32) < 0x20 => out.push_str(&format!("\\x{:02x}", c as u32)),
+                    c => out.push(c),
+                }
+            }
+            out.push('\'');
+            out
+        }
+        Value::Array(a) => format!(
+            "[{}]",
+            a.iter().map(python_repr).collect::<Vec<_>>().join(", ")
+        ),
+        Value::Object(m) => format!(
+            "{{{}}}",
+            m.iter()
+                .map(|(k, v)| format!(
+                    "{}: {}",
+                    python_repr(&Value::String(k.clone())),
+                    python_repr(v)
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
 struct HttpFixtures {
     server_info: String,
     model_info: String,
@@ -569,6 +642,26 @@ struct HttpFixtures {
     has_ready: bool,
     access_stdout: bool,
     log_ms: bool,
+}
+
+impl HttpFixtures {
+    /// The resolved args: /server_info without the keys it adds to them.
+    fn server_info_args(&self) -> serde_json::Value {
+        let mut v: serde_json::Value = serde_json::from_str(&self.server_info).unwrap_or_default();
+        if let Some(m) = v.as_object_mut() {
+            for k in [
+                "launch_command",
+                "max_total_num_tokens",
+                "max_req_input_len",
+                "startup_time",
+                "internal_states",
+                "version",
+            ] {
+                m.remove(k);
+            }
+        }
+        v
+    }
 }
 
 fn start_http(args: &Args, fx: Arc<HttpFixtures>) -> Result<()> {
