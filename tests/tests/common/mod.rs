@@ -221,7 +221,8 @@ pub fn sha256(b: &[u8]) -> String {
     format!("{:x}", Sha256::digest(b))
 }
 
-/// Every process with the tag, zombies and our own helpers included.
+/// Every process with the tag in its environment, our own helpers included. (A zombie's environ
+/// reads empty, so zombies are not found here: see `no_zombie_children_of_init_named`.)
 pub fn tagged_any(tag: &str) -> Vec<(i32, String, String)> {
     let needle = format!("REPLAY_TAG={tag}");
     let mut out = Vec::new();
@@ -243,7 +244,6 @@ pub fn tagged_any(tag: &str) -> Vec<(i32, String, String)> {
             .unwrap_or_default()
             .trim()
             .to_string();
-        // A zombie's environ is empty: match zombies by name instead.
         if env.split(|&b| b == 0).any(|kv| kv == needle.as_bytes()) {
             out.push((pid, state, comm));
         }
@@ -251,31 +251,13 @@ pub fn tagged_any(tag: &str) -> Vec<(i32, String, String)> {
     out
 }
 
+/// Live processes of the run (zombies and our own sentinel left out).
 pub fn tagged_processes(tag: &str) -> Vec<i32> {
-    let needle = format!("REPLAY_TAG={tag}");
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
-            continue;
-        };
-        if !env.split(|&b| b == 0).any(|kv| kv == needle.as_bytes()) {
-            continue;
-        }
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let state = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or("");
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if state != "Z" && comm.trim() != "sglang-supervis" {
-            out.push(pid);
-        }
-    }
-    out
+    tagged_any(tag)
+        .into_iter()
+        .filter(|(_, state, comm)| state != "Z" && comm != "sglang-supervis")
+        .map(|(pid, _, _)| pid)
+        .collect()
 }
 
 /// RFC 3339 `2026-12-02T11:07:26.739155Z` → ns since the epoch.
