@@ -471,6 +471,10 @@ impl Supervision {
             if let Some(d) = reported_s.or(measured) {
                 fields["duration_s"] = json!(round_ms(d));
             }
+            // SGLang logs no "memory pool begin": the pool is built right after the weights load.
+            if base == "load_weights" {
+                progress.begun.insert("memory_pool", at);
+            }
         }
         if name == "http_up" {
             self.http_up_at = Some(at);

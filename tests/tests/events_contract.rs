@@ -1,0 +1,125 @@
+//! The `--events` contract of DESIGN.md, checked on events the supervisor wrote for a real SGLang
+//! 0.5.14 server on an H200 (tests/fixtures/real-h200-supervised) and on a fresh replay run.
+mod common;
+use common::*;
+use serde_json::Value;
+use std::time::Duration;
+
+const PHASES: &[&str] = &[
+    "init_distributed_begin",
+    "init_distributed_end",
+    "load_weights_begin",
+    "load_weights_end",
+    "kv_cache_allocated",
+    "memory_pool_end",
+    "cuda_graph_begin",
+    "cuda_graph_end",
+    "max_total_num_tokens",
+    "http_up",
+    "warmup",
+];
+
+fn check(e: &Value) {
+    let ts = e["ts"].as_str().unwrap_or_else(|| panic!("no ts: {e}"));
+    assert!(
+        ts.len() >= 20 && ts.ends_with('Z') && ts.as_bytes()[10] == b'T',
+        "RFC 3339 UTC: {ts}"
+    );
+    let has = |k: &str| e.get(k).is_some();
+    let num = |k: &str| e[k].is_number();
+    match e["event"].as_str().unwrap() {
+        "spawned" => assert!(e["pid"].is_i64() && e["argv"].is_array(), "{e}"),
+        "phase" => {
+            let name = e["name"].as_str().unwrap();
+            assert!(PHASES.contains(&name), "phase name {name}");
+            assert!(num("elapsed_s"), "{e}");
+            // memory_pool_end has no begin line in SGLang: its duration (measured from
+            // load_weights_end) is there only from the supervisor that measures it.
+            if (name.ends_with("_end") && name != "memory_pool_end") || name == "warmup" {
+                assert!(num("duration_s"), "{name} carries duration_s: {e}");
+            }
+            if has("rank") {
+                assert!(e["rank"].as_str().unwrap().split(' ').all(|p| p
+                    .trim_end_matches(|c: char| c.is_ascii_digit())
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c == '_')));
+            }
+        }
+        "server_args" => assert!(e["args"].is_object(), "{e}"),
+        "deprecation" => assert!(
+            has("flag") && has("replacement") && e["message"].is_string(),
+            "{e}"
+        ),
+        "warning" => assert!(e["message"].is_string(), "{e}"),
+        "ready" => assert!(
+            num("elapsed_s") && e["url"].as_str().unwrap().starts_with("http://"),
+            "{e}"
+        ),
+        "fatal" => assert!(e["reason"].is_string() && e["excerpt"].is_string(), "{e}"),
+        "signal" => assert!(
+            e["signal"].as_str().unwrap().starts_with("SIG") && e["target"].is_string(),
+            "{e}"
+        ),
+        "exited" => {
+            assert!(
+                has("code") && has("signal") && num("elapsed_s") && e["requested"].is_boolean(),
+                "{e}"
+            );
+            assert!(e["exit_status"].is_i64(), "{e}");
+        }
+        "leftover" => assert!(e["pids"].is_array(), "{e}"),
+        other => panic!("event {other} is not in the contract"),
+    }
+}
+
+#[test]
+fn events_from_the_real_h200_run_follow_the_contract() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/real-h200-supervised/A_events.jsonl");
+    let events: Vec<Value> = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    events.iter().for_each(check);
+    let names: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.first(), Some(&"spawned"));
+    assert_eq!(names.last(), Some(&"exited"));
+    let ex = events.last().unwrap();
+    assert_eq!(
+        (
+            ex["exit_status"].as_i64(),
+            ex["requested"].as_bool(),
+            ex["signal"].as_i64()
+        ),
+        (Some(143), Some(true), Some(9))
+    );
+}
+
+#[test]
+fn events_of_a_replayed_run_follow_the_contract() {
+    let mut run = Run::start(
+        "contract",
+        Opts {
+            replay: &["--speed", "50", "--ranks", "DP0 TP0 EP0,DP0 TP1 EP1"],
+            ..Default::default()
+        },
+    );
+    run.wait_event("ready", Duration::from_secs(60));
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(Duration::from_secs(60)), 143);
+    let events = run.events();
+    events.iter().for_each(check);
+    assert!(events.iter().any(|e| e["rank"] == "DP0 TP1 EP1"));
+    let pool = events
+        .iter()
+        .find(|e| e["name"] == "memory_pool_end" && e["rank"] == "DP0 TP1 EP1")
+        .unwrap();
+    assert!(
+        pool["duration_s"].is_number(),
+        "measured from load_weights_end: {pool}"
+    );
+}
