@@ -1,5 +1,6 @@
 //! The `--events` contract of DESIGN.md, checked on events the supervisor wrote for a real SGLang
 //! 0.5.14 server on an H200 (tests/fixtures/real-h200-supervised) and on a fresh replay run.
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 mod common;
 use common::*;
 use serde_json::Value;
