@@ -32,6 +32,8 @@ const CONFIRM_FOR: Duration = Duration::from_secs(5);
 /// `/health` runs a one-token generation (~1 s on a real server): never faster, always bounded.
 const HEALTH_PERIOD: Duration = Duration::from_secs(1);
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(3);
+/// After a fatal line, how long the child may take to end itself before we kill its tree.
+const FATAL_SELF_EXIT: Duration = Duration::from_millis(300);
 /// A second `Child process [N] died` before readiness means uvicorn's kill loop.
 const WORKER_DEATHS_FATAL: u32 = 2;
 /// Distinct warnings reported as events (the rest are counted).
@@ -273,7 +275,11 @@ pub async fn run(args: RunArgs) -> Result<i32> {
             _ = sleep_until(ready_deadline), if !s.ready && s.stop.is_none() => s.on_ready_timeout(),
             _ = sleep_until(s.grace_deadline.unwrap_or(far)), if s.grace_deadline.is_some() => {
                 s.grace_deadline = None;
-                tracing::warn!("grace period of {:?} is over: SIGKILL to the whole process tree", s.args.grace);
+                if s.stop == Some(Stop::Fatal) {
+                    s.killed_live = !child::has_exited(pid);
+                } else {
+                    tracing::warn!("grace period of {:?} is over: SIGKILL to the whole process tree", s.args.grace);
+                }
                 child::kill_tree(pid, &exclude, Duration::ZERO).await;
             }
             _ = sleep_until(s.next_health.unwrap_or(far)), if s.next_health.is_some() && !s.ready && s.stop.is_none() => {
@@ -516,9 +522,9 @@ impl Supervision {
             "fatal before readiness, stopping the server:\n{excerpt}"
         );
         self.stop = Some(Stop::Fatal);
-        // SGLang may be killing itself right now; if it already exited, its own status stands.
-        self.killed_live = !child::has_exited(self.pid);
-        child::kill_tree(self.pid, &self.exclude, Duration::ZERO).await;
+        // The child often ends itself within milliseconds (argparse exits 2, SGLang SIGKILLs its
+        // tree after `Received sigquit`): its own status is the truer one, so it gets a moment.
+        self.grace_deadline = Some(tokio::time::Instant::now() + FATAL_SELF_EXIT);
     }
 
     async fn on_signal(&mut self, sig: i32) {
