@@ -1,3 +1,6 @@
-//! Probes of what the supervisor watches. Today: the HTTP probes the readiness logic uses.
-//! GPU probes (NVML, ROCm SMI, sysfs) and the sampler live here too once built.
+//! Probes of what the supervisor watches: the HTTP probes the readiness logic uses, and the GPUs
+//! (NVML today; ROCm SMI and sysfs follow) with a background sampler.
+pub mod gpu;
 pub mod http;
+pub mod nvml;
+pub mod sampler;

@@ -4,7 +4,8 @@
 #   usage (on the GPU machine, repo root): scripts/gpu/real_run.sh BIN BUNDLE OUTDIR [PHASES]
 #   BIN     the x86-64 sglang-supervisor binary; BUNDLE the prepared .sgldev; OUTDIR gets the files.
 #   PHASES  default "A C G K": A normal start + checks + SIGTERM; C failing start (fa3);
-#           G main process SIGKILLed during start; K supervisor SIGKILLed after ready.
+#           G main process SIGKILLed during start; K supervisor SIGKILLed after ready;
+#           P probe + a 60 s sampled power window over a matmul load (scripts/gpu/matmul_load.py).
 # Needs dev-device/ (a copy of shared/sglang-device) next to it. Every phase writes
 # OUTDIR/<phase>/{events.jsonl,server.log,supervisor.err,checks.txt} and the summary.
 set -u
@@ -81,6 +82,8 @@ PY
       t0=$(now); kill -TERM "$SUP"; wait "$SUP"; rc=$?; t1=$(now)
       check sigterm_exit_143 "$([ "$rc" = 143 ] && echo 0 || echo 1)" "rc=$rc after $(sub $t1 $t0) s"
       grep '"event":"exited"' "$P/events.jsonl" | tee -a "$P/checks.txt"
+      grep -q '"event":"gpu_teardown","clean":true' "$P/events.jsonl"; check gpu_teardown_clean $? "$(grep '"event":"gpu_teardown"' "$P/events.jsonl" | cut -c1-300)"
+      grep '"event":"power"' "$P/events.jsonl" | cut -c1-900 | tee -a "$P/checks.txt"
       sleep 1; left=$(tree_left); g=$(gpu_procs)
       check no_process_left "$([ -z "$left" ] && echo 0 || echo 1)" "$left"
       check no_gpu_memory_held "$([ -z "$g" ] && echo 0 || echo 1)" "$g"
@@ -116,6 +119,29 @@ PY
       check server_args_seen 1 ""; kill -KILL "$SUP"; wait "$SUP"
     fi
     ;;
+  P)
+    say "P: probe, then a 60 s sampled window over a known matmul load (no SGLang)"
+    "$BIN" probe > "$P/probe.txt" 2>&1; "$BIN" probe --json > "$P/probe.json" 2>&1
+    cat "$P/probe.txt"
+    "$BIN" run --events "$P/events.jsonl" --log-file "$P/load.log" --no-tee --sample-interval 100ms \
+      --power-csv "$P/power.csv" -- python3 "$HERE/scripts/gpu/matmul_load.py" 60 15 45 2> "$P/supervisor.err"
+    rc=$?
+    check load_run "$([ "$rc" = 0 ] && echo 0 || echo 1)" "rc=$rc"
+    grep -E '"event":"(power|gpu_teardown|exited)"' "$P/events.jsonl" | cut -c1-1500 | tee -a "$P/checks.txt"
+    python3 - "$P" <<'PY' | tee -a "$P/checks.txt"
+import json, sys
+p = sys.argv[1]
+ev = [json.loads(l) for l in open(f"{p}/events.jsonl")]
+w = next(e for e in ev if e["event"] == "power")
+for g in w["gpus"]:
+    c, i, a = g.get("energy_j"), g["energy_from_instant_power_j"], g["energy_from_average_power_j"]
+    d = abs(c - i) / c * 100 if c else float("nan")
+    print(f"{'ok' if d < 3 else 'FAIL'}  energy_counter_vs_instant_integral  GPU{g['index']}: counter {c:.1f} J, instant-power integral {i:.1f} J ({d:.2f} %), 1 s-average integral {a:.1f} J ({abs(c-a)/c*100:.2f} %); samples {g['samples']} at {g['achieved_hz']:.2f} Hz, max gap {g['max_gap_s']} s, peak {g.get('peak_power_w')} W, sampler CPU {g['cpu_ms_per_sample']:.3f} ms/sample")
+ex = next(e for e in ev if e["event"] == "exited")
+cpu = ex["log"].get("supervisor_cpu_s")
+print(f"ok  supervisor_cpu  {cpu} s over {w['duration_s']:.1f} s = {cpu / w['duration_s'] * 100:.3f} % of one core (whole supervisor, 1 GPU at 10 Hz)")
+PY
+    ;;
   K)
     say "K: the supervisor itself SIGKILLed after ready (PDEATHSIG + sentinel)"
     start_sup
@@ -134,6 +160,7 @@ PY
   pkill -KILL -f sglang.launch_server 2>/dev/null; pkill -KILL -f 'sglang::' 2>/dev/null
 done
 say "done"; grep -h -E '^(ok|FAIL)' "$O"/*/checks.txt
+tar -C "$(dirname "$O")" -czf "$O.tar.gz" "$(basename "$O")" 2>/dev/null
 # Keep the kernels compiled on this machine for the next call (optional).
 [ -n "${PACK_JIT:-}" ] && cache_pack "$O/jit-cache.tar.xz" >/dev/null 2>&1
 exit 0

@@ -40,7 +40,12 @@ pub enum Command {
     /// for with signal N (143 for SIGTERM), even though SGLang ends its drain by SIGKILLing itself;
     /// 1 when a fatal log line made us stop a live server; 124 not ready within --ready-timeout;
     /// 125 the supervisor itself failed (bad options, spawn failed, log file unwritable).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
+
+    /// One reading of every GPU: index, uuid, name, power, energy, memory, utilization,
+    /// temperature, clocks, compute processes. Absent readings are left out, never 0.
+    /// With `auto` or `none` and no GPU: `[]` and exit 0; a named backend that cannot load: exit 125.
+    Probe(ProbeArgs),
 
     /// Internal: the watchdog that kills the server's process group if the supervisor dies.
     #[command(hide = true, name = "__sentinel")]
@@ -48,6 +53,43 @@ pub enum Command {
         #[arg(long)]
         pgid: i32,
     },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GpuBackendArg {
+    /// NVML if it loads and sees a GPU, else none.
+    Auto,
+    /// NVIDIA NVML (libnvidia-ml.so.1, loaded at run time).
+    Nvml,
+    /// No GPU sampling.
+    None,
+}
+
+/// GPU options shared by `run` and `probe`.
+#[derive(Debug, Clone, Args)]
+pub struct GpuArgs {
+    /// Which GPU library to read.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        env = "SGLANG_SUPERVISOR_GPU_BACKEND"
+    )]
+    pub gpu_backend: GpuBackendArg,
+
+    /// Load NVML from this file instead of the system's libnvidia-ml.so.1.
+    #[arg(long, env = "SGLANG_SUPERVISOR_NVML_LIB", value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+
+    /// Print a JSON array instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -102,6 +144,24 @@ pub struct RunArgs {
     /// Run this shell command once when the server is ready (e.g. start the benchmark).
     #[arg(long, env = "SGLANG_SUPERVISOR_ON_READY", value_name = "CMD")]
     pub on_ready: Option<String>,
+
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+
+    /// GPU sampling period (instant and average power, memory, utilization, clocks).
+    #[arg(long, default_value = "100ms", value_parser = parse_duration, env = "SGLANG_SUPERVISOR_SAMPLE_INTERVAL", value_name = "DUR")]
+    pub sample_interval: Duration,
+
+    /// How often the (costly, ~3.6 ms on an H200) energy counter is read between the window's
+    /// edges, where it is always read. The window's energy is exact whatever this is.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, env = "SGLANG_SUPERVISOR_ENERGY_INTERVAL", value_name = "DUR")]
+    pub energy_interval: Duration,
+
+    /// Stream GPU samples here in the layout of `nvidia-smi --query-gpu=timestamp,index,
+    /// power.draw,temperature.gpu,clocks.current.sm,clocks.current.memory,utilization.gpu,
+    /// utilization.memory --format=csv` (power.draw holds the instant power where the GPU has it).
+    #[arg(long, env = "SGLANG_SUPERVISOR_POWER_CSV", value_name = "PATH")]
+    pub power_csv: Option<PathBuf>,
 
     /// Do not copy the child's output to our stdout/stderr (the log file still gets every byte).
     #[arg(long, env = "SGLANG_SUPERVISOR_NO_TEE")]

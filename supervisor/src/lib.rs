@@ -3,6 +3,7 @@
 pub mod child;
 pub mod cli;
 pub mod events;
+pub mod gpu;
 pub mod lifecycle;
 pub mod logs;
 pub mod redact;

@@ -32,6 +32,9 @@ const CONFIRM_FOR: Duration = Duration::from_secs(5);
 /// `/health` runs a one-token generation (~1 s on a real server): never faster, always bounded.
 const HEALTH_PERIOD: Duration = Duration::from_secs(1);
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long the GPUs may take to list no process of the dead server (the driver frees memory
+/// asynchronously).
+const GPU_RELEASE_WAIT: Duration = Duration::from_secs(5);
 /// After a fatal line, how long the child may take to end itself before we kill its tree.
 const FATAL_SELF_EXIT: Duration = Duration::from_millis(300);
 /// A second `Child process [N] died` before readiness means uvicorn's kill loop.
@@ -176,6 +179,8 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         });
     }
 
+    // GPU sampling starts before the server, so the window covers its whole start.
+    let sampler = crate::gpu::start_sampler(&args)?;
     let t0 = Instant::now();
     let spawned = child::spawn(SpawnSpec {
         argv: &args.command,
@@ -301,6 +306,24 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         tracing::error!(?leftover, "processes of the server tree survived SIGKILL");
     }
     s.diagnose_exit(status, &shared);
+    if let Some(sampler) = sampler {
+        // Blocking driver calls and a bounded wait: off the async threads.
+        let done = tokio::task::spawn_blocking(move || {
+            let teardown = crate::gpu::teardown_check(&sampler, GPU_RELEASE_WAIT);
+            (teardown, sampler.stop())
+        })
+        .await;
+        if let Ok((teardown, window)) = done {
+            if teardown["clean"] == false {
+                tracing::error!("GPU memory still held after the server exited: {teardown}");
+            }
+            s.events.emit("gpu_teardown", teardown);
+            match serde_json::to_value(&window) {
+                Ok(v) => s.events.emit("power", v),
+                Err(e) => tracing::error!("cannot serialise the power window: {e}"),
+            }
+        }
+    }
 
     let requested = matches!(s.stop, Some(Stop::Requested(_)));
     let exit_status = match s.stop {
@@ -711,6 +734,7 @@ impl Supervision {
             "warnings_suppressed": self.warnings_suppressed,
             "orphans_reaped": child::orphans_reaped(),
             "supervisor_max_rss_kb": max_rss_kb(),
+            "supervisor_cpu_s": cpu_seconds(),
         })
     }
 }
@@ -721,6 +745,18 @@ fn max_rss_kb() -> Option<i64> {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: valid pointer.
     (unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } == 0).then_some(ru.ru_maxrss)
+}
+
+/// Our own CPU time (user + system), all threads.
+fn cpu_seconds() -> Option<f64> {
+    // SAFETY: getrusage fills a plain struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return None;
+    }
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    Some(round_ms(t(ru.ru_utime) + t(ru.ru_stime)))
 }
 
 fn describe_status(s: ExitStatus) -> String {
@@ -782,8 +818,8 @@ mod tests {
         let mut v = vec!["s", "run", "--"];
         v.extend_from_slice(cmd);
         match Cli::try_parse_from(v).unwrap().command {
-            Command::Run(r) => r,
-            Command::Sentinel { .. } => unreachable!(),
+            Command::Run(r) => *r,
+            _ => unreachable!(),
         }
     }
 

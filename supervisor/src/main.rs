@@ -1,7 +1,7 @@
 use clap::Parser;
 use sglang_supervisor::cli::{Cli, Command, LogFormat};
 use sglang_supervisor::logs::tee::{terminal, StderrWriter};
-use sglang_supervisor::{lifecycle, sentinel};
+use sglang_supervisor::{gpu, lifecycle, sentinel};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -25,6 +25,10 @@ fn main() -> ExitCode {
     init_tracing(cli.log_format);
     match cli.command {
         Command::Sentinel { pgid } => ExitCode::from(sentinel::sentinel_main(pgid) as u8),
+        Command::Probe(args) => match gpu::probe_command(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e),
+        },
         Command::Run(args) => {
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -36,7 +40,7 @@ fn main() -> ExitCode {
             };
             // block_on runs `run` on this (main) thread, which spawns the child: PDEATHSIG is tied
             // to the spawning thread, and this one lives until we exit.
-            let result = rt.block_on(lifecycle::run(args));
+            let result = rt.block_on(lifecycle::run(*args));
             // What is still queued for the terminal goes out now, unless the terminal is stalled.
             for fd in [1, 2] {
                 terminal(fd).flush(Duration::from_secs(2));

@@ -69,6 +69,12 @@ fn check(e: &Value) {
             assert!(e["exit_status"].is_i64(), "{e}");
         }
         "leftover" => assert!(e["pids"].is_array(), "{e}"),
+        // Extensions of the contract (DESIGN.md: "extend freely").
+        "power" => assert!(
+            e["power_valid"].is_u64() && e["reasons"].is_array() && e["gpus"].is_array(),
+            "{e}"
+        ),
+        "gpu_teardown" => assert!(e["clean"].is_boolean() && e["gpus"].is_array(), "{e}"),
         other => panic!("event {other} is not in the contract"),
     }
 }

@@ -50,6 +50,8 @@ pub struct Run {
 pub struct Opts<'a> {
     pub supervisor: &'a [&'a str],
     pub replay: &'a [&'a str],
+    /// Extra environment of the supervisor (and so of the server).
+    pub env: &'a [(&'a str, &'a str)],
     pub stdout: Stdio,
     pub stderr: Stdio,
 }
@@ -59,6 +61,7 @@ impl Default for Opts<'_> {
         Opts {
             supervisor: &[],
             replay: &[],
+            env: &[],
             stdout: Stdio::null(),
             stderr: Stdio::null(),
         }
@@ -90,6 +93,7 @@ impl Run {
             .arg("--record")
             .arg(dir.join("record.log"))
             .args(opts.replay)
+            .envs(opts.env.iter().copied())
             .env("REPLAY_TAG", &tag)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())

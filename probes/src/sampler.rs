@@ -1,0 +1,641 @@
+//! Background GPU sampling: one thread per GPU (staggered), so a slow driver call on one GPU
+//! never delays another, and nothing else in the process ever waits for the driver.
+//!
+//! Each tick reads the cheap values (instant and average power, memory, utilization, clocks,
+//! temperature: microseconds each). The energy counter costs ~3.6 ms per read on an H200, so it
+//! is read at the window's edges and every `energy_interval` in between: the counter is
+//! cumulative, so the window's energy stays exact at a fraction of the cost. Per GPU the sampler
+//! keeps the latest sample (for `/metrics`), running window statistics, and streams rows to the
+//! power CSV; memory stays bounded whatever the run's length.
+use crate::gpu::{GpuError, GpuProbe, GpuSample, Want};
+use serde::Serialize;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+/// The InferenceX aggregation voids a run whose samples are further apart than this.
+pub const MAX_SAMPLE_GAP_S: f64 = 3.0;
+
+#[derive(Debug, Clone)]
+pub struct SamplerConfig {
+    pub interval: Duration,
+    pub energy_interval: Duration,
+}
+
+/// A sample with when it was taken.
+#[derive(Debug, Clone, Serialize)]
+pub struct TimedSample {
+    /// Seconds since the sampler started (monotonic clock).
+    pub mono_s: f64,
+    /// Wall clock, seconds since the Unix epoch.
+    pub unix_s: f64,
+    pub sample: GpuSample,
+}
+
+/// Running statistics of one GPU over the window.
+#[derive(Debug, Default, Clone)]
+struct Stats {
+    samples: u64,
+    power_samples: u64,
+    errors: u64,
+    gone: Option<String>,
+    first_s: Option<f64>,
+    last_s: Option<f64>,
+    max_gap_s: f64,
+    missed_ticks: u64,
+    last_power: Option<(f64, f64)>,
+    last_avg_power: Option<(f64, f64)>,
+    instant_integral_j: f64,
+    avg_integral_j: f64,
+    power_sum_w: f64,
+    peak_w: Option<f64>,
+    energy_first: Option<f64>,
+    energy_prev: Option<f64>,
+    energy_counted_j: f64,
+    energy_resets: u32,
+    energy_reads: u64,
+    cpu_busy: Duration,
+    identity: Option<(Option<String>, Option<String>)>,
+}
+
+/// One GPU's figures over the window.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuWindow {
+    pub index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub samples: u64,
+    pub achieved_hz: f64,
+    pub max_gap_s: f64,
+    /// Energy over the window: the hardware counter's delta where there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub energy_j: Option<f64>,
+    /// `counter` or `instant_power_integral` (no counter on this device).
+    pub energy_source: &'static str,
+    pub energy_from_instant_power_j: f64,
+    pub energy_from_average_power_j: f64,
+    pub energy_counter_resets: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub avg_power_w: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_power_w: Option<f64>,
+    pub errors: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gone: Option<String>,
+    /// CPU time the sampler spent per sample of this GPU (driver calls included), milliseconds.
+    pub cpu_ms_per_sample: f64,
+}
+
+/// The window over all GPUs, with the InferenceX `power_valid` verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct PowerWindow {
+    pub duration_s: f64,
+    pub power_valid: u8,
+    pub reasons: Vec<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_gpu_energy_j: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub avg_total_gpu_power_w: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub avg_power_w: Option<f64>,
+    pub gpus: Vec<GpuWindow>,
+}
+
+struct Shared {
+    probe: Box<dyn GpuProbe>,
+    config: SamplerConfig,
+    t0: Instant,
+    latest: Vec<Mutex<Option<TimedSample>>>,
+    stats: Vec<Mutex<Stats>>,
+    csv: Option<Mutex<BufWriter<File>>>,
+    stop: AtomicBool,
+    wake: (Mutex<()>, Condvar),
+}
+
+pub struct Sampler {
+    shared: Arc<Shared>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The header `nvidia-smi --query-gpu=timestamp,index,power.draw,temperature.gpu,clocks.current.sm,
+/// clocks.current.memory,utilization.gpu,utilization.memory --format=csv` prints.
+pub const CSV_HEADER: &str = "timestamp, index, power.draw [W], temperature.gpu, clocks.current.sm [MHz], clocks.current.memory [MHz], utilization.gpu [%], utilization.memory [%]";
+
+fn csv_row(unix_s: f64, s: &GpuSample) -> String {
+    let na = || "[N/A]".to_string();
+    let power = s
+        .power_w
+        .or(s.power_avg_w)
+        .map_or_else(na, |w| format!("{w:.2} W"));
+    let temp = s.temperature_c.map_or_else(na, |t| format!("{t:.0}"));
+    let mhz = |hz: Option<u64>| hz.map_or_else(na, |h| format!("{} MHz", h / 1_000_000));
+    let pct = |r: Option<f64>| r.map_or_else(na, |r| format!("{:.0} %", r * 100.0));
+    format!(
+        "{}, {}, {power}, {temp}, {}, {}, {}, {}\n",
+        nvidia_smi_timestamp(unix_s),
+        s.index,
+        mhz(s.sm_clock_hz),
+        mhz(s.memory_clock_hz),
+        pct(s.utilization),
+        pct(s.memory_utilization)
+    )
+}
+
+/// `2026/12/02 09:19:31.105` (UTC), nvidia-smi's timestamp format.
+pub fn nvidia_smi_timestamp(unix_s: f64) -> String {
+    let secs = unix_s.floor() as i64;
+    let ms = ((unix_s - secs as f64) * 1000.0).floor() as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z.rem_euclid(146097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}/{m:02}/{d:02} {:02}:{:02}:{:02}.{ms:03}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// CPU time of the calling thread (what one sample costs us, driver calls included).
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(
+        ts.tv_sec.max(0) as u64,
+        ts.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
+}
+
+impl Sampler {
+    /// Start one sampling thread per GPU of `probe`. `csv`: the power CSV to stream rows to.
+    pub fn start(
+        probe: Box<dyn GpuProbe>,
+        config: SamplerConfig,
+        csv: Option<File>,
+    ) -> std::io::Result<Sampler> {
+        let n = probe.device_count() as usize;
+        let csv = match csv {
+            Some(f) => {
+                let mut w = BufWriter::new(f);
+                writeln!(w, "{CSV_HEADER}")?;
+                Some(Mutex::new(w))
+            }
+            None => None,
+        };
+        let shared = Arc::new(Shared {
+            probe,
+            config,
+            t0: Instant::now(),
+            latest: (0..n).map(|_| Mutex::new(None)).collect(),
+            stats: (0..n).map(|_| Mutex::new(Stats::default())).collect(),
+            csv,
+            stop: AtomicBool::new(false),
+            wake: (Mutex::new(()), Condvar::new()),
+        });
+        let mut threads = Vec::with_capacity(n);
+        for i in 0..n {
+            let sh = shared.clone();
+            let offset = sh.config.interval.mul_f64(i as f64 / n.max(1) as f64);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("gpu-sampler-{i}"))
+                    .spawn(move || run(&sh, i as u32, offset))?,
+            );
+        }
+        Ok(Sampler { shared, threads })
+    }
+
+    pub fn backend(&self) -> &'static str {
+        self.shared.probe.backend()
+    }
+
+    pub fn gpu_count(&self) -> usize {
+        self.shared.latest.len()
+    }
+
+    /// The latest sample of every GPU (what `/metrics` shows; never calls the driver).
+    pub fn latest(&self) -> Vec<Option<TimedSample>> {
+        self.shared.latest.iter().map(|m| lock(m).clone()).collect()
+    }
+
+    /// One fresh reading of everything, processes included, on the calling thread.
+    pub fn probe_now(&self, index: u32) -> Result<GpuSample, GpuError> {
+        self.shared.probe.sample(index, Want::ALL)
+    }
+
+    /// Stop (each thread takes a last sample with the energy counter, closing the window) and
+    /// return the window's figures.
+    pub fn stop(mut self) -> PowerWindow {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.wake.1.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        if let Some(csv) = &self.shared.csv {
+            let _ = lock(csv).flush();
+        }
+        summarize(&self.shared)
+    }
+}
+
+fn run(sh: &Shared, index: u32, offset: Duration) {
+    let interval = sh.config.interval;
+    let mut next = sh.t0 + offset;
+    let mut next_energy = sh.t0;
+    let mut identity_done = false;
+    let mut failures = 0u32;
+    loop {
+        let stopping = sh.stop.load(Ordering::SeqCst);
+        let now = Instant::now();
+        let want = Want {
+            energy: stopping || now >= next_energy,
+            processes: false,
+            identity: !identity_done,
+        };
+        let cpu0 = thread_cpu_time();
+        let result = sh.probe.sample(index, want);
+        let cpu = thread_cpu_time().saturating_sub(cpu0);
+        let at = Instant::now();
+        let mono_s = at.duration_since(sh.t0).as_secs_f64();
+        let unix_s = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        match result {
+            Ok(sample) => {
+                failures = 0;
+                identity_done = true;
+                if want.energy {
+                    next_energy = at + sh.config.energy_interval;
+                }
+                record(sh, index, mono_s, cpu, &sample);
+                if let Some(csv) = &sh.csv {
+                    let _ = lock(csv).write_all(csv_row(unix_s, &sample).as_bytes());
+                }
+                *lock(&sh.latest[index as usize]) = Some(TimedSample {
+                    mono_s,
+                    unix_s,
+                    sample,
+                });
+            }
+            Err(GpuError::Gone { why, .. }) => {
+                tracing::error!(index, "GPU gone: {why}; no further samples from it");
+                let mut st = lock(&sh.stats[index as usize]);
+                st.gone = Some(why);
+                st.errors += 1;
+                return;
+            }
+            Err(e) => {
+                failures += 1;
+                lock(&sh.stats[index as usize]).errors += 1;
+                tracing::warn!(index, "GPU sample failed: {e}");
+                if failures >= 3 {
+                    if let Err(e) = sh.probe.reinit() {
+                        tracing::warn!("re-initialising the GPU library failed: {e}");
+                    }
+                }
+            }
+        }
+        if stopping {
+            return;
+        }
+        // Absolute schedule; ticks missed while a call was slow are counted, not replayed.
+        next += interval;
+        let now = Instant::now();
+        if next < now {
+            let behind = now.duration_since(next).as_nanos() / interval.as_nanos().max(1);
+            lock(&sh.stats[index as usize]).missed_ticks += behind as u64 + 1;
+            next += interval * (behind as u32 + 1);
+        }
+        let g = lock(&sh.wake.0);
+        let _unused =
+            sh.wake
+                .1
+                .wait_timeout_while(g, next.saturating_duration_since(Instant::now()), |_| {
+                    !sh.stop.load(Ordering::SeqCst) && Instant::now() < next
+                });
+    }
+}
+
+fn record(sh: &Shared, index: u32, t: f64, cpu: Duration, s: &GpuSample) {
+    let mut st = lock(&sh.stats[index as usize]);
+    st.samples += 1;
+    st.cpu_busy += cpu;
+    if st.identity.is_none() && (s.name.is_some() || s.uuid.is_some()) {
+        st.identity = Some((s.uuid.clone(), s.name.clone()));
+    }
+    if let Some(prev) = st.last_s {
+        st.max_gap_s = st.max_gap_s.max(t - prev);
+    }
+    st.first_s.get_or_insert(t);
+    st.last_s = Some(t);
+    let power = s.power_w.or(s.power_avg_w);
+    if let Some(p) = power {
+        st.power_samples += 1;
+        st.power_sum_w += p;
+        st.peak_w = Some(st.peak_w.map_or(p, |m: f64| m.max(p)));
+        if let Some((t0, p0)) = st.last_power {
+            st.instant_integral_j += (t - t0) * (p + p0) / 2.0;
+        }
+        st.last_power = Some((t, p));
+    }
+    if let Some(p) = s.power_avg_w {
+        if let Some((t0, p0)) = st.last_avg_power {
+            st.avg_integral_j += (t - t0) * (p + p0) / 2.0;
+        }
+        st.last_avg_power = Some((t, p));
+    }
+    if let Some(e) = s.energy_j {
+        st.energy_reads += 1;
+        st.energy_first.get_or_insert(e);
+        if let Some(prev) = st.energy_prev {
+            if e >= prev {
+                st.energy_counted_j += e - prev;
+            } else {
+                // A counter that goes backwards was reset (or wrapped): count from its new value.
+                st.energy_resets += 1;
+                st.energy_counted_j += e;
+            }
+        }
+        st.energy_prev = Some(e);
+    }
+}
+
+fn summarize(sh: &Shared) -> PowerWindow {
+    let duration_s = sh.t0.elapsed().as_secs_f64();
+    let mut reasons: Vec<&'static str> = Vec::new();
+    let mut gpus = Vec::new();
+    for (i, m) in sh.stats.iter().enumerate() {
+        let st = lock(m).clone();
+        let span = match (st.first_s, st.last_s) {
+            (Some(a), Some(b)) if b > a => b - a,
+            _ => 0.0,
+        };
+        let has_counter = st.energy_reads >= 2;
+        let energy_j = if has_counter {
+            Some(st.energy_counted_j)
+        } else if st.power_samples >= 2 {
+            Some(st.instant_integral_j)
+        } else {
+            None
+        };
+        if st.power_samples < 2 {
+            reasons.push("insufficient_power_samples");
+        }
+        if st.max_gap_s > MAX_SAMPLE_GAP_S {
+            reasons.push("sampling_gap_exceeded");
+        }
+        if st.gone.is_some() || st.power_samples < st.samples {
+            reasons.push("invalid_power_sample");
+        }
+        let (uuid, name) = st.identity.clone().unwrap_or_default();
+        gpus.push(GpuWindow {
+            index: i as u32,
+            uuid,
+            name,
+            samples: st.samples,
+            achieved_hz: if span > 0.0 {
+                (st.samples.saturating_sub(1)) as f64 / span
+            } else {
+                0.0
+            },
+            max_gap_s: (st.max_gap_s * 1000.0).round() / 1000.0,
+            energy_j,
+            energy_source: if has_counter {
+                "counter"
+            } else {
+                "instant_power_integral"
+            },
+            energy_from_instant_power_j: st.instant_integral_j,
+            energy_from_average_power_j: st.avg_integral_j,
+            energy_counter_resets: st.energy_resets,
+            avg_power_w: (span > 0.0)
+                .then(|| energy_j.map(|e| e / span))
+                .flatten()
+                .or_else(|| {
+                    (st.power_samples > 0).then(|| st.power_sum_w / st.power_samples as f64)
+                }),
+            peak_power_w: st.peak_w,
+            errors: st.errors,
+            gone: st.gone.clone(),
+            cpu_ms_per_sample: if st.samples > 0 {
+                st.cpu_busy.as_secs_f64() * 1000.0 / st.samples as f64
+            } else {
+                0.0
+            },
+        });
+    }
+    if gpus.is_empty() {
+        reasons.push("expected_gpu_count_mismatch");
+    }
+    reasons.sort_unstable();
+    reasons.dedup();
+    let total = gpus.iter().map(|g| g.energy_j).sum::<Option<f64>>();
+    let avg_total = total.map(|e| e / duration_s.max(f64::EPSILON));
+    PowerWindow {
+        duration_s,
+        power_valid: u8::from(reasons.is_empty()),
+        reasons,
+        total_gpu_energy_j: total,
+        avg_total_gpu_power_w: avg_total,
+        avg_power_w: avg_total.map(|w| w / gpus.len().max(1) as f64),
+        gpus,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    /// A scripted GPU: power ramps, the energy counter follows it (and can be reset), calls can
+    /// stall or fail.
+    struct Fake {
+        calls: AtomicU64,
+        stall_at: Option<(u64, u64)>,
+        reset_at: Option<u64>,
+        gone_at: Option<u64>,
+        no_power: bool,
+    }
+
+    impl GpuProbe for Fake {
+        fn backend(&self) -> &'static str {
+            "fake"
+        }
+        fn device_count(&self) -> u32 {
+            1
+        }
+        fn sample(&self, index: u32, want: Want) -> Result<GpuSample, GpuError> {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst);
+            if let Some((at, ms)) = self.stall_at {
+                if n == at {
+                    std::thread::sleep(Duration::from_millis(ms));
+                }
+            }
+            if self.gone_at.is_some_and(|g| n >= g) {
+                return Err(GpuError::Gone {
+                    index,
+                    why: "fell off the bus".into(),
+                });
+            }
+            let base = if self.reset_at.is_some_and(|r| n >= r) {
+                0.0
+            } else {
+                1000.0
+            };
+            Ok(GpuSample {
+                index,
+                name: want.identity.then(|| "Fake H200".into()),
+                power_w: (!self.no_power).then_some(100.0),
+                power_avg_w: (!self.no_power).then_some(100.0),
+                energy_j: want.energy.then_some(base + n as f64),
+                ..GpuSample::default()
+            })
+        }
+    }
+
+    fn fake() -> Fake {
+        Fake {
+            calls: AtomicU64::new(0),
+            stall_at: None,
+            reset_at: None,
+            gone_at: None,
+            no_power: false,
+        }
+    }
+
+    fn window(f: Fake, run_ms: u64) -> PowerWindow {
+        let cfg = SamplerConfig {
+            interval: Duration::from_millis(10),
+            energy_interval: Duration::from_millis(50),
+        };
+        let s = Sampler::start(Box::new(f), cfg, None).unwrap();
+        std::thread::sleep(Duration::from_millis(run_ms));
+        s.stop()
+    }
+
+    #[test]
+    fn steady_sampling_is_valid_and_integrates_power() {
+        let w = window(fake(), 300);
+        assert_eq!(w.power_valid, 1, "{w:?}");
+        let g = &w.gpus[0];
+        assert!(g.samples > 10 && g.achieved_hz > 30.0, "{g:?}");
+        assert_eq!(g.energy_source, "counter");
+        let span = g.energy_from_instant_power_j / 100.0;
+        assert!(
+            (span - w.duration_s).abs() < 0.1,
+            "100 W over the run: {g:?}"
+        );
+        assert_eq!(g.name.as_deref(), Some("Fake H200"));
+    }
+
+    #[test]
+    fn a_short_stall_is_the_largest_gap_but_within_the_rule() {
+        let w = window(
+            Fake {
+                stall_at: Some((5, 400)),
+                ..fake()
+            },
+            600,
+        );
+        assert!(w.gpus[0].max_gap_s >= 0.39, "{w:?}");
+        assert_eq!(w.power_valid, 1, "400 ms is within the 3 s rule");
+    }
+
+    #[test]
+    fn a_stall_beyond_3_s_voids_power_with_the_inferencex_reason() {
+        let w = window(
+            Fake {
+                stall_at: Some((5, 3100)),
+                ..fake()
+            },
+            3300,
+        );
+        assert!(w.gpus[0].max_gap_s > MAX_SAMPLE_GAP_S, "{w:?}");
+        assert_eq!(w.power_valid, 0);
+        assert_eq!(w.reasons, ["sampling_gap_exceeded"]);
+    }
+
+    #[test]
+    fn a_counter_reset_is_counted_not_subtracted() {
+        let w = window(
+            Fake {
+                reset_at: Some(15),
+                ..fake()
+            },
+            300,
+        );
+        let g = &w.gpus[0];
+        assert_eq!(g.energy_counter_resets, 1, "{g:?}");
+        assert!(g.energy_j.unwrap() >= 0.0);
+    }
+
+    #[test]
+    fn a_gpu_that_disappears_is_reported_and_voids_power() {
+        let w = window(
+            Fake {
+                gone_at: Some(5),
+                ..fake()
+            },
+            200,
+        );
+        assert_eq!(w.gpus[0].gone.as_deref(), Some("fell off the bus"));
+        assert_eq!(w.power_valid, 0);
+        assert!(
+            w.reasons.contains(&"invalid_power_sample"),
+            "{:?}",
+            w.reasons
+        );
+    }
+
+    #[test]
+    fn missing_power_is_absent_and_invalid_never_zero() {
+        let w = window(
+            Fake {
+                no_power: true,
+                ..fake()
+            },
+            100,
+        );
+        assert_eq!(w.gpus[0].peak_power_w, None);
+        assert!(
+            w.reasons.contains(&"insufficient_power_samples"),
+            "{:?}",
+            w.reasons
+        );
+    }
+
+    #[test]
+    fn csv_rows_match_nvidia_smis_layout() {
+        let s = GpuSample {
+            index: 3,
+            power_w: Some(123.456),
+            temperature_c: Some(33.0),
+            sm_clock_hz: Some(1_980_000_000),
+            utilization: Some(0.5),
+            ..GpuSample::default()
+        };
+        assert_eq!(
+            csv_row(1_796_210_437.105, &s),
+            "2026/12/02 11:20:37.105, 3, 123.46 W, 33, 1980 MHz, [N/A], 50 %, [N/A]\n"
+        );
+    }
+}

@@ -1,0 +1,238 @@
+//! GPU probing through the real nvml-wrapper code path, against a scripted libnvidia-ml.so built
+//! from tests/stubs/nvml_stub.c for these tests.
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)] // test code: a panic is the failure report
+mod common;
+use common::*;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+fn stub_lib() -> &'static PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("sglsup-nvml-stub-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let lib = dir.join("libnvidia-ml.so.1");
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("stubs/nvml_stub.c");
+        let st = Command::new("cc")
+            .args(["-shared", "-fPIC", "-O1", "-o"])
+            .arg(&lib)
+            .arg(&src)
+            .status()
+            .unwrap();
+        assert!(st.success(), "compiling the NVML stub");
+        lib
+    })
+}
+
+fn probe(env: &[(&str, &str)], extra: &[&str]) -> Output {
+    let mut c = Command::new(supervisor_bin());
+    c.arg("probe").arg("--nvml-lib").arg(stub_lib()).args(extra);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+#[test]
+fn probe_reads_every_field_and_leaves_unsupported_ones_out() {
+    let out = probe(
+        &[
+            ("STUB_NVML_GPUS", "2"),
+            ("STUB_NVML_PROCS", "4242:2147483648"),
+        ],
+        &["--json"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let gpus = v.as_array().unwrap();
+    assert_eq!(gpus.len(), 2);
+    let g = &gpus[1];
+    assert_eq!(g["index"], 1);
+    assert_eq!(g["name"], "NVIDIA H200 (stub)");
+    assert_eq!(g["uuid"], "GPU-00000000-0000-0000-0000-000000000001");
+    assert_eq!(g["power_w"], 150.0, "instant power field, mW → W");
+    assert_eq!(g["power_avg_w"], 135.0);
+    assert!(g["energy_j"].as_f64().unwrap() >= 5000.0);
+    assert_eq!(g["memory_total_bytes"], 150754820096u64);
+    assert_eq!(g["utilization"], 0.42);
+    assert_eq!(g["temperature_c"], 33.0);
+    assert_eq!(g["sm_clock_hz"], 1_980_000_000u64);
+    assert_eq!(
+        g["processes"],
+        serde_json::json!([{"pid": 4242, "used_memory_bytes": 2147483648u64}])
+    );
+    // The stub lacks nvmlDeviceGetCurrentClocksThrottleReasons: absent, not 0.
+    assert!(g.get("throttle_reasons").is_none(), "{g}");
+    let text = probe(&[], &[]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("GPU 0 NVIDIA H200 (stub)"));
+}
+
+#[test]
+fn no_gpu_is_an_empty_answer_and_a_broken_named_backend_exit_125() {
+    let out = probe(&[("STUB_NVML_GPUS", "0")], &["--json"]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+    let out = probe(
+        &[("STUB_NVML_INIT_FAIL", "1")],
+        &["--json", "--gpu-backend", "auto"],
+    );
+    assert!(out.status.success(), "auto: no usable NVML is no GPU");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+    let out = probe(&[("STUB_NVML_INIT_FAIL", "1")], &["--gpu-backend", "nvml"]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains("driver is not loaded"), "{err}");
+}
+
+fn run_with_stub(name: &str, env: &[(&str, &str)]) -> (Run, Vec<Value>) {
+    let lib = stub_lib().to_str().unwrap().to_string();
+    let csv = std::env::temp_dir().join(format!("sglsup-{name}-{}.csv", std::process::id()));
+    let csv_s = csv.to_str().unwrap().to_string();
+    let mut run = Run::start(
+        name,
+        Opts {
+            supervisor: &[
+                "--nvml-lib",
+                &lib,
+                "--gpu-backend",
+                "nvml",
+                "--sample-interval",
+                "20ms",
+                "--energy-interval",
+                "200ms",
+                "--power-csv",
+                &csv_s,
+            ],
+            replay: &["--speed", "50"],
+            env,
+            ..Default::default()
+        },
+    );
+    run.wait_event("ready", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(600));
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(Duration::from_secs(60)), 143);
+    let rows: Vec<Value> = std::fs::read_to_string(&csv)
+        .unwrap()
+        .lines()
+        .map(|l| Value::String(l.to_string()))
+        .collect();
+    let _ = std::fs::remove_file(csv);
+    (run, rows)
+}
+
+#[test]
+fn sampled_run_writes_power_csv_and_an_exact_energy_window() {
+    let (run, rows) = run_with_stub("gpu-ok", &[("STUB_NVML_GPUS", "2")]);
+    let power = run.events_named("power").pop().unwrap();
+    assert_eq!(power["power_valid"], 1, "{power}");
+    assert_eq!(power["gpus"].as_array().unwrap().len(), 2);
+    for g in power["gpus"].as_array().unwrap() {
+        assert_eq!(g["energy_source"], "counter");
+        let counter = g["energy_j"].as_f64().unwrap();
+        let integral = g["energy_from_instant_power_j"].as_f64().unwrap();
+        assert!(
+            (counter - integral).abs() / counter < 0.03,
+            "counter {counter} J vs integral {integral} J"
+        );
+        assert!(g["achieved_hz"].as_f64().unwrap() > 20.0, "{g}");
+        assert_eq!(g["peak_power_w"], 150.0);
+    }
+    let teardown = run.events_named("gpu_teardown").pop().unwrap();
+    assert_eq!(teardown["clean"], true, "{teardown}");
+    assert_eq!(rows[0].as_str().unwrap(), sglang_probes_csv_header());
+    let row = rows[1].as_str().unwrap();
+    let cols: Vec<&str> = row.split(", ").collect();
+    assert_eq!(cols.len(), 8, "{row}");
+    assert!(
+        cols[0].len() == 23 && cols[0].as_bytes()[4] == b'/',
+        "nvidia-smi timestamp: {row}"
+    );
+    assert_eq!(
+        &cols[2..],
+        ["150.00 W", "33", "1980 MHz", "3201 MHz", "42 %", "7 %"]
+    );
+    assert!(rows.len() > 20);
+}
+
+fn sglang_probes_csv_header() -> &'static str {
+    "timestamp, index, power.draw [W], temperature.gpu, clocks.current.sm [MHz], clocks.current.memory [MHz], utilization.gpu [%], utilization.memory [%]"
+}
+
+#[test]
+fn a_gpu_lost_mid_run_is_reported_and_voids_power() {
+    let (run, _) = run_with_stub(
+        "gpu-lost",
+        &[
+            ("STUB_NVML_GPUS", "2"),
+            ("STUB_NVML_LOST_INDEX", "1"),
+            ("STUB_NVML_LOST_AFTER_MS", "300"),
+        ],
+    );
+    let power = run.events_named("power").pop().unwrap();
+    assert_eq!(power["power_valid"], 0);
+    assert!(
+        power["reasons"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("invalid_power_sample")),
+        "{power}"
+    );
+    assert!(
+        power["gpus"][1]["gone"]
+            .as_str()
+            .unwrap()
+            .contains("GPU_IS_LOST"),
+        "{power}"
+    );
+    assert!(power["gpus"][0]["gone"].is_null(), "the other GPU goes on");
+}
+
+#[test]
+fn without_an_energy_counter_energy_comes_from_integrated_power() {
+    let (run, _) = run_with_stub("gpu-noenergy", &[("STUB_NVML_NO_ENERGY", "1")]);
+    let g = &run.events_named("power").pop().unwrap()["gpus"][0];
+    assert_eq!(g["energy_source"], "instant_power_integral");
+    assert_eq!(g["energy_j"], g["energy_from_instant_power_j"]);
+}
+
+#[test]
+fn gpu_memory_still_held_after_exit_is_reported() {
+    let lib = stub_lib().to_str().unwrap().to_string();
+    let mut c = Command::new(supervisor_bin());
+    c.args([
+        "run",
+        "--no-tee",
+        "--gpu-backend",
+        "nvml",
+        "--nvml-lib",
+        &lib,
+        "--events",
+    ]);
+    let ev = std::env::temp_dir().join(format!("sglsup-held-{}.jsonl", std::process::id()));
+    c.arg(&ev)
+        .args(["--", "true"])
+        .env("STUB_NVML_PROCS", "4242:1073741824");
+    let out = c.output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let events: Vec<Value> = std::fs::read_to_string(&ev)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let t = events
+        .iter()
+        .find(|e| e["event"] == "gpu_teardown")
+        .unwrap();
+    assert_eq!(t["clean"], false);
+    assert_eq!(t["gpus"][0]["processes"][0]["pid"], 4242);
+    let _ = std::fs::remove_file(ev);
+}
