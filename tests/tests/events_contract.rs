@@ -34,9 +34,7 @@ fn check(e: &Value) {
             let name = e["name"].as_str().unwrap();
             assert!(PHASES.contains(&name), "phase name {name}");
             assert!(num("elapsed_s"), "{e}");
-            // memory_pool_end has no begin line in SGLang: its duration (measured from
-            // load_weights_end) is there only from the supervisor that measures it.
-            if (name.ends_with("_end") && name != "memory_pool_end") || name == "warmup" {
+            if name.ends_with("_end") || name == "warmup" {
                 assert!(num("duration_s"), "{name} carries duration_s: {e}");
             }
             if has("rank") {
@@ -104,6 +102,44 @@ fn events_from_the_real_h200_run_follow_the_contract() {
         ),
         (Some(143), Some(true), Some(9))
     );
+}
+
+#[test]
+fn events_of_the_real_failure_and_power_runs_follow_the_contract() {
+    for f in ["G_events.jsonl", "P_events.jsonl"] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/real-h200-supervised").join(f);
+        std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).for_each(|e| check(&e));
+    }
+}
+
+/// The power CSV written on the H200 reads like nvidia-smi's, and integrating it the way the
+/// InferenceX aggregation does (trapezoids over power.draw) gives the window's energy.
+#[test]
+fn the_real_power_csv_integrates_to_the_windows_energy() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/real-h200-supervised");
+    let csv = std::fs::read_to_string(dir.join("P_power.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next().unwrap(),
+        "timestamp, index, power.draw [W], temperature.gpu, clocks.current.sm [MHz], clocks.current.memory [MHz], utilization.gpu [%], utilization.memory [%]"
+    );
+    let mut pts = Vec::new();
+    for l in lines {
+        let c: Vec<&str> = l.split(", ").collect();
+        assert_eq!(c.len(), 8, "{l}");
+        let (date, time) = c[0].split_once(' ').unwrap();
+        let hms: Vec<f64> = time.split(':').map(|x| x.parse().unwrap()).collect();
+        assert_eq!(date, "2026/12/02");
+        let t = hms[0] * 3600.0 + hms[1] * 60.0 + hms[2];
+        pts.push((t, c[2].trim_end_matches(" W").parse::<f64>().unwrap()));
+    }
+    let integral: f64 = pts.windows(2).map(|w| (w[1].0 - w[0].0) * (w[0].1 + w[1].1) / 2.0).sum();
+    let ev: Vec<Value> =
+        std::fs::read_to_string(dir.join("P_events.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let power = ev.iter().find(|e| e["event"] == "power").unwrap();
+    let counter = power["gpus"][0]["energy_j"].as_f64().unwrap();
+    assert!((integral - counter).abs() / counter < 0.03, "CSV integral {integral:.1} J vs counter {counter:.1} J");
+    assert_eq!(power["power_valid"], 1);
 }
 
 #[test]
