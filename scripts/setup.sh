@@ -8,6 +8,8 @@ for bin_pkg in "cc:build-essential" "curl:curl" "python3:python3" "pkg-config:pk
   if [ "$bin" = procps ]; then command -v ps >/dev/null || need_apt+=("$pkg"); continue; fi
   command -v "$bin" >/dev/null || need_apt+=("$pkg")
 done
+# Debian's real ROCm SMI library: tests prove it means "no AMD GPU" (never a crash) here.
+[ -e /usr/lib/librocm_smi64.so.1 ] || need_apt+=(librocm-smi64-1)
 if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" ca-certificates >/dev/null

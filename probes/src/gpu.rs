@@ -98,25 +98,38 @@ pub trait GpuProbe: Send + Sync {
 pub enum Backend {
     Auto,
     Nvml,
+    Rocm,
+    Sysfs,
     None,
 }
 
-/// Open the requested backend. `Auto` and `None` never fail (no GPU is a valid answer); an
+/// Where each backend's library or tree is (tests point these at stubs).
+#[derive(Debug, Clone, Default)]
+pub struct Locations<'a> {
+    pub nvml_lib: Option<&'a std::ffi::OsStr>,
+    pub rocm_lib: Option<&'a std::ffi::OsStr>,
+    pub sysfs_root: Option<&'a std::path::Path>,
+}
+
+/// Open the requested backend. `Auto` tries NVML, then ROCm SMI, then amdgpu's sysfs, and takes
+/// the first that sees a GPU; it never fails (no GPU is a valid answer), nor does `None`. An
 /// explicitly named backend that cannot load is an error.
-pub fn open(
-    backend: Backend,
-    nvml_lib: Option<&std::ffi::OsStr>,
-) -> Result<Option<Box<dyn GpuProbe>>, GpuError> {
+pub fn open(backend: Backend, at: &Locations<'_>) -> Result<Option<Box<dyn GpuProbe>>, GpuError> {
+    let sysfs_root = at.sysfs_root.unwrap_or(std::path::Path::new("/sys"));
     match backend {
         Backend::None => Ok(None),
-        Backend::Nvml => Ok(Some(Box::new(crate::nvml::NvmlProbe::open(nvml_lib)?))),
-        Backend::Auto => match crate::nvml::NvmlProbe::open(nvml_lib) {
-            Ok(p) if p.device_count() > 0 => Ok(Some(Box::new(p))),
-            Ok(_) => Ok(None),
-            Err(e) => {
-                tracing::debug!("no NVIDIA probe: {e}");
-                Ok(None)
+        Backend::Nvml => Ok(Some(Box::new(crate::nvml::NvmlProbe::open(at.nvml_lib)?))),
+        Backend::Rocm => Ok(Some(Box::new(crate::rocm::RocmProbe::open(at.rocm_lib)?))),
+        Backend::Sysfs => Ok(Some(Box::new(crate::sysfs::SysfsProbe::open(sysfs_root)?))),
+        Backend::Auto => {
+            for b in [Backend::Nvml, Backend::Rocm, Backend::Sysfs] {
+                match open(b, at) {
+                    Ok(Some(p)) if p.device_count() > 0 => return Ok(Some(p)),
+                    Ok(_) => tracing::debug!("{b:?}: loaded, no GPU"),
+                    Err(e) => tracing::debug!("{b:?}: {e}"),
+                }
             }
-        },
+            Ok(None)
+        }
     }
 }

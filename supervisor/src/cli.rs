@@ -57,10 +57,14 @@ pub enum Command {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum GpuBackendArg {
-    /// NVML if it loads and sees a GPU, else none.
+    /// The first of NVML, ROCm SMI, sysfs that sees a GPU; else none.
     Auto,
     /// NVIDIA NVML (libnvidia-ml.so.1, loaded at run time).
     Nvml,
+    /// AMD ROCm SMI (librocm_smi64, loaded at run time).
+    Rocm,
+    /// AMD amdgpu sysfs files (no energy counter: energy is integrated from power).
+    Sysfs,
     /// No GPU sampling.
     None,
 }
@@ -80,6 +84,19 @@ pub struct GpuArgs {
     /// Load NVML from this file instead of the system's libnvidia-ml.so.1.
     #[arg(long, env = "SGLANG_SUPERVISOR_NVML_LIB", value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
+
+    /// Load ROCm SMI from this file instead of librocm_smi64.so.{1,7} / /opt/rocm/lib.
+    #[arg(long, env = "SGLANG_SUPERVISOR_ROCM_LIB", value_name = "PATH")]
+    pub rocm_lib: Option<PathBuf>,
+
+    /// Root of the sysfs tree read by the sysfs backend (for tests and containers).
+    #[arg(
+        long,
+        env = "SGLANG_SUPERVISOR_SYSFS_ROOT",
+        value_name = "DIR",
+        hide = true
+    )]
+    pub sysfs_root: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

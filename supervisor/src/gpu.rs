@@ -11,9 +11,16 @@ pub fn open(args: &GpuArgs) -> Result<Option<Box<dyn GpuProbe>>> {
     let backend = match args.gpu_backend {
         GpuBackendArg::Auto => Backend::Auto,
         GpuBackendArg::Nvml => Backend::Nvml,
+        GpuBackendArg::Rocm => Backend::Rocm,
+        GpuBackendArg::Sysfs => Backend::Sysfs,
         GpuBackendArg::None => Backend::None,
     };
-    gpu::open(backend, args.nvml_lib.as_deref().map(|p| p.as_os_str()))
+    let at = gpu::Locations {
+        nvml_lib: args.nvml_lib.as_deref().map(|p| p.as_os_str()),
+        rocm_lib: args.rocm_lib.as_deref().map(|p| p.as_os_str()),
+        sysfs_root: args.sysfs_root.as_deref(),
+    };
+    gpu::open(backend, &at)
         .with_context(|| "--gpu-backend: the named GPU library cannot be used (use --gpu-backend auto or none to run without it)")
 }
 

@@ -107,8 +107,14 @@ fn events_from_the_real_h200_run_follow_the_contract() {
 #[test]
 fn events_of_the_real_failure_and_power_runs_follow_the_contract() {
     for f in ["G_events.jsonl", "P_events.jsonl"] {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/real-h200-supervised").join(f);
-        std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).for_each(|e| check(&e));
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/real-h200-supervised")
+            .join(f);
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .for_each(|e| check(&e));
     }
 }
 
@@ -116,7 +122,8 @@ fn events_of_the_real_failure_and_power_runs_follow_the_contract() {
 /// InferenceX aggregation does (trapezoids over power.draw) gives the window's energy.
 #[test]
 fn the_real_power_csv_integrates_to_the_windows_energy() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/real-h200-supervised");
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/real-h200-supervised");
     let csv = std::fs::read_to_string(dir.join("P_power.csv")).unwrap();
     let mut lines = csv.lines();
     assert_eq!(
@@ -133,12 +140,21 @@ fn the_real_power_csv_integrates_to_the_windows_energy() {
         let t = hms[0] * 3600.0 + hms[1] * 60.0 + hms[2];
         pts.push((t, c[2].trim_end_matches(" W").parse::<f64>().unwrap()));
     }
-    let integral: f64 = pts.windows(2).map(|w| (w[1].0 - w[0].0) * (w[0].1 + w[1].1) / 2.0).sum();
-    let ev: Vec<Value> =
-        std::fs::read_to_string(dir.join("P_events.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let integral: f64 = pts
+        .windows(2)
+        .map(|w| (w[1].0 - w[0].0) * (w[0].1 + w[1].1) / 2.0)
+        .sum();
+    let ev: Vec<Value> = std::fs::read_to_string(dir.join("P_events.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let power = ev.iter().find(|e| e["event"] == "power").unwrap();
     let counter = power["gpus"][0]["energy_j"].as_f64().unwrap();
-    assert!((integral - counter).abs() / counter < 0.03, "CSV integral {integral:.1} J vs counter {counter:.1} J");
+    assert!(
+        (integral - counter).abs() / counter < 0.03,
+        "CSV integral {integral:.1} J vs counter {counter:.1} J"
+    );
     assert_eq!(power["power_valid"], 1);
 }
 
