@@ -10,6 +10,8 @@ for bin_pkg in "cc:build-essential" "curl:curl" "python3:python3" "pkg-config:pk
 done
 # Debian's real ROCm SMI library: tests prove it means "no AMD GPU" (never a crash) here.
 [ -e /usr/lib/librocm_smi64.so.1 ] || need_apt+=(librocm-smi64-1)
+# A real Prometheus server and promtool: the exporter's output is checked by both.
+[ -x /usr/bin/promtool ] && [ -x /usr/bin/prometheus ] || need_apt+=(prometheus)
 if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" ca-certificates >/dev/null

@@ -1,2 +1,5 @@
-//! Prometheus exporter, latency-measuring proxy, power CSV and JSON reports.
-//! Not built yet: tracked as issues #5 and #6.
+//! Exporters: the Prometheus `/metrics` endpoint for the supervised server and its GPUs, with the
+//! server's own `sglang:*` series re-exposed. (The latency proxy, power CSV reports and JSON
+//! reports come with issues #5 and #6.)
+pub mod metrics;
+pub mod server;

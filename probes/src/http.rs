@@ -129,6 +129,75 @@ async fn get_status_inner(url: &HttpUrl) -> Result<u16, Inner> {
     })
 }
 
+/// One `GET` with its body (up to `max_bytes`), for small documents such as an upstream `/metrics`.
+/// Handles `Content-Length`, chunked and read-to-close bodies.
+pub async fn get_body(
+    url: &HttpUrl,
+    timeout: Duration,
+    max_bytes: usize,
+) -> Result<(u16, Vec<u8>), ProbeError> {
+    let text = url.to_string();
+    let fut = async {
+        let host = url.host.trim_start_matches('[').trim_end_matches(']');
+        let mut stream = TcpStream::connect((host, url.port))
+            .await
+            .map_err(Inner::Io)?;
+        let req = format!(
+            "GET {} HTTP/1.1\r\nHost: {}:{}\r\nUser-Agent: sglang-supervisor\r\nAccept: text/plain\r\nConnection: close\r\n\r\n",
+            url.path, url.host, url.port
+        );
+        stream.write_all(req.as_bytes()).await.map_err(Inner::Io)?;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            let n = stream.read(&mut chunk).await.map_err(Inner::Io)?;
+            if n == 0 || buf.len() > max_bytes + 64 * 1024 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let status = parse_status_line(&buf).ok_or_else(|| {
+            Inner::Bad(String::from_utf8_lossy(&buf[..buf.len().min(80)]).into_owned())
+        })?;
+        let head_end = buf
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .ok_or_else(|| Inner::Bad("no end of headers".into()))?;
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let mut body = buf.split_off(head_end + 4);
+        if head.contains("transfer-encoding: chunked") {
+            body = dechunk(&body);
+        }
+        body.truncate(max_bytes);
+        Ok((status, body))
+    };
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r.map_err(|e| match e {
+            Inner::Io(source) => ProbeError::Io { url: text, source },
+            Inner::Bad(line) => ProbeError::BadResponse { url: text, line },
+        }),
+        Err(_) => Err(ProbeError::Timeout { url: text, timeout }),
+    }
+}
+
+/// Undo HTTP/1.1 chunked transfer coding (whatever is malformed ends the body).
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(b.len());
+    while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
+        let size_text = String::from_utf8_lossy(&b[..eol]);
+        let Ok(size) = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+        else {
+            break;
+        };
+        if size == 0 || b.len() < eol + 2 + size {
+            break;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
+        b = &b[(eol + 4 + size).min(b.len())..];
+    }
+    out
+}
+
 fn parse_status_line(buf: &[u8]) -> Option<u16> {
     let line = buf.split(|&b| b == b'\n').next()?;
     let line = std::str::from_utf8(line).ok()?;
@@ -186,6 +255,15 @@ mod tests {
         });
         let url = HttpUrl::parse(&format!("http://127.0.0.1:{port}/health")).unwrap();
         assert_eq!(get_status(&url, Duration::from_secs(2)).await.unwrap(), 503);
+    }
+
+    #[test]
+    fn chunked_bodies_are_reassembled() {
+        assert_eq!(
+            dechunk(b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
+            b"hello world"
+        );
+        assert_eq!(dechunk(b"zz\r\n"), b"");
     }
 
     #[tokio::test]

@@ -121,6 +121,22 @@ pub struct Sampler {
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
+/// A cheap handle on the latest samples, for scrapes (never calls the driver).
+#[derive(Clone)]
+pub struct LatestSamples(Arc<Shared>);
+
+impl LatestSamples {
+    pub fn get(&self) -> Vec<Option<TimedSample>> {
+        self.0.latest.iter().map(|m| lock(m).clone()).collect()
+    }
+}
+
+impl std::fmt::Debug for LatestSamples {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LatestSamples({} GPUs)", self.0.latest.len())
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -233,8 +249,8 @@ impl Sampler {
     }
 
     /// The latest sample of every GPU (what `/metrics` shows; never calls the driver).
-    pub fn latest(&self) -> Vec<Option<TimedSample>> {
-        self.shared.latest.iter().map(|m| lock(m).clone()).collect()
+    pub fn latest(&self) -> LatestSamples {
+        LatestSamples(self.shared.clone())
     }
 
     /// One fresh reading of everything, processes included, on the calling thread.

@@ -162,6 +162,16 @@ pub struct RunArgs {
     #[arg(long, env = "SGLANG_SUPERVISOR_ON_READY", value_name = "CMD")]
     pub on_ready: Option<String>,
 
+    /// Serve Prometheus metrics (/metrics, /-/ready, /-/healthy) here; `none` disables.
+    /// Port 0 picks a free port (the `listening` event says which).
+    #[arg(
+        long,
+        default_value = "127.0.0.1:9400",
+        env = "SGLANG_SUPERVISOR_METRICS_ADDR",
+        value_name = "ADDR"
+    )]
+    pub metrics_addr: String,
+
     #[command(flatten)]
     pub gpu: GpuArgs,
 

@@ -13,11 +13,13 @@ use crate::redact::redact_argv;
 use crate::sentinel::Sentinel;
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
+use sglang_exporters::metrics as exporters;
 use sglang_probes::http::{get_status, HttpUrl};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::fs::File;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
@@ -32,6 +34,9 @@ const CONFIRM_FOR: Duration = Duration::from_secs(5);
 /// `/health` runs a one-token generation (~1 s on a real server): never faster, always bounded.
 const HEALTH_PERIOD: Duration = Duration::from_secs(1);
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(3);
+/// The server's own `/metrics` is fetched this often, with this timeout.
+const UPSTREAM_METRICS_PERIOD: Duration = Duration::from_secs(5);
+const UPSTREAM_METRICS_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the GPUs may take to list no process of the dead server (the driver frees memory
 /// asynchronously).
 const GPU_RELEASE_WAIT: Duration = Duration::from_secs(5);
@@ -84,9 +89,12 @@ struct Supervision {
     warnings_suppressed: u64,
     worker_deaths: u32,
     probe_tx: mpsc::UnboundedSender<Probe>,
+    metrics: Arc<exporters::Shared>,
     /// Our own helper processes, never part of the server's tree.
     exclude: Vec<i32>,
     grace_deadline: Option<tokio::time::Instant>,
+    /// `enable_metrics` from the resolved args: whether the server has a `/metrics` to re-expose.
+    upstream_metrics: Option<bool>,
     next_health: Option<tokio::time::Instant>,
 }
 
@@ -179,8 +187,17 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         });
     }
 
+    // The metrics port is bound before the spawn: a port in use is a start-up error, not a
+    // surprise an hour into the benchmark.
+    let metrics = Arc::new(exporters::Shared::default());
+    metrics.update(|st| st.state = "starting");
+    let metrics_addr = match args.metrics_addr.as_str() {
+        "none" | "" => None,
+        addr => Some(sglang_exporters::server::start(addr, metrics.clone()).await?),
+    };
     // GPU sampling starts before the server, so the window covers its whole start.
     let sampler = crate::gpu::start_sampler(&args)?;
+    metrics.set_gpus(sampler.as_ref().map(|s| s.latest()));
     let t0 = Instant::now();
     let spawned = child::spawn(SpawnSpec {
         argv: &args.command,
@@ -206,6 +223,10 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         json!({"pid": pid, "argv": redact_argv(&argv_text), "supervisor_pid": std::process::id()}),
     );
     tracing::info!(pid, url = %url.base(), "spawned the server");
+    if let Some(a) = metrics_addr {
+        events.emit("listening", json!({"metrics": a.to_string()}));
+        tracing::info!("metrics on http://{a}/metrics");
+    }
 
     let sentinel = match Sentinel::start(pid) {
         Ok(s) => Some(s),
@@ -257,8 +278,10 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         warnings_suppressed: 0,
         worker_deaths: 0,
         probe_tx,
+        metrics: metrics.clone(),
         exclude: exclude.clone(),
         grace_deadline: None,
+        upstream_metrics: None,
         next_health: health_polling.then(tokio::time::Instant::now),
         args,
     };
@@ -336,6 +359,14 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         ExitStatus::Code(c) => (Some(c), None),
         ExitStatus::Signal(n) => (None, Some(n)),
     };
+    s.metrics.update(|st| {
+        st.state = if requested || status == ExitStatus::Code(0) {
+            "exited"
+        } else {
+            "failed"
+        };
+        st.exit_code = Some(i64::from(exit_status));
+    });
     let log = s.log_summary(&shared, &stats);
     s.events.emit(
         "exited",
@@ -425,7 +456,11 @@ impl Supervision {
                     });
                 }
             }
-            LogEvent::ServerArgs(args) => self.events.emit("server_args", json!({"args": args})),
+            LogEvent::ServerArgs(args) => {
+                self.metrics.update(|st| st.args_info = args_info(&args));
+                self.upstream_metrics = args.get("enable_metrics").and_then(Value::as_bool);
+                self.events.emit("server_args", json!({"args": args}));
+            }
             LogEvent::Deprecation {
                 flag,
                 replacement,
@@ -499,6 +534,12 @@ impl Supervision {
             let measured = progress.begun.get(base).map(|b| at - b);
             if let Some(d) = reported_s.or(measured) {
                 fields["duration_s"] = json!(round_ms(d));
+                // Across ranks the slowest one is what the server waited for.
+                self.metrics
+                    .update(|st| match st.phases.iter_mut().find(|(p, _)| p == base) {
+                        Some((_, v)) => *v = v.max(round_ms(d)),
+                        None => st.phases.push((base.to_string(), round_ms(d))),
+                    });
             }
             // SGLang logs no "memory pool begin": the pool is built right after the weights load.
             if base == "load_weights" {
@@ -561,6 +602,7 @@ impl Supervision {
             return;
         }
         self.stop = Some(Stop::Requested(sig));
+        self.metrics.update(|st| st.state = "stopping");
         let (target, dest) = if self.args.signal_group {
             ("group", -self.pid)
         } else {
@@ -651,7 +693,19 @@ impl Supervision {
         }
         self.ready = true;
         let at = self.now_s();
+        self.metrics.update(|st| {
+            st.state = "ready";
+            st.ready_seconds = Some(at);
+        });
+        if self.upstream_metrics != Some(false) {
+            tokio::spawn(fetch_upstream_metrics(
+                self.url.with_path("/metrics"),
+                self.metrics.clone(),
+            ));
+        }
         if let Some(up) = self.http_up_at {
+            self.metrics
+                .update(|st| st.phases.push(("warmup".into(), round_ms(at - up))));
             self.events.emit(
                 "phase",
                 json!({"name": "warmup", "elapsed_s": at, "duration_s": round_ms(at - up)}),
@@ -763,6 +817,61 @@ fn describe_status(s: ExitStatus) -> String {
     match s {
         ExitStatus::Code(c) => format!("exit code {c}"),
         ExitStatus::Signal(n) => format!("signal {n} ({})", signal_name(n)),
+    }
+}
+
+/// Resolved args worth a label on `server_args_info` (strings and numbers; unset ones left out).
+const INFO_ARGS: &[&str] = &[
+    "model_path",
+    "served_model_name",
+    "tp_size",
+    "pp_size",
+    "dp_size",
+    "ep_size",
+    "attention_backend",
+    "mem_fraction_static",
+    "dtype",
+    "kv_cache_dtype",
+    "quantization",
+    "context_length",
+    "chunked_prefill_size",
+    "max_running_requests",
+    "load_format",
+];
+
+fn args_info(args: &serde_json::Map<String, Value>) -> Vec<(String, String)> {
+    INFO_ARGS
+        .iter()
+        .filter_map(|k| {
+            let v = match args.get(*k)? {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                Value::Bool(b) => b.to_string(),
+                _ => return None,
+            };
+            Some((k.to_string(), v))
+        })
+        .collect()
+}
+
+/// Keep a cached copy of the server's own `/metrics` (short timeout, every few seconds), so a
+/// scrape of ours never waits on the server. Ends with the process.
+async fn fetch_upstream_metrics(url: HttpUrl, metrics: Arc<exporters::Shared>) {
+    loop {
+        match sglang_probes::http::get_body(&url, UPSTREAM_METRICS_TIMEOUT, 16 << 20).await {
+            Ok((200, body)) => {
+                metrics.set_upstream(Some(String::from_utf8_lossy(&body).into_owned()), true)
+            }
+            Ok((code, _)) => {
+                tracing::debug!("GET {url}: {code}");
+                metrics.set_upstream(None, false);
+            }
+            Err(e) => {
+                tracing::debug!("{e}");
+                metrics.set_upstream(None, false);
+            }
+        }
+        tokio::time::sleep(UPSTREAM_METRICS_PERIOD).await;
     }
 }
 

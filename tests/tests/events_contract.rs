@@ -73,6 +73,7 @@ fn check(e: &Value) {
             "{e}"
         ),
         "gpu_teardown" => assert!(e["clean"].is_boolean() && e["gpus"].is_array(), "{e}"),
+        "listening" => assert!(e["metrics"].as_str().unwrap().contains(':'), "{e}"),
         other => panic!("event {other} is not in the contract"),
     }
 }

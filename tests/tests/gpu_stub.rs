@@ -315,6 +315,8 @@ fn gpu_memory_still_held_after_exit_is_reported() {
     c.args([
         "run",
         "--no-tee",
+        "--metrics-addr",
+        "none",
         "--gpu-backend",
         "nvml",
         "--nvml-lib",

@@ -623,7 +623,13 @@ fn supervisor_failures_exit_125_with_a_clear_message() {
     let bin = supervisor_bin();
     #[allow(clippy::disallowed_methods)]
     let out = std::process::Command::new(&bin)
-        .args(["run", "--", "/nonexistent/sglang-server"])
+        .args([
+            "run",
+            "--metrics-addr",
+            "none",
+            "--",
+            "/nonexistent/sglang-server",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(125));
@@ -634,14 +640,30 @@ fn supervisor_failures_exit_125_with_a_clear_message() {
     );
     #[allow(clippy::disallowed_methods)]
     let out = std::process::Command::new(&bin)
-        .args(["run", "--log-file", "/nonexistent-dir/x.log", "--", "true"])
+        .args([
+            "run",
+            "--metrics-addr",
+            "none",
+            "--log-file",
+            "/nonexistent-dir/x.log",
+            "--",
+            "true",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-dir/x.log"));
     #[allow(clippy::disallowed_methods)]
     let out = std::process::Command::new(&bin)
-        .args(["run", "--ready-timeout", "soon", "--", "true"])
+        .args([
+            "run",
+            "--metrics-addr",
+            "none",
+            "--ready-timeout",
+            "soon",
+            "--",
+            "true",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(125));
@@ -673,7 +695,7 @@ fn as_pid_1_it_reaps_orphans_without_stealing_the_childs_status() {
     let status = std::process::Command::new("unshare")
         .args(["--pid", "--fork", "--mount-proc"])
         .arg(supervisor_bin())
-        .args(["run", "--no-tee", "--events"])
+        .args(["run", "--no-tee", "--metrics-addr", "none", "--events"])
         .arg(&events)
         .arg("--")
         .arg(replay_bin())
@@ -798,4 +820,194 @@ fn version_0_5_19_forms_dict_server_args_bare_coloured_deprecation_and_ms_timest
     assert!(loads.iter().all(|p| p["duration_s"] == 0.09));
     run.assert_log_is_exact();
     run.assert_no_survivors();
+}
+
+/// GET a path from 127.0.0.1:port with optional headers; (status line, body).
+fn http_get(addr: &str, path: &str, headers: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n").as_bytes(),
+    )
+    .unwrap();
+    let mut b = String::new();
+    s.read_to_string(&mut b).unwrap();
+    let (head, body) = b.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+#[test]
+fn metrics_endpoint_shows_state_phases_args_and_the_servers_own_series() {
+    let mut run = Run::start(
+        "metrics",
+        Opts {
+            replay: &["--speed", "50"],
+            ..Default::default()
+        },
+    );
+    let addr = run.wait_event("listening", T)["metrics"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (status, _) = http_get(&addr, "/-/healthy", "");
+    assert!(status.contains("200"), "{status}");
+    run.wait_event("ready", T);
+    let (status, _) = http_get(&addr, "/-/ready", "");
+    assert!(status.contains("200"), "{status}");
+    // The server's sglang:* series are fetched right after readiness.
+    let end = Instant::now() + Duration::from_secs(10);
+    let body = loop {
+        let (_, body) = http_get(&addr, "/metrics", "");
+        if body.contains("sglang:") || Instant::now() > end {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for want in [
+        "sglang_supervisor_up 1",
+        "sglang_supervisor_server_state{state=\"ready\"} 1",
+        "sglang_supervisor_startup_phase_seconds{phase=\"cuda_graph\"} 2.01",
+        "sglang_supervisor_server_ready_seconds ",
+        "model_path=\"/models/tiny-llama\"",
+        "sglang_supervisor_upstream_scrape_ok 1",
+        "sglang:num_running_reqs",
+    ] {
+        assert!(
+            body.contains(want),
+            "missing {want:?} in:\n{}",
+            &body[..body.len().min(3000)]
+        );
+    }
+    assert!(
+        !body.contains("sglang_supervisor_child_exit_code"),
+        "absent while running"
+    );
+    if std::path::Path::new("/usr/bin/promtool").exists() {
+        let file = run.dir.join("scrape.txt");
+        std::fs::write(&file, &body).unwrap();
+        #[allow(clippy::disallowed_methods)]
+        let out = std::process::Command::new("promtool")
+            .arg("check")
+            .arg("metrics")
+            .stdin(std::fs::File::open(&file).unwrap())
+            .output()
+            .unwrap();
+        let problems = String::from_utf8_lossy(&out.stderr).to_string()
+            + &String::from_utf8_lossy(&out.stdout);
+        // promtool lints names it dislikes in SGLang's own series (colons); ours must be clean.
+        let ours: Vec<&str> = problems
+            .lines()
+            .filter(|l| l.contains("sglang_supervisor"))
+            .collect();
+        assert!(ours.is_empty(), "promtool on our series: {ours:?}");
+    } else {
+        panic!("promtool is missing: install Debian's prometheus package (scripts/setup.sh does)");
+    }
+    let (status, om) = http_get(
+        &addr,
+        "/metrics",
+        "Accept: application/openmetrics-text; version=1.0.0\r\n",
+    );
+    assert!(
+        status.contains("200") && om.ends_with("# EOF\n"),
+        "{status}"
+    );
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(T), 143);
+}
+
+#[test]
+fn a_metrics_port_in_use_is_a_clear_error_at_start() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = holder.local_addr().unwrap().to_string();
+    #[allow(clippy::disallowed_methods)]
+    let out = std::process::Command::new(supervisor_bin())
+        .args(["run", "--metrics-addr", &addr, "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&addr) && err.contains("--metrics-addr"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_real_prometheus_scrapes_the_supervisor() {
+    let prom = std::path::Path::new("/usr/bin/prometheus");
+    assert!(
+        prom.exists(),
+        "install Debian's prometheus package (scripts/setup.sh does)"
+    );
+    let mut run = Run::start(
+        "prometheus",
+        Opts {
+            replay: &["--speed", "50"],
+            ..Default::default()
+        },
+    );
+    let target = run.wait_event("listening", T)["metrics"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    run.wait_event("ready", T);
+    let dir = run.dir.join("prom");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("prometheus.yml");
+    std::fs::write(
+        &cfg,
+        format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: sup\n    static_configs:\n      - targets: ['{target}']\n"),
+    )
+    .unwrap();
+    let web = format!("127.0.0.1:{}", free_port());
+    #[allow(clippy::disallowed_methods)]
+    let mut p = std::process::Command::new(prom)
+        .arg(format!("--config.file={}", cfg.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address={web}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let query = |q: &str| -> Option<String> {
+        let (status, body) =
+            std::panic::catch_unwind(|| http_get(&web, &format!("/api/v1/query?query={q}"), ""))
+                .ok()?;
+        status.contains("200").then_some(body)
+    };
+    let end = Instant::now() + Duration::from_secs(30);
+    let mut last = None;
+    let ok = loop {
+        if let Some(b) = query("sglang_supervisor_server_state%7Bstate%3D%22ready%22%7D") {
+            if b.contains("\"1\"]") {
+                break true;
+            }
+            last = Some(b);
+        }
+        if Instant::now() > end {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let up = query("up%7Bjob%3D%22sup%22%7D");
+    let re_exposed = query("sglang:num_running_reqs");
+    let _ = p.kill();
+    let _ = p.wait();
+    assert!(ok, "Prometheus never saw the ready state: {last:?}");
+    assert!(
+        up.unwrap_or_default().contains("\"1\"]"),
+        "scrape target up"
+    );
+    assert!(
+        re_exposed
+            .unwrap_or_default()
+            .contains("sglang:num_running_reqs"),
+        "the server's own series reach Prometheus"
+    );
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(T), 143);
 }

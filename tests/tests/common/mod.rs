@@ -86,6 +86,12 @@ impl Run {
             .arg("--log-file")
             .arg(dir.join("server.log"))
             .args(opts.supervisor)
+            // Tests run in parallel: each gets its own metrics port unless it names one.
+            .args(if opts.supervisor.contains(&"--metrics-addr") {
+                &[][..]
+            } else {
+                &["--metrics-addr", "127.0.0.1:0"][..]
+            })
             .arg("--")
             .arg(replay_bin())
             .arg("--port")

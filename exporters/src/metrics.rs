@@ -1,0 +1,381 @@
+//! The `/metrics` content: one `prometheus-client` registry whose collector reads, at scrape time,
+//! the supervisor's status (updated by the lifecycle), the GPU sampler's cached samples and the
+//! cached copy of the server's own `sglang:*` metrics. A scrape never calls NVML or SGLang.
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use sglang_probes::sampler::LatestSamples;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Lifecycle states, exported one-hot as `server_state{state}`.
+pub const STATES: &[&str] = &["starting", "ready", "stopping", "exited", "failed"];
+
+/// What the lifecycle knows, as the exporter shows it.
+#[derive(Debug, Default, Clone)]
+pub struct Status {
+    pub state: &'static str,
+    pub ready_seconds: Option<f64>,
+    /// (phase, seconds) of completed phases.
+    pub phases: Vec<(String, f64)>,
+    /// Selected resolved server args (already redacted) as label pairs.
+    pub args_info: Vec<(String, String)>,
+    pub exit_code: Option<i64>,
+}
+
+/// The server's own metrics as last fetched (text 0.0.4), and how that went.
+#[derive(Debug, Default, Clone)]
+pub struct Upstream {
+    pub text: Option<String>,
+    pub ok: Option<bool>,
+    pub fetched_at: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+pub struct Shared {
+    pub status: Mutex<Status>,
+    pub upstream: Mutex<Upstream>,
+    pub gpus: Mutex<Option<LatestSamples>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    pub fn update(&self, f: impl FnOnce(&mut Status)) {
+        f(&mut lock(&self.status));
+    }
+
+    pub fn is_ready(&self) -> bool {
+        lock(&self.status).state == "ready"
+    }
+
+    pub fn set_gpus(&self, g: Option<LatestSamples>) {
+        *lock(&self.gpus) = g;
+    }
+
+    pub fn set_upstream(&self, text: Option<String>, ok: bool) {
+        let mut u = lock(&self.upstream);
+        if text.is_some() {
+            u.text = text;
+        }
+        u.ok = Some(ok);
+        u.fetched_at = Some(Instant::now());
+    }
+
+    /// The upstream text to append, if any.
+    pub fn upstream_text(&self) -> Option<String> {
+        lock(&self.upstream).text.clone()
+    }
+}
+
+#[derive(Debug)]
+struct StatusCollector(Arc<Shared>);
+
+type Labels = Vec<(String, String)>;
+
+fn gauge<
+    V: prometheus_client::encoding::EncodeGaugeValue + Copy + std::fmt::Debug + Send + Sync + 'static,
+>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(Labels, V)],
+) -> Result<(), std::fmt::Error>
+where
+    ConstGauge<V>: EncodeMetric,
+{
+    if rows.is_empty() {
+        return Ok(()); // a missing metric is absent, never 0
+    }
+    let g0 = ConstGauge::new(rows[0].1);
+    let mut family = enc.encode_descriptor(name, help, None, g0.metric_type())?;
+    for (labels, v) in rows {
+        ConstGauge::new(*v).encode(family.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for StatusCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let st = lock(&self.0.status).clone();
+        gauge(
+            &mut enc,
+            "up",
+            "1 while the supervisor runs",
+            &[(vec![], 1i64)],
+        )?;
+        gauge(
+            &mut enc,
+            "build_info",
+            "sglang-supervisor build",
+            &[(
+                vec![("version".into(), env!("CARGO_PKG_VERSION").into())],
+                1i64,
+            )],
+        )?;
+        let states: Vec<(Labels, i64)> = STATES
+            .iter()
+            .map(|s| {
+                (
+                    vec![("state".to_string(), s.to_string())],
+                    i64::from(*s == st.state),
+                )
+            })
+            .collect();
+        gauge(
+            &mut enc,
+            "server_state",
+            "Lifecycle state of the SGLang server (one-hot)",
+            &states,
+        )?;
+        if let Some(r) = st.ready_seconds {
+            gauge(
+                &mut enc,
+                "server_ready_seconds",
+                "Seconds from spawn to readiness",
+                &[(vec![], r)],
+            )?;
+        }
+        let phases: Vec<(Labels, f64)> = st
+            .phases
+            .iter()
+            .map(|(p, s)| (vec![("phase".to_string(), p.clone())], *s))
+            .collect();
+        gauge(
+            &mut enc,
+            "startup_phase_seconds",
+            "Duration of each completed startup phase",
+            &phases,
+        )?;
+        if !st.args_info.is_empty() {
+            gauge(
+                &mut enc,
+                "server_args_info",
+                "Selected resolved server args (value 1)",
+                &[(st.args_info.clone(), 1i64)],
+            )?;
+        }
+        if let Some(c) = st.exit_code {
+            gauge(
+                &mut enc,
+                "child_exit_code",
+                "Exit status of the server (128+N for signal N)",
+                &[(vec![], c)],
+            )?;
+        }
+        let up = lock(&self.0.upstream).clone();
+        if let Some(ok) = up.ok {
+            gauge(
+                &mut enc,
+                "upstream_scrape_ok",
+                "1 if the last fetch of the server's /metrics succeeded",
+                &[(vec![], i64::from(ok))],
+            )?;
+        }
+        if let Some(at) = up.fetched_at {
+            gauge(
+                &mut enc,
+                "upstream_scrape_age_seconds",
+                "Age of the re-exposed sglang:* series",
+                &[(vec![], at.elapsed().as_secs_f64())],
+            )?;
+        }
+        let Some(gpus) = lock(&self.0.gpus).clone() else {
+            return Ok(());
+        };
+        let samples: Vec<_> = gpus.get().into_iter().flatten().map(|t| t.sample).collect();
+        let labels = |s: &sglang_probes::gpu::GpuSample| -> Labels {
+            let mut l = vec![("gpu".to_string(), s.index.to_string())];
+            l.push(("uuid".into(), s.uuid.clone().unwrap_or_default()));
+            l.push(("name".into(), s.name.clone().unwrap_or_default()));
+            l
+        };
+        let rows =
+            |f: &dyn Fn(&sglang_probes::gpu::GpuSample) -> Option<f64>| -> Vec<(Labels, f64)> {
+                samples
+                    .iter()
+                    .filter_map(|s| f(s).map(|v| (labels(s), v)))
+                    .collect()
+            };
+        gauge(
+            &mut enc,
+            "gpu_power_watts",
+            "Instant GPU power",
+            &rows(&|s| s.power_w.or(s.power_avg_w)),
+        )?;
+        gauge(
+            &mut enc,
+            "gpu_memory_used_bytes",
+            "GPU memory used",
+            &rows(&|s| s.memory_used_bytes.map(|b| b as f64)),
+        )?;
+        gauge(
+            &mut enc,
+            "gpu_memory_total_bytes",
+            "GPU memory total",
+            &rows(&|s| s.memory_total_bytes.map(|b| b as f64)),
+        )?;
+        gauge(
+            &mut enc,
+            "gpu_utilization_ratio",
+            "GPU busy fraction",
+            &rows(&|s| s.utilization),
+        )?;
+        gauge(
+            &mut enc,
+            "gpu_temperature_celsius",
+            "GPU temperature",
+            &rows(&|s| s.temperature_c),
+        )?;
+        gauge(
+            &mut enc,
+            "gpu_sm_clock_hertz",
+            "GPU SM clock",
+            &rows(&|s| s.sm_clock_hz.map(|h| h as f64)),
+        )?;
+        // The hardware energy counter, exported as a counter (set from the device, never summed by us).
+        let energy = rows(&|s| s.energy_j);
+        if !energy.is_empty() {
+            let c0 = ConstCounter::new(0.0f64);
+            let mut family = enc.encode_descriptor(
+                "gpu_energy_joules",
+                "GPU energy counter since driver load",
+                None,
+                c0.metric_type(),
+            )?;
+            for (l, v) in &energy {
+                ConstCounter::new(*v).encode(family.encode_family(l)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A registry with the supervisor's metrics under `sglang_supervisor_`.
+pub fn registry(shared: Arc<Shared>) -> Registry {
+    let mut r = Registry::with_prefix("sglang_supervisor");
+    r.register_collector(Box::new(StatusCollector(shared)));
+    r
+}
+
+/// Prometheus text 0.0.4 (default) or OpenMetrics (what Prometheus itself asks for first), with
+/// the upstream `sglang:*` series appended (before OpenMetrics' `# EOF`).
+pub fn render(
+    registry: &Registry,
+    shared: &Shared,
+    openmetrics: bool,
+) -> Result<String, std::fmt::Error> {
+    let mut out = String::with_capacity(64 * 1024);
+    let upstream = shared.upstream_text();
+    if openmetrics {
+        prometheus_client::encoding::text::encode_registry(&mut out, registry)?;
+        if let Some(up) = &upstream {
+            push_openmetrics(&mut out, up);
+        }
+        prometheus_client::encoding::text::encode_eof(&mut out)?;
+    } else {
+        prometheus_client::encoding::prometheus_text::encode(&mut out, registry)?;
+        if let Some(up) = &upstream {
+            out.push_str(up);
+            if !up.ends_with('\n') {
+                out.push('\n');
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// SGLang's text 0.0.4 as OpenMetrics: the sample lines are the same (Python's client already
+/// names counter samples `_total`); HELP texts must escape `"`, and there must be no `# EOF` but
+/// ours. (A single bad line would make Prometheus drop the whole scrape, ours included.)
+fn push_openmetrics(out: &mut String, text: &str) {
+    for line in text.lines() {
+        if line.is_empty() || line == "# EOF" {
+            continue;
+        }
+        match line.strip_prefix("# HELP ") {
+            Some(help) if help.contains('"') => {
+                out.push_str("# HELP ");
+                let mut prev_backslash = false;
+                for c in help.chars() {
+                    if c == '"' && !prev_backslash {
+                        out.push('\\');
+                    }
+                    prev_backslash = c == '\\' && !prev_backslash;
+                    out.push(c);
+                }
+            }
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_status_and_leaves_unknown_values_out() {
+        let shared = Arc::new(Shared::default());
+        shared.update(|s| {
+            s.state = "ready";
+            s.ready_seconds = Some(48.2);
+            s.phases = vec![("cuda_graph".into(), 2.0)];
+            s.args_info = vec![
+                ("model_path".into(), "/models/x".into()),
+                ("tp_size".into(), "8".into()),
+            ];
+        });
+        let reg = registry(shared.clone());
+        let text = render(&reg, &shared, false).unwrap();
+        assert!(text.contains("sglang_supervisor_up 1"), "{text}");
+        assert!(
+            text.contains("sglang_supervisor_server_state{state=\"ready\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sglang_supervisor_server_state{state=\"starting\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sglang_supervisor_server_ready_seconds 48.2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sglang_supervisor_startup_phase_seconds{phase=\"cuda_graph\"} 2.0"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "sglang_supervisor_server_args_info{model_path=\"/models/x\",tp_size=\"8\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("child_exit_code"),
+            "absent until the child exits"
+        );
+        assert!(!text.contains("gpu_"), "no GPU: no GPU series at all");
+        shared.set_upstream(
+            Some("# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 3\n".into()),
+            true,
+        );
+        let text = render(&reg, &shared, false).unwrap();
+        assert!(text.ends_with("sglang:num_running_reqs 3\n"));
+        assert!(text.contains("sglang_supervisor_upstream_scrape_ok 1"));
+        let om = render(&reg, &shared, true).unwrap();
+        assert!(om.ends_with("sglang:num_running_reqs 3\n# EOF\n"), "{om}");
+        shared.set_upstream(
+            Some("# HELP sglang:x Say \"hi\"\n# TYPE sglang:x gauge\nsglang:x 1\n# EOF\n".into()),
+            true,
+        );
+        let om = render(&reg, &shared, true).unwrap();
+        assert!(om.contains("# HELP sglang:x Say \\\"hi\\\"\n"), "{om}");
+        assert_eq!(om.matches("# EOF").count(), 1);
+    }
+}

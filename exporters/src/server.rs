@@ -1,0 +1,107 @@
+//! The metrics HTTP server: `/metrics` (Prometheus text 0.0.4, or OpenMetrics when the `Accept`
+//! header asks), `/-/ready` (200 only while the SGLang server is ready), `/-/healthy`.
+use crate::metrics::{render, Shared};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr} for metrics: {source} (another process may hold the port: pass --metrics-addr HOST:PORT, or none)")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+}
+
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Bind now (so a port in use is an error at start), serve in the background.
+pub async fn start(addr: &str, shared: Arc<Shared>) -> Result<SocketAddr, ServeError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: addr.to_string(),
+            source,
+        })?;
+    let local = listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: addr.to_string(),
+        source,
+    })?;
+    let registry = Arc::new(crate::metrics::registry(shared.clone()));
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let (registry, shared) = (registry.clone(), shared.clone());
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| handle(req, registry.clone(), shared.clone()));
+                if let Err(e) = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await
+                {
+                    tracing::debug!("metrics connection: {e}");
+                }
+            });
+        }
+    });
+    Ok(local)
+}
+
+fn reply(status: StatusCode, ctype: &str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    if let Ok(v) = hyper::header::HeaderValue::from_str(ctype) {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    registry: Arc<Registry>,
+    shared: Arc<Shared>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let text = "text/plain; charset=utf-8";
+    Ok(match req.uri().path() {
+        "/metrics" => {
+            let om = req
+                .headers()
+                .get(hyper::header::ACCEPT)
+                .and_then(|a| a.to_str().ok())
+                .is_some_and(|a| a.contains("application/openmetrics-text"));
+            match render(&registry, &shared, om) {
+                Ok(body) => {
+                    let ctype = if om {
+                        OPENMETRICS
+                    } else {
+                        prometheus_client::encoding::prometheus_text::CONTENT_TYPE
+                    };
+                    reply(StatusCode::OK, ctype, body)
+                }
+                Err(e) => reply(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    text,
+                    format!("encoding metrics: {e}\n"),
+                ),
+            }
+        }
+        "/-/ready" if shared.is_ready() => reply(StatusCode::OK, text, "ready\n".into()),
+        "/-/ready" => reply(StatusCode::SERVICE_UNAVAILABLE, text, "not ready\n".into()),
+        "/-/healthy" => reply(StatusCode::OK, text, "healthy\n".into()),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            text,
+            "not found: try /metrics, /-/ready, /-/healthy\n".into(),
+        ),
+    })
+}
