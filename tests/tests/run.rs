@@ -1,5 +1,6 @@
 //! `sglang-supervisor run` end to end: the real binary, real processes and signals, real HTTP over
 //! loopback, and recorded real SGLang 0.5.14 output replayed with its timing.
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 mod common;
 use common::*;
 use serde_json::Value;
