@@ -25,7 +25,11 @@ pub enum ServeError {
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Bind now (so a port in use is an error at start), serve in the background.
-pub async fn start(addr: &str, shared: Arc<Shared>) -> Result<SocketAddr, ServeError> {
+pub async fn start(
+    addr: &str,
+    registry: Arc<Registry>,
+    shared: Arc<Shared>,
+) -> Result<SocketAddr, ServeError> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| ServeError::Bind {
@@ -36,7 +40,6 @@ pub async fn start(addr: &str, shared: Arc<Shared>) -> Result<SocketAddr, ServeE
         addr: addr.to_string(),
         source,
     })?;
-    let registry = Arc::new(crate::metrics::registry(shared.clone()));
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {

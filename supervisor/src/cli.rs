@@ -172,6 +172,21 @@ pub struct RunArgs {
     )]
     pub metrics_addr: String,
 
+    /// Serve a latency-measuring reverse proxy in front of the server here (off by default);
+    /// point the benchmark client at it. Port 0 picks a free port (see the `listening` event).
+    #[arg(long, env = "SGLANG_SUPERVISOR_PROXY_ADDR", value_name = "ADDR")]
+    pub proxy_addr: Option<String>,
+
+    /// With --proxy-addr: one JSON line per proxied generation request (ttft_s, tpot_s, e2e_s,
+    /// itl_s, token counts, error), flushed per line.
+    #[arg(
+        long,
+        env = "SGLANG_SUPERVISOR_REQUESTS_LOG",
+        value_name = "PATH",
+        requires = "proxy_addr"
+    )]
+    pub requests_log: Option<PathBuf>,
+
     #[command(flatten)]
     pub gpu: GpuArgs,
 

@@ -191,9 +191,25 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     // surprise an hour into the benchmark.
     let metrics = Arc::new(exporters::Shared::default());
     metrics.update(|st| st.state = "starting");
+    let mut registry = exporters::registry(metrics.clone());
+    let proxy_metrics = sglang_exporters::proxy::ProxyMetrics::register(&mut registry);
     let metrics_addr = match args.metrics_addr.as_str() {
         "none" | "" => None,
-        addr => Some(sglang_exporters::server::start(addr, metrics.clone()).await?),
+        addr => {
+            Some(sglang_exporters::server::start(addr, Arc::new(registry), metrics.clone()).await?)
+        }
+    };
+    let proxy_addr = match &args.proxy_addr {
+        None => None,
+        Some(addr) => {
+            let log = args
+                .requests_log
+                .as_deref()
+                .map(|p| create(p, "requests log"))
+                .transpose()?;
+            let upstream = args.upstream.clone().unwrap_or_else(|| url.base());
+            Some(sglang_exporters::proxy::start(addr, &upstream, proxy_metrics, log).await?)
+        }
     };
     // GPU sampling starts before the server, so the window covers its whole start.
     let sampler = crate::gpu::start_sampler(&args)?;
@@ -223,9 +239,18 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         json!({"pid": pid, "argv": redact_argv(&argv_text), "supervisor_pid": std::process::id()}),
     );
     tracing::info!(pid, url = %url.base(), "spawned the server");
-    if let Some(a) = metrics_addr {
-        events.emit("listening", json!({"metrics": a.to_string()}));
-        tracing::info!("metrics on http://{a}/metrics");
+    if metrics_addr.is_some() || proxy_addr.is_some() {
+        let addr = |a: Option<std::net::SocketAddr>| a.map(|a| a.to_string());
+        events.emit(
+            "listening",
+            json!({"metrics": addr(metrics_addr), "proxy": addr(proxy_addr)}),
+        );
+        if let Some(a) = metrics_addr {
+            tracing::info!("metrics on http://{a}/metrics");
+        }
+        if let Some(a) = proxy_addr {
+            tracing::info!("latency-measuring proxy on http://{a} → {}", url.base());
+        }
     }
 
     let sentinel = match Sentinel::start(pid) {

@@ -85,7 +85,12 @@ impl Run {
             .arg(dir.join("events.jsonl"))
             .arg("--log-file")
             .arg(dir.join("server.log"))
-            .args(opts.supervisor)
+            // `{port}` in a supervisor option stands for the replay server's port.
+            .args(
+                opts.supervisor
+                    .iter()
+                    .map(|a| a.replace("{port}", &port.to_string())),
+            )
             // Tests run in parallel: each gets its own metrics port unless it names one.
             .args(if opts.supervisor.contains(&"--metrics-addr") {
                 &[][..]

@@ -1,0 +1,298 @@
+//! The latency-measuring proxy end to end: real HTTP over loopback through the supervisor's proxy
+//! to the replay server's SGLang-shaped `/generate` and `/v1/completions` streams.
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+mod common;
+use common::*;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(60);
+
+struct Timed {
+    status: String,
+    body: String,
+    first_text: Option<Duration>,
+    total: Duration,
+}
+
+/// POST `body` to `path` and time the response the way bench_serving does: from the request
+/// being written to the first chunk with generated text, and to the last byte.
+fn post(addr: &str, path: &str, body: &str) -> Timed {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let t0 = Instant::now();
+    s.write_all(req.as_bytes()).unwrap();
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut first_text = None;
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        all.extend_from_slice(&buf[..n]);
+        if first_text.is_none() && String::from_utf8_lossy(&all).contains(" tok") {
+            first_text = Some(t0.elapsed());
+        }
+    }
+    let total = t0.elapsed();
+    let text = String::from_utf8_lossy(&all).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    Timed {
+        status: head.lines().next().unwrap().to_string(),
+        body: body.to_string(),
+        first_text,
+        total,
+    }
+}
+
+fn start(name: &str, extra: &[&str]) -> (Run, String, String, std::path::PathBuf) {
+    let dir = std::env::temp_dir();
+    let log = dir.join(format!(
+        "sglsup-{name}-{}-requests.jsonl",
+        std::process::id()
+    ));
+    let log_s = log.to_str().unwrap().to_string();
+    let mut sup = vec!["--proxy-addr", "127.0.0.1:0", "--requests-log", &log_s];
+    sup.extend_from_slice(extra);
+    let run = Run::start(
+        name,
+        Opts {
+            supervisor: &sup,
+            replay: &["--speed", "50"],
+            ..Default::default()
+        },
+    );
+    let l = run.wait_event("listening", T);
+    run.wait_event("ready", T);
+    (
+        run,
+        l["proxy"].as_str().unwrap().to_string(),
+        l["metrics"].as_str().unwrap().to_string(),
+        log,
+    )
+}
+
+fn records(log: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn wait_records(log: &std::path::Path, n: usize) -> Vec<Value> {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = records(log);
+        if r.len() >= n || Instant::now() > end {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stop(mut run: Run) {
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(T), 143);
+}
+
+#[test]
+fn streamed_generate_is_measured_like_bench_serving_and_passes_through_unchanged() {
+    let (run, proxy, metrics, log) = start("proxy-gen", &[]);
+    let body = r#"{"text":"The capital of France is","sampling_params":{"max_new_tokens":32},"stream":true}"#;
+    let direct = post(&format!("127.0.0.1:{}", run.port), "/generate", body);
+    let via = post(&proxy, "/generate", body);
+    assert!(via.status.contains("200"), "{}", via.status);
+    // Same SSE events either way (the proxy re-frames chunks, the data is the same).
+    let events = |b: &str| {
+        b.lines()
+            .filter(|l| l.starts_with("data: "))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(events(&via.body), events(&direct.body));
+    assert_eq!(events(&via.body).last().unwrap(), "data: [DONE]");
+    let rec = wait_records(&log, 1).pop().unwrap();
+    assert_eq!(rec["endpoint"], "/generate");
+    assert_eq!(rec["stream"], true);
+    assert_eq!(rec["completion_tokens"], 32);
+    assert_eq!(
+        rec["itl_s"].as_array().unwrap().len(),
+        31,
+        "one gap per token after the first"
+    );
+    let (ttft, e2e, tpot) = (
+        rec["ttft_s"].as_f64().unwrap(),
+        rec["e2e_s"].as_f64().unwrap(),
+        rec["tpot_s"].as_f64().unwrap(),
+    );
+    assert!(
+        (tpot - (e2e - ttft) / 31.0).abs() < 1e-9,
+        "TPOT = (E2E - TTFT)/(n - 1)"
+    );
+    // The proxy sits between client and server: its times are within the client's.
+    let client_ttft = via.first_text.unwrap().as_secs_f64();
+    assert!(
+        ttft <= client_ttft + 0.002 && ttft > 0.0,
+        "proxy TTFT {ttft} vs client {client_ttft}"
+    );
+    assert!(
+        e2e <= via.total.as_secs_f64() + 0.002,
+        "proxy E2E {e2e} vs client {:?}",
+        via.total
+    );
+    assert!(e2e > 0.03, "32 tokens 2 ms apart: {e2e}");
+    // Histograms with SGLang's bucket edges on /metrics.
+    let m = {
+        let mut s = TcpStream::connect(&metrics).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut b = String::new();
+        s.read_to_string(&mut b).unwrap();
+        b
+    };
+    assert!(m.contains("sglang_supervisor_request_ttft_seconds_bucket{endpoint=\"/generate\",status=\"200\",le=\"0.1\"} 1"), "{m}");
+    assert!(m.contains("sglang_supervisor_request_completion_tokens_total{endpoint=\"/generate\",status=\"200\"} 32"), "{m}");
+    assert!(
+        m.contains("sglang_supervisor_requests_total{endpoint=\"/generate\",status=\"200\"} 1"),
+        "{m}"
+    );
+    stop(run);
+    let _ = std::fs::remove_file(log);
+}
+
+#[test]
+fn openai_streams_and_plain_responses_take_counts_from_usage() {
+    let (run, proxy, _, log) = start("proxy-openai", &[]);
+    let r = post(
+        &proxy,
+        "/v1/completions",
+        r#"{"model":"m","prompt":"a b c","max_tokens":5,"stream":true}"#,
+    );
+    assert!(r.status.contains("200"));
+    let r = post(
+        &proxy,
+        "/generate",
+        r#"{"text":"a b","sampling_params":{"max_new_tokens":7}}"#,
+    );
+    assert!(r.status.contains("200") && r.body.contains("meta_info"));
+    // Any other path passes through untouched (and is not measured).
+    let via = post(&proxy, "/v1/models", "");
+    let direct = post(&format!("127.0.0.1:{}", run.port), "/v1/models", "");
+    assert_eq!((via.status, via.body), (direct.status, direct.body));
+    let recs = wait_records(&log, 2);
+    assert_eq!(
+        recs.len(),
+        2,
+        "only generation endpoints are logged: {recs:?}"
+    );
+    assert_eq!(
+        (
+            recs[0]["stream"].clone(),
+            recs[0]["completion_tokens"].clone(),
+            recs[0]["prompt_tokens"].clone()
+        ),
+        (true.into(), 5.into(), 3.into())
+    );
+    assert_eq!(recs[0]["itl_s"].as_array().unwrap().len(), 4);
+    assert_eq!(
+        (
+            recs[1]["stream"].clone(),
+            recs[1]["completion_tokens"].clone()
+        ),
+        (false.into(), 7.into())
+    );
+    assert!(recs[1].get("ttft_s").is_none(), "no TTFT without a stream");
+    stop(run);
+    let _ = std::fs::remove_file(log);
+}
+
+#[test]
+fn five_hundred_twelve_concurrent_streams_all_complete() {
+    let (run, proxy, _, log) = start("proxy-512", &[]);
+    let threads: Vec<_> = (0..512)
+        .map(|_| {
+            let p = proxy.clone();
+            std::thread::spawn(move || {
+                post(
+                    &p,
+                    "/generate",
+                    r#"{"text":"x","sampling_params":{"max_new_tokens":16},"stream":true}"#,
+                )
+            })
+        })
+        .collect();
+    let results: Vec<Timed> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(results
+        .iter()
+        .all(|r| r.status.contains("200") && r.body.contains("data: [DONE]")));
+    let recs = wait_records(&log, 512);
+    assert_eq!(recs.len(), 512);
+    assert!(recs
+        .iter()
+        .all(|r| r["completion_tokens"] == 16 && r.get("error").is_none()));
+    stop(run);
+    let _ = std::fs::remove_file(log);
+}
+
+#[test]
+fn a_dead_upstream_is_a_clear_502_and_the_proxy_survives() {
+    let closed = free_port();
+    let upstream = format!("http://127.0.0.1:{closed}");
+    // Readiness from the live replay, proxying to a port nobody listens on.
+    let (run, proxy, _, log) = start(
+        "proxy-502",
+        &[
+            "--upstream",
+            &upstream,
+            "--health-url",
+            "http://127.0.0.1:{port}",
+        ],
+    );
+    for _ in 0..3 {
+        let r = post(&proxy, "/generate", r#"{"text":"x","stream":true}"#);
+        assert!(r.status.contains("502"), "{}", r.status);
+        let v: Value = serde_json::from_str(&r.body).unwrap();
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(&upstream),
+            "{v}"
+        );
+    }
+    let recs = wait_records(&log, 3);
+    assert!(recs
+        .iter()
+        .all(|r| r["status"] == 502 && r["error"].is_string()));
+    stop(run);
+    let _ = std::fs::remove_file(log);
+}
+
+#[test]
+fn a_client_that_leaves_mid_stream_aborts_the_request() {
+    let (run, proxy, _, log) = start("proxy-abort", &[]);
+    {
+        let mut s = TcpStream::connect(&proxy).unwrap();
+        let body = r#"{"text":"x","sampling_params":{"max_new_tokens":2000},"stream":true}"#;
+        let req = format!(
+            "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        let mut buf = [0u8; 1024];
+        let _ = s.read(&mut buf).unwrap();
+    } // dropped: the client is gone after the first bytes
+    let rec = wait_records(&log, 1).pop().unwrap();
+    assert_eq!(rec["error"], "client disconnected");
+    assert!(
+        rec["e2e_s"].as_f64().unwrap() < 3.0,
+        "aborted early, not after 2000 tokens"
+    );
+    stop(run);
+    let _ = std::fs::remove_file(log);
+}
