@@ -41,8 +41,9 @@ wait_event() { # wait_event NAME TIMEOUT_S → 0 when seen
 }
 gpu_procs() { nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null | grep -v '^$' || true; }
 tree_left() { ps -eo pid,ppid,pgid,stat,etimes,rss,args | grep -E 'sglang|resource_tracker|multiprocessing' | grep -v -E 'grep|real_run' || true; }
-start_sup() { # start_sup EXTRA_SERVER_ARGS...
-  "$BIN" run --events "$P/events.jsonl" --log-file "$P/server.log" --grace 30s --ready-timeout 6m --no-tee \
+start_sup() { # start_sup EXTRA_SERVER_ARGS...   (supervisor options: $SUP_EXTRA)
+  # shellcheck disable=SC2086
+  "$BIN" run --events "$P/events.jsonl" --log-file "$P/server.log" --grace 30s --ready-timeout 6m --no-tee ${SUP_EXTRA:-} \
     -- "${SERVER[@]}" "$@" 2> "$P/supervisor.err" &
   SUP=$!
   T_START=$(now)
@@ -117,6 +118,51 @@ PY
       grep '"event":"fatal"' "$P/events.jsonl" | cut -c1-600 | tee -a "$P/checks.txt"
     else
       check server_args_seen 1 ""; kill -KILL "$SUP"; wait "$SUP"
+    fi
+    ;;
+  B)
+    say "B: bench_serving through the proxy; proxy per-request figures vs bench_serving's own"
+    SUP_EXTRA="--proxy-addr 127.0.0.1:0 --requests-log $P/requests.jsonl --metrics-addr 127.0.0.1:9400" start_sup
+    if wait_event ready 360; then
+      pport=$(grep -o '"proxy":"[^"]*"' "$P/events.jsonl" | cut -d'"' -f4 | cut -d: -f2)
+      bench_args=(--backend sglang --host 127.0.0.1 --port "$pport" --model "$B/tiny-llama" --tokenizer "$B/tiny-llama"
+        --dataset-name random --dataset-path "$B/tiny-llama/sharegpt_mini.json" --random-input-len 512 --random-output-len 128
+        --random-range-ratio 1.0 --num-prompts 64 --max-concurrency 8 --seed 1 --disable-tqdm --output-details
+        --output-file "$P/bench.jsonl")
+      (sleep 4; get "http://127.0.0.1:9400/metrics" > "$P/metrics_during_bench.txt") &
+      timeout 200 python3 -m sglang.bench_serving "${bench_args[@]}" > "$P/bench.txt" 2>&1; rc=$?
+      if [ "$rc" != 0 ] && grep -qE "No module named|ImportError" "$P/bench.txt"; then
+        PYTHONPATH="$HERE/dev-device/stubs-fallback:$PYTHONPATH" timeout 200 python3 -m sglang.bench_serving "${bench_args[@]}" > "$P/bench.txt" 2>&1; rc=$?
+      fi
+      wait
+      check bench_serving_via_proxy "$([ "$rc" = 0 ] && echo 0 || echo 1)" "rc=$rc; $(grep -E 'Successful requests|Median TTFT' "$P/bench.txt" | tr '\n' ' ')"
+      grep -c 'sglang:' "$P/metrics_during_bench.txt" | sed 's/^/sglang: lines re-exposed during the bench: /' | tee -a "$P/checks.txt"
+      python3 - "$P" <<'PY' | tee -a "$P/checks.txt"
+import json, sys, statistics as st
+p = sys.argv[1]
+b = [json.loads(l) for l in open(f"{p}/bench.jsonl")][-1]
+r = [json.loads(l) for l in open(f"{p}/requests.jsonl")]
+r = [x for x in r if x.get("stream") and x["status"] == 200 and not x.get("error")]
+# bench_serving's warm-up request goes through the proxy too: keep the last `completed` ones.
+r = r[-b["completed"]:]
+def cmp(name, ours, theirs):
+    ours, theirs = sorted(ours), sorted(theirs)
+    n = min(len(ours), len(theirs))
+    d = [abs(ours[i] - theirs[i]) * 1000 for i in range(n)]
+    print(f"ok  {name}  n={n} proxy median {st.median(ours)*1000:.3f} ms vs bench_serving {st.median(theirs)*1000:.3f} ms; "
+          f"per-request (sorted pairs) |diff| median {st.median(d):.3f} ms, worst {max(d):.3f} ms")
+cmp("ttft", [x["ttft_s"] for x in r], b["ttfts"])
+itl_b = [g for row in b["itls"] for g in row]
+itl_p = [g for x in r for g in x["itl_s"]]
+print(f"ok  itl  proxy median {st.median(itl_p)*1000:.3f} ms (n={len(itl_p)}) vs bench_serving {st.median(itl_b)*1000:.3f} ms (n={len(itl_b)})")
+print(f"ok  tpot  proxy median {st.median([x['tpot_s'] for x in r if x.get('tpot_s')])*1000:.3f} ms vs bench_serving median_tpot_ms {b['median_tpot_ms']:.3f}")
+print(f"ok  e2e  proxy median {st.median([x['e2e_s'] for x in r])*1000:.3f} ms vs bench_serving median_e2e_latency_ms {b['median_e2e_latency_ms']:.3f}")
+print(f"ok  tokens  proxy completion total {sum(x['completion_tokens'] for x in r)} vs bench_serving total_output_tokens {b['total_output_tokens']}")
+PY
+      t0=$(now); kill -TERM "$SUP"; wait "$SUP"; rc=$?
+      check sigterm_exit_143 "$([ "$rc" = 143 ] && echo 0 || echo 1)" "rc=$rc after $(sub "$(now)" "$t0") s"
+    else
+      check ready 1 ""; kill -KILL "$SUP"; wait "$SUP"
     fi
     ;;
   P)

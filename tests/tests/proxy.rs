@@ -4,52 +4,15 @@
 mod common;
 use common::*;
 use serde_json::Value;
+use sglang_supervisor_tests::{post_timed, Timed};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(60);
 
-struct Timed {
-    status: String,
-    body: String,
-    first_text: Option<Duration>,
-    total: Duration,
-}
-
-/// POST `body` to `path` and time the response the way bench_serving does: from the request
-/// being written to the first chunk with generated text, and to the last byte.
 fn post(addr: &str, path: &str, body: &str) -> Timed {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_nodelay(true).unwrap();
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let t0 = Instant::now();
-    s.write_all(req.as_bytes()).unwrap();
-    let mut all = Vec::new();
-    let mut buf = [0u8; 4096];
-    let mut first_text = None;
-    loop {
-        let n = s.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        all.extend_from_slice(&buf[..n]);
-        if first_text.is_none() && String::from_utf8_lossy(&all).contains(" tok") {
-            first_text = Some(t0.elapsed());
-        }
-    }
-    let total = t0.elapsed();
-    let text = String::from_utf8_lossy(&all).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    Timed {
-        status: head.lines().next().unwrap().to_string(),
-        body: body.to_string(),
-        first_text,
-        total,
-    }
+    post_timed(addr, path, body).unwrap()
 }
 
 fn start(name: &str, extra: &[&str]) -> (Run, String, String, std::path::PathBuf) {
