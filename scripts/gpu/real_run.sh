@@ -130,11 +130,12 @@ PY
         --random-range-ratio 1.0 --num-prompts 64 --max-concurrency 8 --seed 1 --disable-tqdm --output-details
         --output-file "$P/bench.jsonl")
       (sleep 4; get "http://127.0.0.1:9400/metrics" > "$P/metrics_during_bench.txt") &
+      scrape=$!
       timeout 200 python3 -m sglang.bench_serving "${bench_args[@]}" > "$P/bench.txt" 2>&1; rc=$?
       if [ "$rc" != 0 ] && grep -qE "No module named|ImportError" "$P/bench.txt"; then
         PYTHONPATH="$HERE/dev-device/stubs-fallback:$PYTHONPATH" timeout 200 python3 -m sglang.bench_serving "${bench_args[@]}" > "$P/bench.txt" 2>&1; rc=$?
       fi
-      wait
+      wait "$scrape"
       check bench_serving_via_proxy "$([ "$rc" = 0 ] && echo 0 || echo 1)" "rc=$rc; $(grep -E 'Successful requests|Median TTFT' "$P/bench.txt" | tr '\n' ' ')"
       grep -c 'sglang:' "$P/metrics_during_bench.txt" | sed 's/^/sglang: lines re-exposed during the bench: /' | tee -a "$P/checks.txt"
       python3 - "$P" <<'PY' | tee -a "$P/checks.txt"
