@@ -6,7 +6,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
-use sglang_probes::sampler::LatestSamples;
+use sglang_probes::sampler::SamplerHandle;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -33,12 +33,24 @@ pub struct Upstream {
     pub fetched_at: Option<Instant>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Shared {
     pub status: Mutex<Status>,
     pub upstream: Mutex<Upstream>,
-    pub gpus: Mutex<Option<LatestSamples>>,
+    pub gpus: Mutex<Option<SamplerHandle>>,
+    pub window_sink: Mutex<Option<WindowSink>>,
 }
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Receives each closed window as JSON.
+pub type WindowSink = Arc<dyn Fn(serde_json::Value) + Send + Sync>;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -53,8 +65,21 @@ impl Shared {
         lock(&self.status).state == "ready"
     }
 
-    pub fn set_gpus(&self, g: Option<LatestSamples>) {
+    pub fn set_gpus(&self, g: Option<SamplerHandle>) {
         *lock(&self.gpus) = g;
+    }
+
+    pub fn sampler(&self) -> Option<SamplerHandle> {
+        lock(&self.gpus).clone()
+    }
+
+    /// Where a closed measurement window goes (the lifecycle writes it to the events file).
+    pub fn set_window_sink(&self, sink: WindowSink) {
+        *lock(&self.window_sink) = Some(sink);
+    }
+
+    pub fn window_sink(&self) -> Option<WindowSink> {
+        lock(&self.window_sink).clone()
     }
 
     pub fn set_upstream(&self, text: Option<String>, ok: bool) {
@@ -187,7 +212,12 @@ impl Collector for StatusCollector {
         let Some(gpus) = lock(&self.0.gpus).clone() else {
             return Ok(());
         };
-        let samples: Vec<_> = gpus.get().into_iter().flatten().map(|t| t.sample).collect();
+        let samples: Vec<_> = gpus
+            .latest()
+            .into_iter()
+            .flatten()
+            .map(|t| t.sample)
+            .collect();
         let labels = |s: &sglang_probes::gpu::GpuSample| -> Labels {
             let mut l = vec![("gpu".to_string(), s.index.to_string())];
             l.push(("uuid".into(), s.uuid.clone().unwrap_or_default()));

@@ -69,6 +69,50 @@ fn reply(status: StatusCode, ctype: &str, body: String) -> Response<Full<Bytes>>
     r
 }
 
+/// `POST /-/window/start?name=NAME` opens a measurement window (energy counters read at once on
+/// every GPU); `POST /-/window/stop` closes it and answers its figures as JSON.
+async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<Bytes>> {
+    let json = "application/json";
+    let Some(sampler) = shared.sampler() else {
+        return reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json,
+            "{\"error\":\"no GPU sampler in this run\"}\n".into(),
+        );
+    };
+    if req.uri().path() == "/-/window/start" {
+        let name = req
+            .uri()
+            .query()
+            .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("name=")))
+            .unwrap_or("window")
+            .to_string();
+        let n = name.clone();
+        // Counter reads take milliseconds per GPU: off the async threads.
+        let _ = tokio::task::spawn_blocking(move || sampler.window_start(&n)).await;
+        return reply(
+            StatusCode::OK,
+            json,
+            format!("{{\"started\":{}}}\n", serde_json::Value::String(name)),
+        );
+    }
+    match tokio::task::spawn_blocking(move || sampler.window_stop()).await {
+        Ok(Some((name, w))) => {
+            let mut v = serde_json::to_value(&w).unwrap_or_default();
+            v["name"] = serde_json::Value::String(name);
+            if let Some(sink) = shared.window_sink() {
+                sink(v.clone());
+            }
+            reply(StatusCode::OK, json, format!("{v}\n"))
+        }
+        _ => reply(
+            StatusCode::CONFLICT,
+            json,
+            "{\"error\":\"no window in progress: POST /-/window/start?name=... first\"}\n".into(),
+        ),
+    }
+}
+
 async fn handle(
     req: Request<Incoming>,
     registry: Arc<Registry>,
@@ -101,6 +145,10 @@ async fn handle(
         "/-/ready" if shared.is_ready() => reply(StatusCode::OK, text, "ready\n".into()),
         "/-/ready" => reply(StatusCode::SERVICE_UNAVAILABLE, text, "not ready\n".into()),
         "/-/healthy" => reply(StatusCode::OK, text, "healthy\n".into()),
+        "/-/window/start" | "/-/window/stop" if req.method() != hyper::Method::POST => {
+            reply(StatusCode::METHOD_NOT_ALLOWED, text, "use POST\n".into())
+        }
+        "/-/window/start" | "/-/window/stop" => window(&req, &shared).await,
         _ => reply(
             StatusCode::NOT_FOUND,
             text,

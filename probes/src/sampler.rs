@@ -114,6 +114,14 @@ struct Shared {
     csv: Option<Mutex<BufWriter<File>>>,
     stop: AtomicBool,
     wake: (Mutex<()>, Condvar),
+    /// A named measurement window in progress (`POST /-/window/start`), with its own statistics.
+    window: Mutex<Option<ActiveWindow>>,
+}
+
+struct ActiveWindow {
+    name: String,
+    t0: Instant,
+    stats: Vec<Stats>,
 }
 
 pub struct Sampler {
@@ -121,19 +129,71 @@ pub struct Sampler {
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
-/// A cheap handle on the latest samples, for scrapes (never calls the driver).
+/// A cheap handle on a running sampler: the latest samples (for scrapes; never calls the
+/// driver) and named measurement windows.
 #[derive(Clone)]
-pub struct LatestSamples(Arc<Shared>);
+pub struct SamplerHandle(Arc<Shared>);
 
-impl LatestSamples {
-    pub fn get(&self) -> Vec<Option<TimedSample>> {
+impl SamplerHandle {
+    pub fn latest(&self) -> Vec<Option<TimedSample>> {
         self.0.latest.iter().map(|m| lock(m).clone()).collect()
+    }
+
+    /// Open a window named `name` (replacing one in progress). Each GPU is read at once, energy
+    /// counter included, so the window is bracketed by counter readings (blocks for those reads).
+    pub fn window_start(&self, name: &str) {
+        let n = self.0.latest.len();
+        let mut w = ActiveWindow {
+            name: name.to_string(),
+            t0: Instant::now(),
+            stats: vec![Stats::default(); n],
+        };
+        for (i, st) in w.stats.iter_mut().enumerate() {
+            edge_sample(&self.0, i as u32, st);
+        }
+        *lock(&self.0.window) = Some(w);
+    }
+
+    /// Close the window in progress with a last counter reading; `None` if none was open.
+    pub fn window_stop(&self) -> Option<(String, PowerWindow)> {
+        let mut w = lock(&self.0.window).take()?;
+        for (i, st) in w.stats.iter_mut().enumerate() {
+            edge_sample(&self.0, i as u32, st);
+        }
+        Some((
+            w.name,
+            summarize_stats(w.stats, w.t0.elapsed().as_secs_f64()),
+        ))
     }
 }
 
-impl std::fmt::Debug for LatestSamples {
+/// One reading with the energy counter, taken on the caller's thread at a window's edge.
+fn edge_sample(sh: &Shared, index: u32, st: &mut Stats) {
+    let want = Want {
+        energy: true,
+        processes: false,
+        identity: st.identity.is_none(),
+    };
+    let cpu0 = thread_cpu_time();
+    match sh.probe.sample(index, want) {
+        Ok(s) => update(
+            st,
+            sh.t0.elapsed().as_secs_f64(),
+            thread_cpu_time().saturating_sub(cpu0),
+            &s,
+        ),
+        Err(e) => {
+            st.errors += 1;
+            if let GpuError::Gone { why, .. } = e {
+                st.gone = Some(why);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for SamplerHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "LatestSamples({} GPUs)", self.0.latest.len())
+        write!(f, "SamplerHandle({} GPUs)", self.0.latest.len())
     }
 }
 
@@ -226,6 +286,7 @@ impl Sampler {
             csv,
             stop: AtomicBool::new(false),
             wake: (Mutex::new(()), Condvar::new()),
+            window: Mutex::new(None),
         });
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
@@ -248,9 +309,9 @@ impl Sampler {
         self.shared.latest.len()
     }
 
-    /// The latest sample of every GPU (what `/metrics` shows; never calls the driver).
-    pub fn latest(&self) -> LatestSamples {
-        LatestSamples(self.shared.clone())
+    /// A handle for scrapes and measurement windows.
+    pub fn handle(&self) -> SamplerHandle {
+        SamplerHandle(self.shared.clone())
     }
 
     /// One fresh reading of everything, processes included, on the calling thread.
@@ -352,7 +413,16 @@ fn run(sh: &Shared, index: u32, offset: Duration) {
 }
 
 fn record(sh: &Shared, index: u32, t: f64, cpu: Duration, s: &GpuSample) {
-    let mut st = lock(&sh.stats[index as usize]);
+    update(&mut lock(&sh.stats[index as usize]), t, cpu, s);
+    if let Some(w) = lock(&sh.window).as_mut() {
+        if let Some(st) = w.stats.get_mut(index as usize) {
+            update(st, t, cpu, s);
+        }
+    }
+}
+
+/// Fold one sample into running statistics (the run's, or a window's).
+fn update(st: &mut Stats, t: f64, cpu: Duration, s: &GpuSample) {
     st.samples += 1;
     st.cpu_busy += cpu;
     if st.identity.is_none() && (s.name.is_some() || s.uuid.is_some()) {
@@ -396,11 +466,16 @@ fn record(sh: &Shared, index: u32, t: f64, cpu: Duration, s: &GpuSample) {
 }
 
 fn summarize(sh: &Shared) -> PowerWindow {
-    let duration_s = sh.t0.elapsed().as_secs_f64();
+    summarize_stats(
+        sh.stats.iter().map(|m| lock(m).clone()).collect(),
+        sh.t0.elapsed().as_secs_f64(),
+    )
+}
+
+fn summarize_stats(all: Vec<Stats>, duration_s: f64) -> PowerWindow {
     let mut reasons: Vec<&'static str> = Vec::new();
     let mut gpus = Vec::new();
-    for (i, m) in sh.stats.iter().enumerate() {
-        let st = lock(m).clone();
+    for (i, st) in all.into_iter().enumerate() {
         let span = match (st.first_s, st.last_s) {
             (Some(a), Some(b)) if b > a => b - a,
             _ => 0.0,
@@ -637,6 +712,30 @@ mod tests {
             "{:?}",
             w.reasons
         );
+    }
+
+    #[test]
+    fn a_named_window_is_bracketed_by_counter_reads_and_measured_apart() {
+        let cfg = SamplerConfig {
+            interval: Duration::from_millis(10),
+            energy_interval: Duration::from_secs(60),
+        };
+        let s = Sampler::start(Box::new(fake()), cfg, None).unwrap();
+        let h = s.handle();
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(h.window_stop().is_none(), "no window open yet");
+        h.window_start("bench");
+        std::thread::sleep(Duration::from_millis(200));
+        let (name, w) = h.window_stop().unwrap();
+        assert_eq!(name, "bench");
+        let g = &w.gpus[0];
+        assert_eq!(
+            g.energy_source, "counter",
+            "edges read the counter even with a 60 s energy interval"
+        );
+        assert!(g.samples >= 10 && w.duration_s < 0.3, "{w:?}");
+        let run = s.stop();
+        assert!(run.gpus[0].samples > g.samples);
     }
 
     #[test]

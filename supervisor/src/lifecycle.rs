@@ -71,7 +71,7 @@ struct RankProgress {
 
 struct Supervision {
     args: RunArgs,
-    events: Events,
+    events: Arc<Events>,
     pid: i32,
     url: HttpUrl,
     stop: Option<Stop>,
@@ -213,7 +213,7 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     };
     // GPU sampling starts before the server, so the window covers its whole start.
     let sampler = crate::gpu::start_sampler(&args)?;
-    metrics.set_gpus(sampler.as_ref().map(|s| s.latest()));
+    metrics.set_gpus(sampler.as_ref().map(|s| s.handle()));
     let t0 = Instant::now();
     let spawned = child::spawn(SpawnSpec {
         argv: &args.command,
@@ -224,11 +224,13 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         stderr: Stdio::piped(),
     })?;
     let pid = spawned.pid;
-    let events = Events::new(
+    let events = Arc::new(Events::new(
         events_file,
         args.events.as_ref().map(|p| p.display().to_string()),
         t0,
-    );
+    ));
+    let window_events = events.clone();
+    metrics.set_window_sink(Arc::new(move |w| window_events.emit("power_window", w)));
     let argv_text: Vec<String> = args
         .command
         .iter()

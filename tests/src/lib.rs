@@ -41,7 +41,12 @@ pub fn post_timed(addr: &str, path: &str, body: &str) -> std::io::Result<Timed> 
     let total = t0.elapsed();
     let text = String::from_utf8_lossy(&all).to_string();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    Ok(Timed { status: head.lines().next().unwrap_or("").to_string(), body: body.to_string(), first_text, total })
+    Ok(Timed {
+        status: head.lines().next().unwrap_or("").to_string(),
+        body: body.to_string(),
+        first_text,
+        total,
+    })
 }
 
 fn memfind(hay: &[u8], needle: &[u8]) -> bool {

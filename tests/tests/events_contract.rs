@@ -73,6 +73,10 @@ fn check(e: &Value) {
             "{e}"
         ),
         "gpu_teardown" => assert!(e["clean"].is_boolean() && e["gpus"].is_array(), "{e}"),
+        "power_window" => assert!(
+            e["name"].is_string() && e["power_valid"].is_u64() && e["gpus"].is_array(),
+            "{e}"
+        ),
         "listening" => assert!(e["metrics"].is_string() || e["proxy"].is_string(), "{e}"),
         other => panic!("event {other} is not in the contract"),
     }

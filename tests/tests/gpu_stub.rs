@@ -342,3 +342,80 @@ fn gpu_memory_still_held_after_exit_is_reported() {
     assert_eq!(t["gpus"][0]["processes"][0]["pid"], 4242);
     let _ = std::fs::remove_file(ev);
 }
+
+fn http(addr: &str, method: &str, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut b = String::new();
+    s.read_to_string(&mut b).unwrap();
+    let (head, body) = b.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+#[test]
+fn measurement_windows_over_http_are_bracketed_by_energy_counter_reads() {
+    let lib = stub_lib().to_str().unwrap().to_string();
+    let mut run = Run::start(
+        "gpu-window",
+        Opts {
+            supervisor: &[
+                "--nvml-lib",
+                &lib,
+                "--gpu-backend",
+                "nvml",
+                "--sample-interval",
+                "20ms",
+                "--energy-interval",
+                "1h",
+            ],
+            replay: &["--speed", "50"],
+            env: &[("STUB_NVML_GPUS", "2")],
+            ..Default::default()
+        },
+    );
+    let addr = run.wait_event("listening", Duration::from_secs(60))["metrics"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    run.wait_event("ready", Duration::from_secs(60));
+    assert!(
+        http(&addr, "POST", "/-/window/stop").0.contains("409"),
+        "nothing to stop yet"
+    );
+    assert!(http(&addr, "GET", "/-/window/start?name=x")
+        .0
+        .contains("405"));
+    let (st, body) = http(&addr, "POST", "/-/window/start?name=bench-c8");
+    assert!(st.contains("200"), "{st} {body}");
+    std::thread::sleep(Duration::from_millis(500));
+    let (st, body) = http(&addr, "POST", "/-/window/stop");
+    assert!(st.contains("200"), "{st} {body}");
+    let w: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(w["name"], "bench-c8");
+    assert_eq!(w["power_valid"], 1, "{w}");
+    assert!(
+        (0.45..1.5).contains(&w["duration_s"].as_f64().unwrap()),
+        "{w}"
+    );
+    for g in w["gpus"].as_array().unwrap() {
+        // With a 1 h energy interval, only the window's edges read the counter: still exact.
+        assert_eq!(g["energy_source"], "counter", "{g}");
+        let (c, i) = (
+            g["energy_j"].as_f64().unwrap(),
+            g["energy_from_instant_power_j"].as_f64().unwrap(),
+        );
+        assert!((c - i).abs() / c < 0.05, "counter {c} vs integral {i}");
+    }
+    let ev = run.events_named("power_window");
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0]["name"], "bench-c8");
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(Duration::from_secs(60)), 143);
+}

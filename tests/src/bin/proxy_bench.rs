@@ -5,7 +5,8 @@ use sglang_supervisor_tests::{median, post_timed};
 use std::time::Instant;
 
 fn round(addr: &str, streams: usize, tokens: usize) -> (Vec<f64>, Vec<f64>, f64) {
-    let body = format!(r#"{{"text":"x","sampling_params":{{"max_new_tokens":{tokens}}},"stream":true}}"#);
+    let body =
+        format!(r#"{{"text":"x","sampling_params":{{"max_new_tokens":{tokens}}},"stream":true}}"#);
     let t0 = Instant::now();
     let handles: Vec<_> = (0..streams)
         .map(|_| {
@@ -31,7 +32,8 @@ fn main() {
     }
     let num = |i: usize, d: usize| a.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
     let (streams, tokens, rounds) = (num(3, 64), num(4, 256), num(5, 5));
-    let (mut d_ttft, mut d_e2e, mut p_ttft, mut p_e2e, mut d_wall, mut p_wall) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let (mut d_ttft, mut d_e2e, mut p_ttft, mut p_e2e, mut d_wall, mut p_wall) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
     for _ in 0..rounds {
         let (t, e, w) = round(&a[1], streams, tokens);
         d_ttft.extend(t);
@@ -42,10 +44,21 @@ fn main() {
         p_e2e.extend(e);
         p_wall.push(w);
     }
-    let (dt, de, pt, pe) = (median(&mut d_ttft), median(&mut d_e2e), median(&mut p_ttft), median(&mut p_e2e));
+    let (dt, de, pt, pe) = (
+        median(&mut d_ttft),
+        median(&mut d_e2e),
+        median(&mut p_ttft),
+        median(&mut p_e2e),
+    );
     let (dw, pw) = (median(&mut d_wall), median(&mut p_wall));
     println!("{rounds} rounds x {streams} concurrent streams x {tokens} tokens, alternating");
     println!("direct: median TTFT {dt:.2} ms, median E2E {de:.1} ms, round wall {dw:.3} s");
     println!("proxy : median TTFT {pt:.2} ms, median E2E {pe:.1} ms, round wall {pw:.3} s");
-    println!("ratios proxy/direct: TTFT {:.3}, E2E {:.4}, wall {:.4}; added median TTFT {:.2} ms", pt / dt, pe / de, pw / dw, pt - dt);
+    println!(
+        "ratios proxy/direct: TTFT {:.3}, E2E {:.4}, wall {:.4}; added median TTFT {:.2} ms",
+        pt / dt,
+        pe / de,
+        pw / dw,
+        pt - dt
+    );
 }
