@@ -131,10 +131,14 @@ PY
         --output-file "$P/bench.jsonl")
       (sleep 4; get "http://127.0.0.1:9400/metrics" > "$P/metrics_during_bench.txt") &
       scrape=$!
+      post "http://127.0.0.1:9400/-/window/start?name=bench" ""
       timeout 200 python3 -m sglang.bench_serving "${bench_args[@]}" > "$P/bench.txt" 2>&1; rc=$?
       if [ "$rc" != 0 ] && grep -qE "No module named|ImportError" "$P/bench.txt"; then
         PYTHONPATH="$HERE/dev-device/stubs-fallback:$PYTHONPATH" timeout 200 python3 -m sglang.bench_serving "${bench_args[@]}" > "$P/bench.txt" 2>&1; rc=$?
       fi
+      python3 -c 'import sys,urllib.request; print(urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=b"", method="POST"), timeout=30).read().decode())' \
+        "http://127.0.0.1:9400/-/window/stop" > "$P/window.json" 2>&1
+      cut -c1-700 "$P/window.json" | tee -a "$P/checks.txt"
       wait "$scrape"
       check bench_serving_via_proxy "$([ "$rc" = 0 ] && echo 0 || echo 1)" "rc=$rc; $(grep -E 'Successful requests|Median TTFT' "$P/bench.txt" | tr '\n' ' ')"
       grep -c 'sglang:' "$P/metrics_during_bench.txt" | sed 's/^/sglang: lines re-exposed during the bench: /' | tee -a "$P/checks.txt"
