@@ -187,3 +187,76 @@ fn events_of_a_replayed_run_follow_the_contract() {
         "measured from load_weights_end: {pool}"
     );
 }
+
+/// On the H200, bench_serving ran through the proxy: the proxy's own per-request figures
+/// (requests log) agree with what bench_serving measured on the client side.
+#[test]
+fn the_real_proxy_measurements_agree_with_bench_serving() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/real-h200-supervised");
+    std::fs::read_to_string(dir.join("B_events.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .for_each(|e| check(&e));
+    let bench: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("B_bench_details.json")).unwrap())
+            .unwrap();
+    let recs: Vec<Value> = std::fs::read_to_string(dir.join("B_requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let n = bench["completed"].as_u64().unwrap() as usize;
+    // bench_serving's warm-up request went through the proxy first.
+    let recs = &recs[recs.len() - n..];
+    let mut ours: Vec<f64> = recs.iter().map(|r| r["ttft_s"].as_f64().unwrap()).collect();
+    let mut theirs: Vec<f64> = bench["ttfts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    ours.sort_by(f64::total_cmp);
+    theirs.sort_by(f64::total_cmp);
+    let worst = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        worst < 0.010,
+        "TTFT per request within 10 ms of bench_serving's, worst {worst}"
+    );
+    let med = |mut v: Vec<f64>| sglang_supervisor_tests::median(&mut v);
+    let itl_ours = med(recs
+        .iter()
+        .flat_map(|r| {
+            r["itl_s"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+        })
+        .collect());
+    let itl_theirs = med(bench["itls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()))
+        .collect());
+    assert!(
+        (itl_ours - itl_theirs).abs() / itl_theirs < 0.05,
+        "ITL {itl_ours} vs {itl_theirs}"
+    );
+    let tpot = med(recs.iter().map(|r| r["tpot_s"].as_f64().unwrap()).collect()) * 1000.0;
+    assert!(
+        (tpot - bench["median_tpot_ms"].as_f64().unwrap()).abs() < 0.1,
+        "TPOT {tpot} ms"
+    );
+    let tokens: u64 = recs
+        .iter()
+        .map(|r| r["completion_tokens"].as_u64().unwrap())
+        .sum();
+    assert_eq!(tokens, bench["total_output_tokens"].as_u64().unwrap());
+}
