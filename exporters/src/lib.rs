@@ -2,4 +2,5 @@
 //! server's own `sglang:*` series re-exposed), and the latency-measuring proxy.
 pub mod metrics;
 pub mod proxy;
+pub mod report;
 pub mod server;

@@ -39,6 +39,7 @@ pub struct Shared {
     pub upstream: Mutex<Upstream>,
     pub gpus: Mutex<Option<SamplerHandle>>,
     pub window_sink: Mutex<Option<WindowSink>>,
+    pub requests: Mutex<Option<Arc<crate::report::RequestStats>>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -71,6 +72,14 @@ impl Shared {
 
     pub fn sampler(&self) -> Option<SamplerHandle> {
         lock(&self.gpus).clone()
+    }
+
+    pub fn set_requests(&self, r: Option<Arc<crate::report::RequestStats>>) {
+        *lock(&self.requests) = r;
+    }
+
+    pub fn requests(&self) -> Option<Arc<crate::report::RequestStats>> {
+        lock(&self.requests).clone()
     }
 
     /// Where a closed measurement window goes (the lifecycle writes it to the events file).

@@ -147,6 +147,7 @@ pub struct Proxy {
     upstream: Uri,
     client: Client<HttpConnector, Incoming>,
     metrics: Arc<ProxyMetrics>,
+    stats: Arc<crate::report::RequestStats>,
     log: Option<Mutex<std::fs::File>>,
 }
 
@@ -155,6 +156,7 @@ pub async fn start(
     addr: &str,
     upstream: &str,
     metrics: Arc<ProxyMetrics>,
+    stats: Arc<crate::report::RequestStats>,
     requests_log: Option<std::fs::File>,
 ) -> Result<SocketAddr, ProxyError> {
     let listener = TcpListener::bind(addr)
@@ -183,6 +185,7 @@ pub async fn start(
         upstream,
         client,
         metrics,
+        stats,
         log: requests_log.map(Mutex::new),
     });
     tokio::spawn(async move {
@@ -337,7 +340,9 @@ impl Proxy {
         r
     }
 
+    /// Count a finished request in the report windows and write its requests-log line.
     fn log(&self, r: &RequestRecord) {
+        self.stats.record(r);
         let Some(f) = &self.log else { return };
         let Ok(mut line) = serde_json::to_vec(r) else {
             return;

@@ -69,17 +69,19 @@ fn reply(status: StatusCode, ctype: &str, body: String) -> Response<Full<Bytes>>
     r
 }
 
-/// `POST /-/window/start?name=NAME` opens a measurement window (energy counters read at once on
-/// every GPU); `POST /-/window/stop` closes it and answers its figures as JSON.
+/// `POST /-/window/start?name=NAME` opens a measurement window: energy counters are read at once
+/// on every GPU, and the proxy starts a latency window. `POST /-/window/stop` closes both and
+/// answers `{name, power, requests}` (each present when there is a sampler / a proxy).
 async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<Bytes>> {
     let json = "application/json";
-    let Some(sampler) = shared.sampler() else {
+    let (sampler, requests) = (shared.sampler(), shared.requests());
+    if sampler.is_none() && requests.is_none() {
         return reply(
             StatusCode::SERVICE_UNAVAILABLE,
             json,
-            "{\"error\":\"no GPU sampler in this run\"}\n".into(),
+            "{\"error\":\"nothing to measure: no GPU sampler and no --proxy-addr\"}\n".into(),
         );
-    };
+    }
     if req.uri().path() == "/-/window/start" {
         let name = req
             .uri()
@@ -87,30 +89,51 @@ async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<
             .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("name=")))
             .unwrap_or("window")
             .to_string();
-        let n = name.clone();
-        // Counter reads take milliseconds per GPU: off the async threads.
-        let _ = tokio::task::spawn_blocking(move || sampler.window_start(&n)).await;
+        if let Some(r) = &requests {
+            r.window_start(&name);
+        }
+        if let Some(s) = sampler {
+            let n = name.clone();
+            // Counter reads take milliseconds per GPU: off the async threads.
+            let _ = tokio::task::spawn_blocking(move || s.window_start(&n)).await;
+        }
         return reply(
             StatusCode::OK,
             json,
             format!("{{\"started\":{}}}\n", serde_json::Value::String(name)),
         );
     }
-    match tokio::task::spawn_blocking(move || sampler.window_stop()).await {
-        Ok(Some((name, w))) => {
-            let mut v = serde_json::to_value(&w).unwrap_or_default();
-            v["name"] = serde_json::Value::String(name);
-            if let Some(sink) = shared.window_sink() {
-                sink(v.clone());
-            }
-            reply(StatusCode::OK, json, format!("{v}\n"))
-        }
-        _ => reply(
+    let gpus = sampler.as_ref().map(|s| s.latest().len());
+    let power = match sampler {
+        Some(s) => tokio::task::spawn_blocking(move || s.window_stop())
+            .await
+            .ok()
+            .flatten(),
+        None => None,
+    };
+    let reqs = requests.and_then(|r| r.window_stop(gpus));
+    let name = power
+        .as_ref()
+        .map(|(n, _)| n.clone())
+        .or_else(|| reqs.as_ref().map(|(n, _)| n.clone()));
+    let Some(name) = name else {
+        return reply(
             StatusCode::CONFLICT,
             json,
             "{\"error\":\"no window in progress: POST /-/window/start?name=... first\"}\n".into(),
-        ),
+        );
+    };
+    let mut v = serde_json::json!({ "name": name });
+    if let Some((_, p)) = power {
+        v["power"] = serde_json::to_value(&p).unwrap_or_default();
     }
+    if let Some((_, r)) = reqs {
+        v["requests"] = r;
+    }
+    if let Some(sink) = shared.window_sink() {
+        sink(v.clone());
+    }
+    reply(StatusCode::OK, json, format!("{v}\n"))
 }
 
 async fn handle(

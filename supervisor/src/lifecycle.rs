@@ -208,7 +208,9 @@ pub async fn run(args: RunArgs) -> Result<i32> {
                 .map(|p| create(p, "requests log"))
                 .transpose()?;
             let upstream = args.upstream.clone().unwrap_or_else(|| url.base());
-            Some(sglang_exporters::proxy::start(addr, &upstream, proxy_metrics, log).await?)
+            let stats = Arc::new(sglang_exporters::report::RequestStats::default());
+            metrics.set_requests(Some(stats.clone()));
+            Some(sglang_exporters::proxy::start(addr, &upstream, proxy_metrics, stats, log).await?)
         }
     };
     // GPU sampling starts before the server, so the window covers its whole start.
@@ -230,7 +232,7 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         t0,
     ));
     let window_events = events.clone();
-    metrics.set_window_sink(Arc::new(move |w| window_events.emit("power_window", w)));
+    metrics.set_window_sink(Arc::new(move |w| window_events.emit("window", w)));
     let argv_text: Vec<String> = args
         .command
         .iter()
@@ -356,6 +358,12 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         tracing::error!(?leftover, "processes of the server tree survived SIGKILL");
     }
     s.diagnose_exit(status, &shared);
+    if let Some(summary) = metrics
+        .requests()
+        .and_then(|r| r.run_summary(sampler.as_ref().map(|s| s.gpu_count())))
+    {
+        s.events.emit("requests_summary", summary);
+    }
     if let Some(sampler) = sampler {
         // Blocking driver calls and a bounded wait: off the async threads.
         let done = tokio::task::spawn_blocking(move || {

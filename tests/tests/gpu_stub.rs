@@ -397,8 +397,10 @@ fn measurement_windows_over_http_are_bracketed_by_energy_counter_reads() {
     std::thread::sleep(Duration::from_millis(500));
     let (st, body) = http(&addr, "POST", "/-/window/stop");
     assert!(st.contains("200"), "{st} {body}");
-    let w: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(w["name"], "bench-c8");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["name"], "bench-c8");
+    assert!(v.get("requests").is_none(), "no proxy in this run");
+    let w = &v["power"];
     assert_eq!(w["power_valid"], 1, "{w}");
     assert!(
         (0.45..1.5).contains(&w["duration_s"].as_f64().unwrap()),
@@ -413,7 +415,7 @@ fn measurement_windows_over_http_are_bracketed_by_energy_counter_reads() {
         );
         assert!((c - i).abs() / c < 0.05, "counter {c} vs integral {i}");
     }
-    let ev = run.events_named("power_window");
+    let ev = run.events_named("window");
     assert_eq!(ev.len(), 1);
     assert_eq!(ev[0]["name"], "bench-c8");
     run.signal(libc::SIGTERM);

@@ -259,3 +259,67 @@ fn a_client_that_leaves_mid_stream_aborts_the_request() {
     stop(run);
     let _ = std::fs::remove_file(log);
 }
+
+fn http(addr: &str, method: &str, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut b = String::new();
+    s.read_to_string(&mut b).unwrap();
+    let (head, body) = b.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+#[test]
+fn a_window_reports_what_a_benchmark_pr_quotes() {
+    let (run, proxy, metrics, log) = start("proxy-report", &[]);
+    post(
+        &proxy,
+        "/generate",
+        r#"{"text":"before","sampling_params":{"max_new_tokens":4},"stream":true}"#,
+    );
+    assert!(http(&metrics, "POST", "/-/window/start?name=c4")
+        .0
+        .contains("200"));
+    for _ in 0..10 {
+        post(
+            &proxy,
+            "/generate",
+            r#"{"text":"a b c","sampling_params":{"max_new_tokens":20},"stream":true}"#,
+        );
+    }
+    let (st, body) = http(&metrics, "POST", "/-/window/stop");
+    assert!(st.contains("200"), "{st}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let r = &v["requests"];
+    assert_eq!(v["name"], "c4");
+    assert_eq!(r["completed"], 10, "only the window's requests: {r}");
+    assert_eq!(r["total_output_tokens"], 200);
+    assert_eq!(r["total_input_tokens"], 30);
+    for k in [
+        "median_ttft_ms",
+        "p99_ttft_ms",
+        "median_tpot_ms",
+        "median_itl_ms",
+        "median_e2el_ms",
+        "median_ttft",
+        "median_e2el",
+        "output_throughput",
+        "total_token_throughput",
+    ] {
+        assert!(r[k].is_number(), "{k} in {r}");
+    }
+    assert!(r.get("tput_per_gpu").is_none(), "no GPU count without GPUs");
+    let mut run = run;
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(T), 143);
+    let summary = run.events_named("requests_summary").pop().unwrap();
+    assert_eq!(summary["completed"], 11, "the whole run");
+    assert_eq!(run.events_named("window").len(), 1);
+    let _ = std::fs::remove_file(log);
+}
