@@ -367,7 +367,14 @@ fn run(sh: &Shared, index: u32, offset: Duration) {
                 if let Some(csv) = &sh.csv {
                     let _ = lock(csv).write_all(csv_row(unix_s, &sample).as_bytes());
                 }
-                *lock(&sh.latest[index as usize]) = Some(TimedSample {
+                let mut latest = lock(&sh.latest[index as usize]);
+                let mut sample = sample;
+                // The counter is read every energy interval; between reads, scrapes see the last
+                // reading (a counter that holds still briefly), never a gap in the series.
+                if sample.energy_j.is_none() {
+                    sample.energy_j = latest.as_ref().and_then(|t| t.sample.energy_j);
+                }
+                *latest = Some(TimedSample {
                     mono_s,
                     unix_s,
                     sample,
@@ -723,6 +730,10 @@ mod tests {
         let s = Sampler::start(Box::new(fake()), cfg, None).unwrap();
         let h = s.handle();
         std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            h.latest()[0].as_ref().unwrap().sample.energy_j.is_some(),
+            "the last counter reading stays in the cache"
+        );
         assert!(h.window_stop().is_none(), "no window open yet");
         h.window_start("bench");
         std::thread::sleep(Duration::from_millis(200));

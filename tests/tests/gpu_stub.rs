@@ -421,3 +421,68 @@ fn measurement_windows_over_http_are_bracketed_by_energy_counter_reads() {
     run.signal(libc::SIGTERM);
     assert_eq!(run.wait(Duration::from_secs(60)), 143);
 }
+
+/// Every series the Grafana dashboard queries is one the supervisor really exports (GPUs through
+/// the NVML stub, requests through the proxy).
+#[test]
+fn the_grafana_dashboard_queries_only_series_that_exist() {
+    let dash: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../dashboards/sglang-supervisor.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let lib = stub_lib().to_str().unwrap().to_string();
+    let mut run = Run::start(
+        "dashboard",
+        Opts {
+            supervisor: &[
+                "--nvml-lib",
+                &lib,
+                "--gpu-backend",
+                "nvml",
+                "--proxy-addr",
+                "127.0.0.1:0",
+            ],
+            replay: &["--speed", "50"],
+            ..Default::default()
+        },
+    );
+    let l = run.wait_event("listening", Duration::from_secs(60));
+    run.wait_event("ready", Duration::from_secs(60));
+    let proxy = l["proxy"].as_str().unwrap().to_string();
+    sglang_supervisor_tests::post_timed(
+        &proxy,
+        "/generate",
+        r#"{"text":"a","sampling_params":{"max_new_tokens":4},"stream":true}"#,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, body) = http(l["metrics"].as_str().unwrap(), "GET", "/metrics");
+    let mut checked = 0;
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            for (i, _) in expr.match_indices("sglang_supervisor_") {
+                let name: String = expr[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                // Only set once the server has exited (a running server has no exit code).
+                if name == "sglang_supervisor_child_exit_code" {
+                    continue;
+                }
+                assert!(
+                    body.contains(&format!("\n{name}")),
+                    "the dashboard queries {name}, which /metrics does not have"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 15, "{checked}");
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(Duration::from_secs(60)), 143);
+}
