@@ -116,6 +116,8 @@ struct Shared {
     wake: (Mutex<()>, Condvar),
     /// A named measurement window in progress (`POST /-/window/start`), with its own statistics.
     window: Mutex<Option<ActiveWindow>>,
+    /// GPUs the server should use (tp × pp from its resolved args), when known.
+    expected_gpus: Mutex<Option<usize>>,
 }
 
 struct ActiveWindow {
@@ -139,6 +141,12 @@ impl SamplerHandle {
         self.0.latest.iter().map(|m| lock(m).clone()).collect()
     }
 
+    /// How many GPUs the server is expected to use: a different number of sampled GPUs makes
+    /// power invalid (`expected_gpu_count_mismatch`), as in the InferenceX aggregation.
+    pub fn set_expected_gpus(&self, n: usize) {
+        *lock(&self.0.expected_gpus) = Some(n);
+    }
+
     /// Open a window named `name` (replacing one in progress). Each GPU is read at once, energy
     /// counter included, so the window is bracketed by counter readings (blocks for those reads).
     pub fn window_start(&self, name: &str) {
@@ -160,9 +168,14 @@ impl SamplerHandle {
         for (i, st) in w.stats.iter_mut().enumerate() {
             edge_sample(&self.0, i as u32, st);
         }
+        let sh = &self.0;
+        let span = (
+            w.t0.duration_since(sh.t0).as_secs_f64(),
+            sh.t0.elapsed().as_secs_f64(),
+        );
         Some((
             w.name,
-            summarize_stats(w.stats, w.t0.elapsed().as_secs_f64()),
+            summarize_stats(w.stats, span, *lock(&sh.expected_gpus)),
         ))
     }
 }
@@ -287,6 +300,7 @@ impl Sampler {
             stop: AtomicBool::new(false),
             wake: (Mutex::new(()), Condvar::new()),
             window: Mutex::new(None),
+            expected_gpus: Mutex::new(None),
         });
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
@@ -473,16 +487,31 @@ fn update(st: &mut Stats, t: f64, cpu: Duration, s: &GpuSample) {
 }
 
 fn summarize(sh: &Shared) -> PowerWindow {
+    let stats = sh.stats.iter().map(|m| lock(m).clone()).collect();
     summarize_stats(
-        sh.stats.iter().map(|m| lock(m).clone()).collect(),
-        sh.t0.elapsed().as_secs_f64(),
+        stats,
+        (0.0, sh.t0.elapsed().as_secs_f64()),
+        *lock(&sh.expected_gpus),
     )
 }
 
-fn summarize_stats(all: Vec<Stats>, duration_s: f64) -> PowerWindow {
+/// A window's first and last samples must lie this close to its edges (InferenceX interpolates
+/// power at the benchmark's start and end, so both must be bracketed by samples).
+const BRACKET_TOLERANCE_S: f64 = 1.0;
+
+/// `span`: the window's (start, end) in seconds of the sampler's clock.
+fn summarize_stats(all: Vec<Stats>, span: (f64, f64), expected_gpus: Option<usize>) -> PowerWindow {
+    let duration_s = span.1 - span.0;
     let mut reasons: Vec<&'static str> = Vec::new();
     let mut gpus = Vec::new();
     for (i, st) in all.into_iter().enumerate() {
+        let bracketed = st
+            .first_s
+            .is_some_and(|a| a <= span.0 + BRACKET_TOLERANCE_S)
+            && st.last_s.is_some_and(|b| b >= span.1 - BRACKET_TOLERANCE_S);
+        if !bracketed {
+            reasons.push("benchmark_window_not_bracketed");
+        }
         let span = match (st.first_s, st.last_s) {
             (Some(a), Some(b)) if b > a => b - a,
             _ => 0.0,
@@ -541,7 +570,7 @@ fn summarize_stats(all: Vec<Stats>, duration_s: f64) -> PowerWindow {
             },
         });
     }
-    if gpus.is_empty() {
+    if gpus.is_empty() || expected_gpus.is_some_and(|n| n != gpus.len()) {
         reasons.push("expected_gpu_count_mismatch");
     }
     reasons.sort_unstable();
@@ -747,6 +776,23 @@ mod tests {
         assert!(g.samples >= 10 && w.duration_s < 0.3, "{w:?}");
         let run = s.stop();
         assert!(run.gpus[0].samples > g.samples);
+    }
+
+    #[test]
+    fn a_gpu_count_other_than_the_servers_voids_power() {
+        let cfg = SamplerConfig {
+            interval: Duration::from_millis(10),
+            energy_interval: Duration::from_millis(50),
+        };
+        let s = Sampler::start(Box::new(fake()), cfg, None).unwrap();
+        s.handle().set_expected_gpus(8);
+        std::thread::sleep(Duration::from_millis(100));
+        let w = s.stop();
+        assert_eq!(
+            w.reasons,
+            ["expected_gpu_count_mismatch"],
+            "1 GPU sampled for a tp=8 server"
+        );
     }
 
     #[test]

@@ -494,6 +494,11 @@ impl Supervision {
             LogEvent::ServerArgs(args) => {
                 self.metrics.update(|st| st.args_info = args_info(&args));
                 self.upstream_metrics = args.get("enable_metrics").and_then(Value::as_bool);
+                let size =
+                    |k: &str| args.get(k).and_then(Value::as_u64).unwrap_or(1).max(1) as usize;
+                if let Some(sampler) = self.metrics.sampler() {
+                    sampler.set_expected_gpus(size("tp_size") * size("pp_size"));
+                }
                 self.events.emit("server_args", json!({"args": args}));
             }
             LogEvent::Deprecation {

@@ -196,7 +196,7 @@ fn no_gpu_is_an_empty_answer_and_a_broken_named_backend_exit_125() {
     assert!(err.contains("driver is not loaded"), "{err}");
 }
 
-fn run_with_stub(name: &str, env: &[(&str, &str)]) -> (Run, Vec<Value>) {
+fn run_with_stub(name: &str, env: &[(&str, &str)], replay: &[&str]) -> (Run, Vec<Value>) {
     let lib = stub_lib().to_str().unwrap().to_string();
     let csv = std::env::temp_dir().join(format!("sglsup-{name}-{}.csv", std::process::id()));
     let csv_s = csv.to_str().unwrap().to_string();
@@ -215,7 +215,7 @@ fn run_with_stub(name: &str, env: &[(&str, &str)]) -> (Run, Vec<Value>) {
                 "--power-csv",
                 &csv_s,
             ],
-            replay: &["--speed", "50"],
+            replay: &[&["--speed", "50"], replay].concat(),
             env,
             ..Default::default()
         },
@@ -235,7 +235,11 @@ fn run_with_stub(name: &str, env: &[(&str, &str)]) -> (Run, Vec<Value>) {
 
 #[test]
 fn sampled_run_writes_power_csv_and_an_exact_energy_window() {
-    let (run, rows) = run_with_stub("gpu-ok", &[("STUB_NVML_GPUS", "2")]);
+    let (run, rows) = run_with_stub(
+        "gpu-ok",
+        &[("STUB_NVML_GPUS", "2")],
+        &["--ranks", "TP0,TP1"],
+    );
     let power = run.events_named("power").pop().unwrap();
     assert_eq!(power["power_valid"], 1, "{power}");
     assert_eq!(power["gpus"].as_array().unwrap().len(), 2);
@@ -280,6 +284,7 @@ fn a_gpu_lost_mid_run_is_reported_and_voids_power() {
             ("STUB_NVML_LOST_INDEX", "1"),
             ("STUB_NVML_LOST_AFTER_MS", "300"),
         ],
+        &["--ranks", "TP0,TP1"],
     );
     let power = run.events_named("power").pop().unwrap();
     assert_eq!(power["power_valid"], 0);
@@ -302,7 +307,7 @@ fn a_gpu_lost_mid_run_is_reported_and_voids_power() {
 
 #[test]
 fn without_an_energy_counter_energy_comes_from_integrated_power() {
-    let (run, _) = run_with_stub("gpu-noenergy", &[("STUB_NVML_NO_ENERGY", "1")]);
+    let (run, _) = run_with_stub("gpu-noenergy", &[("STUB_NVML_NO_ENERGY", "1")], &[]);
     let g = &run.events_named("power").pop().unwrap()["gpus"][0];
     assert_eq!(g["energy_source"], "instant_power_integral");
     assert_eq!(g["energy_j"], g["energy_from_instant_power_j"]);
@@ -401,7 +406,12 @@ fn measurement_windows_over_http_are_bracketed_by_energy_counter_reads() {
     assert_eq!(v["name"], "bench-c8");
     assert!(v.get("requests").is_none(), "no proxy in this run");
     let w = &v["power"];
-    assert_eq!(w["power_valid"], 1, "{w}");
+    // The replayed server runs tp=1 while 2 GPUs are sampled: InferenceX's rule voids that.
+    assert_eq!(w["power_valid"], 0, "{w}");
+    assert_eq!(
+        w["reasons"],
+        serde_json::json!(["expected_gpu_count_mismatch"])
+    );
     assert!(
         (0.45..1.5).contains(&w["duration_s"].as_f64().unwrap()),
         "{w}"

@@ -323,3 +323,23 @@ fn a_window_reports_what_a_benchmark_pr_quotes() {
     assert_eq!(run.events_named("window").len(), 1);
     let _ = std::fs::remove_file(log);
 }
+
+#[test]
+fn a_large_request_body_streams_through() {
+    let (run, proxy, _, log) = start("proxy-big", &[]);
+    // A 32 MB prompt: the proxy streams it to the server without holding it.
+    let prompt = "word ".repeat(32 << 20 >> 3);
+    let body =
+        format!(r#"{{"text":"{prompt}","sampling_params":{{"max_new_tokens":3}},"stream":true}}"#);
+    let r = post(&proxy, "/generate", &body);
+    assert!(r.status.contains("200"), "{}", r.status);
+    let rec = wait_records(&log, 1).pop().unwrap();
+    assert_eq!(rec["completion_tokens"], 3);
+    assert_eq!(
+        rec["prompt_tokens"],
+        (32u64 << 20 >> 3),
+        "the server saw every word"
+    );
+    stop(run);
+    let _ = std::fs::remove_file(log);
+}

@@ -404,12 +404,28 @@ fn run(args: Args) -> Result<std::convert::Infallible> {
             after_ready(&args, &workers);
             continue;
         }
+        // With several ranks, the resolved args say so (tp_size = number of TP ranks).
+        let tp = ranks
+            .iter()
+            .filter(|r| r.as_deref().is_some_and(|r| r.contains("TP")))
+            .count()
+            .max(1);
         if msg.starts_with("server_args=") && version_at_least(&args.version, 0, 5, 19) {
             // 0.5.19+ logs `resolved_dict()`: the dict repr of what /server_info serves.
+            let mut resolved = http.server_info_args();
+            resolved["tp_size"] = tp.into();
             log_line(
                 &args,
                 None,
-                &format!("server_args={}", python_repr(&http.server_info_args())),
+                &format!("server_args={}", python_repr(&resolved)),
+            );
+            continue;
+        }
+        if msg.starts_with("server_args=") && tp > 1 {
+            log_line(
+                &args,
+                None,
+                &msg.replacen("tp_size=1,", &format!("tp_size={tp},"), 1),
             );
             continue;
         }
