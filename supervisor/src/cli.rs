@@ -205,6 +205,12 @@ pub struct RunArgs {
     #[arg(long, env = "SGLANG_SUPERVISOR_POWER_CSV", value_name = "PATH")]
     pub power_csv: Option<PathBuf>,
 
+    /// Write a JSON report here at exit (also after failures and signals): identity, startup
+    /// phases, deprecations and warnings, fatal diagnosis, measurement windows (latency from the
+    /// proxy, power from the probes, InferenceX field names), teardown. Has a schema_version.
+    #[arg(long, env = "SGLANG_SUPERVISOR_REPORT", value_name = "PATH")]
+    pub report: Option<PathBuf>,
+
     /// Do not copy the child's output to our stdout/stderr (the log file still gets every byte).
     #[arg(long, env = "SGLANG_SUPERVISOR_NO_TEE")]
     pub no_tee: bool,

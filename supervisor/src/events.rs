@@ -10,15 +10,26 @@ pub struct Events {
     file: Option<Mutex<File>>,
     path: Option<String>,
     t0: Instant,
+    /// A copy of every event, kept when a report will be built from them at exit.
+    kept: Option<Mutex<Vec<Value>>>,
 }
 
 impl Events {
-    pub fn new(file: Option<File>, path: Option<String>, t0: Instant) -> Self {
+    pub fn new(file: Option<File>, path: Option<String>, t0: Instant, keep: bool) -> Self {
         Events {
             file: file.map(Mutex::new),
             path,
             t0,
+            kept: keep.then(|| Mutex::new(Vec::new())),
         }
+    }
+
+    /// Every event so far (empty unless created with `keep`).
+    pub fn kept(&self) -> Vec<Value> {
+        self.kept
+            .as_ref()
+            .map(|k| k.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .unwrap_or_default()
     }
 
     /// Seconds since the child was spawned (the `elapsed_s` of every event).
@@ -37,6 +48,11 @@ impl Events {
             obj.extend(f);
         }
         tracing::trace!(target: "events", event, "event emitted");
+        if let Some(k) = &self.kept {
+            k.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(Value::Object(obj.clone()));
+        }
         let Some(file) = &self.file else { return };
         let mut line = match serde_json::to_vec(&obj) {
             Ok(l) => l,

@@ -7,4 +7,5 @@ pub mod gpu;
 pub mod lifecycle;
 pub mod logs;
 pub mod redact;
+pub mod report;
 pub mod sentinel;

@@ -230,6 +230,7 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         events_file,
         args.events.as_ref().map(|p| p.display().to_string()),
         t0,
+        args.report.is_some(),
     ));
     let window_events = events.clone();
     metrics.set_window_sink(Arc::new(move |w| window_events.emit("window", w)));
@@ -409,6 +410,12 @@ pub async fn run(args: RunArgs) -> Result<i32> {
                "exit_status": exit_status, "log": log}),
     );
     tracing::info!(?status, exit_status, requested, "server exited");
+    if let Some(path) = &s.args.report {
+        match crate::report::write(path, &crate::report::build(&s.events.kept())) {
+            Ok(()) => tracing::info!("report written to {}", path.display()),
+            Err(e) => tracing::error!("cannot write the report {}: {e}", path.display()),
+        }
+    }
     if let Some(sen) = sentinel {
         sen.disarm().await;
     }
@@ -736,6 +743,18 @@ impl Supervision {
         self.metrics.update(|st| {
             st.state = "ready";
             st.ready_seconds = Some(at);
+        });
+        // The version and the server's own view of its args, for the report (one cheap request).
+        let (info_url, ev) = (self.url.with_path("/server_info"), self.events.clone());
+        tokio::spawn(async move {
+            if let Ok((200, body)) =
+                sglang_probes::http::get_body(&info_url, HEALTH_TIMEOUT, 4 << 20).await
+            {
+                if let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(&body) {
+                    let pick = |k: &str| m.get(k).cloned().unwrap_or(Value::Null);
+                    ev.emit("server_info", json!({"version": pick("version"), "max_total_num_tokens": pick("max_total_num_tokens")}));
+                }
+            }
         });
         if self.upstream_metrics != Some(false) {
             tokio::spawn(fetch_upstream_metrics(

@@ -496,3 +496,88 @@ fn the_grafana_dashboard_queries_only_series_that_exist() {
     run.signal(libc::SIGTERM);
     assert_eq!(run.wait(Duration::from_secs(60)), 143);
 }
+
+#[test]
+fn the_report_has_identity_startup_windows_and_teardown() {
+    let lib = stub_lib().to_str().unwrap().to_string();
+    let dir = std::env::temp_dir().join(format!("sglsup-report-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = dir.join("report.json");
+    let report_s = report.to_str().unwrap().to_string();
+    let mut run = Run::start(
+        "report",
+        Opts {
+            supervisor: &[
+                "--nvml-lib",
+                &lib,
+                "--gpu-backend",
+                "nvml",
+                "--proxy-addr",
+                "127.0.0.1:0",
+                "--report",
+                &report_s,
+            ],
+            replay: &["--speed", "50"],
+            env: &[("IMAGE", "lmsysorg/sglang:v0.5.14-cu130")],
+            ..Default::default()
+        },
+    );
+    let l = run.wait_event("listening", Duration::from_secs(60));
+    run.wait_event("ready", Duration::from_secs(60));
+    let (proxy, metrics) = (
+        l["proxy"].as_str().unwrap().to_string(),
+        l["metrics"].as_str().unwrap().to_string(),
+    );
+    assert!(http(&metrics, "POST", "/-/window/start?name=c1")
+        .0
+        .contains("200"));
+    for _ in 0..3 {
+        sglang_supervisor_tests::post_timed(
+            &proxy,
+            "/generate",
+            r#"{"text":"a b","sampling_params":{"max_new_tokens":8},"stream":true}"#,
+        )
+        .unwrap();
+    }
+    assert!(http(&metrics, "POST", "/-/window/stop").0.contains("200"));
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(Duration::from_secs(60)), 143);
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["schema_version"], 1);
+    let id = &r["identity"];
+    assert_eq!(
+        (
+            id["model"].as_str(),
+            id["tp"].as_i64(),
+            id["gpu_count"].as_i64()
+        ),
+        (Some("/models/tiny-llama"), Some(1), Some(1))
+    );
+    assert_eq!(id["gpu_name"], "NVIDIA H200 (stub)");
+    assert_eq!(id["image"], "lmsysorg/sglang:v0.5.14-cu130");
+    assert!(id["sglang_version"].is_string(), "from /server_info: {id}");
+    assert_eq!(r["startup"]["ready"], true);
+    assert!(r["startup"]["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["name"] == "cuda_graph_end"));
+    assert!(r["deprecations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|d| d["flag"] == "SGL_LOG"));
+    let windows = r["windows"].as_array().unwrap();
+    assert_eq!(windows[0]["name"], "c1");
+    assert_eq!(windows[0]["requests"]["completed"], 3);
+    assert!(
+        windows[0]["requests"]["tput_per_gpu"].is_number(),
+        "per GPU, with the GPU count known"
+    );
+    assert_eq!(windows[0]["power"]["power_valid"], 1);
+    assert_eq!(windows[1]["name"], "run");
+    assert!(windows[1]["power"]["total_gpu_energy_j"].is_number());
+    assert_eq!(r["teardown"]["exited"]["exit_status"], 143);
+    assert_eq!(r["teardown"]["gpu"]["clean"], true);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1016,3 +1016,29 @@ fn a_real_prometheus_scrapes_the_supervisor() {
     run.signal(libc::SIGTERM);
     assert_eq!(run.wait(T), 143);
 }
+
+#[test]
+fn a_failed_start_still_writes_a_report_with_the_diagnosis() {
+    let dir = std::env::temp_dir().join(format!("sglsup-failreport-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = dir.join("r.json");
+    let report_s = report.to_str().unwrap().to_string();
+    let mut run = Run::start(
+        "failreport",
+        Opts {
+            supervisor: &["--report", &report_s],
+            replay: &["--speed", "50", "--crash-in", "kv_cache"],
+            ..Default::default()
+        },
+    );
+    run.wait(T);
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["fatal"]["reason"], "scheduler_exception");
+    assert_eq!(r["startup"]["ready"], false);
+    assert!(r["startup"]["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["name"] == "kv_cache_allocated"));
+    let _ = std::fs::remove_dir_all(dir);
+}

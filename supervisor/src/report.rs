@@ -1,0 +1,131 @@
+//! `--report`: one JSON document written at exit (on failures and signals too), built from the
+//! events of the run — the events are the single record of what happened; the report arranges
+//! them for a benchmark PR: identity, startup, what the log warned about, the measurement windows
+//! (latency from the proxy, power from the probes, with InferenceX's field names), and teardown.
+use serde_json::{json, Map, Value};
+use std::path::Path;
+
+/// Bumped when a field changes meaning or disappears.
+pub const SCHEMA_VERSION: u32 = 1;
+
+fn all<'a>(events: &'a [Value], name: &str) -> impl Iterator<Item = &'a Value> + 'a {
+    let name = name.to_string();
+    events.iter().filter(move |e| e["event"] == name.as_str())
+}
+
+fn first<'a>(events: &'a [Value], name: &str) -> Option<&'a Value> {
+    all(events, name).next()
+}
+
+/// Without the `ts`/`event` keys every event has.
+fn body(e: &Value) -> Value {
+    let mut m = e.as_object().cloned().unwrap_or_default();
+    m.remove("event");
+    Value::Object(m)
+}
+
+pub fn build(events: &[Value]) -> Value {
+    let args = first(events, "server_args")
+        .map(|e| e["args"].clone())
+        .unwrap_or(Value::Null);
+    let info = first(events, "server_info").cloned().unwrap_or(Value::Null);
+    let power = first(events, "power");
+    let gpus = power.and_then(|p| p["gpus"].as_array());
+    let arg = |k: &str| args.get(k).cloned().unwrap_or(Value::Null);
+    let image = ["IMAGE", "SGLANG_IMAGE", "CONTAINER_IMAGE", "DOCKER_IMAGE"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok());
+    let identity = json!({
+        "sglang_version": info.get("version").cloned().unwrap_or(Value::Null),
+        "model": arg("model_path"),
+        "served_model_name": arg("served_model_name"),
+        "tp": arg("tp_size"), "ep": arg("ep_size"), "dp": arg("dp_size"), "pp": arg("pp_size"),
+        "attention_backend": arg("attention_backend"),
+        "mem_fraction_static": arg("mem_fraction_static"),
+        "kv_cache_dtype": arg("kv_cache_dtype"),
+        "quantization": arg("quantization"),
+        "gpu_name": gpus.and_then(|g| g.first()).map(|g| g["name"].clone()).unwrap_or(Value::Null),
+        "gpu_count": gpus.map(|g| g.len()),
+        "image": image,
+        "argv": first(events, "spawned").map(|e| e["argv"].clone()).unwrap_or(Value::Null),
+    });
+    let phases: Vec<Value> = all(events, "phase").map(body).collect();
+    let ready = first(events, "ready");
+    let startup = json!({
+        "ready": ready.is_some(),
+        "time_to_ready_s": ready.map(|r| r["elapsed_s"].clone()),
+        "phases": phases,
+    });
+    let mut windows: Vec<Value> = all(events, "window").map(body).collect();
+    let run_requests = first(events, "requests_summary").map(body);
+    if power.is_some() || run_requests.is_some() {
+        let mut w = Map::new();
+        w.insert("name".into(), "run".into());
+        if let Some(p) = power {
+            w.insert("power".into(), body(p));
+        }
+        if let Some(r) = run_requests {
+            w.insert("requests".into(), r);
+        }
+        windows.push(Value::Object(w));
+    }
+    let exited = first(events, "exited").map(body);
+    json!({
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "sglang-supervisor", "version": env!("CARGO_PKG_VERSION")},
+        "identity": identity,
+        "server_args": args,
+        "startup": startup,
+        "deprecations": all(events, "deprecation").map(body).collect::<Vec<_>>(),
+        "warnings": all(events, "warning").map(|e| e["message"].clone()).collect::<Vec<_>>(),
+        "fatal": first(events, "fatal").map(body),
+        "windows": windows,
+        "teardown": {
+            "exited": exited,
+            "leftover": first(events, "leftover").map(|e| e["pids"].clone()),
+            "gpu": first(events, "gpu_teardown").map(body),
+        },
+    })
+}
+
+/// Write atomically (a reader never sees half a report).
+pub fn write(path: &Path, report: &Value) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp-report");
+    let text = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arranges_the_events_of_a_run() {
+        let ev: Vec<Value> = [
+            json!({"event": "spawned", "pid": 5, "argv": ["python3"]}),
+            json!({"event": "server_args", "args": {"model_path": "/m", "tp_size": 8, "api_key": "<redacted>"}}),
+            json!({"event": "phase", "name": "load_weights_end", "rank": "TP0", "elapsed_s": 3.0, "duration_s": 1.0}),
+            json!({"event": "deprecation", "flag": "--x", "replacement": "--y", "message": "m"}),
+            json!({"event": "ready", "elapsed_s": 48.2, "url": "http://127.0.0.1:30000"}),
+            json!({"event": "server_info", "version": "0.5.14"}),
+            json!({"event": "window", "name": "c8", "requests": {"completed": 64, "median_ttft": 0.03}}),
+            json!({"event": "power", "power_valid": 1, "gpus": [{"index": 0, "name": "NVIDIA H200"}]}),
+            json!({"event": "exited", "code": null, "signal": 9, "exit_status": 143, "requested": true}),
+        ]
+        .into();
+        let r = build(&ev);
+        assert_eq!(r["schema_version"], 1);
+        assert_eq!(r["identity"]["model"], "/m");
+        assert_eq!(r["identity"]["tp"], 8);
+        assert_eq!(r["identity"]["sglang_version"], "0.5.14");
+        assert_eq!(r["identity"]["gpu_name"], "NVIDIA H200");
+        assert_eq!(r["server_args"]["api_key"], "<redacted>");
+        assert_eq!(r["startup"]["time_to_ready_s"], 48.2);
+        assert_eq!(r["windows"][0]["requests"]["median_ttft"], 0.03);
+        assert_eq!(r["windows"][1]["name"], "run");
+        assert_eq!(r["windows"][1]["power"]["power_valid"], 1);
+        assert_eq!(r["teardown"]["exited"]["exit_status"], 143);
+        assert!(r["fatal"].is_null());
+    }
+}
