@@ -73,11 +73,18 @@ fn check(e: &Value) {
             "{e}"
         ),
         "gpu_teardown" => assert!(e["clean"].is_boolean() && e["gpus"].is_array(), "{e}"),
+        // The H200 call-3 fixture predates the combined `window` event.
         "power_window" => assert!(
             e["name"].is_string() && e["power_valid"].is_u64() && e["gpus"].is_array(),
             "{e}"
         ),
         "listening" => assert!(e["metrics"].is_string() || e["proxy"].is_string(), "{e}"),
+        "window" => assert!(
+            e["name"].is_string() && (e["power"].is_object() || e["requests"].is_object()),
+            "{e}"
+        ),
+        "requests_summary" => assert!(e["completed"].is_u64() && e["errors"].is_u64(), "{e}"),
+        "server_info" => assert!(e.get("version").is_some(), "{e}"),
         other => panic!("event {other} is not in the contract"),
     }
 }
