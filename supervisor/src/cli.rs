@@ -47,12 +47,32 @@ pub enum Command {
     /// With `auto` or `none` and no GPU: `[]` and exit 0; a named backend that cannot load: exit 125.
     Probe(ProbeArgs),
 
+    /// Wait until a server is ready: follow a supervisor's --events file (ready → 0, failed →
+    /// its exit status with the diagnosis on stderr) or poll a URL (/ready, else /health).
+    /// Not ready within --timeout: 124.
+    Wait(WaitArgs),
+
     /// Internal: the watchdog that kills the server's process group if the supervisor dies.
     #[command(hide = true, name = "__sentinel")]
     Sentinel {
         #[arg(long)]
         pgid: i32,
     },
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["events", "url"])))]
+pub struct WaitArgs {
+    /// The --events file of a running `sglang-supervisor run` (it may not exist yet).
+    #[arg(long, value_name = "FILE")]
+    pub events: Option<PathBuf>,
+
+    /// The server's base URL, e.g. http://127.0.0.1:30000.
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+
+    #[arg(long, default_value = "60m", value_parser = parse_duration, value_name = "DUR")]
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

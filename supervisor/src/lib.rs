@@ -9,3 +9,4 @@ pub mod logs;
 pub mod redact;
 pub mod report;
 pub mod sentinel;
+pub mod wait;

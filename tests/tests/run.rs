@@ -1042,3 +1042,74 @@ fn a_failed_start_still_writes_a_report_with_the_diagnosis() {
         .any(|p| p["name"] == "kv_cache_allocated"));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+fn wait_cmd(args: &[&str]) -> std::process::Child {
+    #[allow(clippy::disallowed_methods)]
+    std::process::Command::new(supervisor_bin())
+        .arg("wait")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn wait_follows_the_events_file_and_polls_urls() {
+    // Started before the supervisor: the events file does not exist yet.
+    let dir = std::env::temp_dir().join(format!("sglsup-wait-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = Run::start(
+        "wait-ok",
+        Opts {
+            replay: &["--speed", "20"],
+            ..Default::default()
+        },
+    );
+    let events = run.dir.join("events.jsonl");
+    let w = wait_cmd(&["--events", events.to_str().unwrap(), "--timeout", "60s"]);
+    let out = w.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!run.events_named("ready").is_empty());
+    let url = format!("http://127.0.0.1:{}", run.port);
+    let out = wait_cmd(&["--url", &url, "--timeout", "10s"])
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let t = Instant::now();
+    let out = wait_cmd(&["--url", &dead, "--timeout", "2s"])
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(124));
+    assert!(t.elapsed() < Duration::from_secs(6));
+    drop(run);
+
+    let mut failing = Run::start(
+        "wait-fail",
+        Opts {
+            replay: &[
+                "--argparse-error",
+                "unrecognized arguments: --stream-output",
+            ],
+            ..Default::default()
+        },
+    );
+    let events = failing.dir.join("events.jsonl");
+    let out = wait_cmd(&["--events", events.to_str().unwrap(), "--timeout", "30s"])
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "the server's own status");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("argparse_error") && err.contains("--stream-output"),
+        "{err}"
+    );
+    failing.wait(T);
+    let _ = std::fs::remove_dir_all(dir);
+}
