@@ -52,12 +52,36 @@ pub enum Command {
     /// Not ready within --timeout: 124.
     Wait(WaitArgs),
 
+    /// Compare two runs (our --report files or InferenceX result JSON, single or aggregated):
+    /// per window/concurrency the metric, baseline, candidate, signed delta and better/worse;
+    /// then changed resolved args, new/gone deprecations, startup time. Different model, GPU
+    /// count, ISL/OSL or precision is refused (exit 2) unless --force.
+    Compare(CompareArgs),
+
     /// Internal: the watchdog that kills the server's process group if the supervisor dies.
     #[command(hide = true, name = "__sentinel")]
     Sentinel {
         #[arg(long)]
         pgid: i32,
     },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CompareFormat {
+    Text,
+    Markdown,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    pub baseline: PathBuf,
+    pub candidate: PathBuf,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: CompareFormat,
+    /// Compare even when model, GPU count, ISL/OSL or precision differ.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]

@@ -2,6 +2,7 @@
 //! everything lives here so benchmarks and tests reach the same code.
 pub mod child;
 pub mod cli;
+pub mod compare;
 pub mod events;
 pub mod gpu;
 pub mod lifecycle;

@@ -343,3 +343,102 @@ fn a_large_request_body_streams_through() {
     stop(run);
     let _ = std::fs::remove_file(log);
 }
+
+/// One supervised replay run with a proxied window "c1"; returns its report.
+fn report_of(name: &str, replay_extra: &[&str]) -> Value {
+    let dir = std::env::temp_dir().join(format!("sglsup-cmp-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = dir.join("report.json");
+    let report_s = report.to_str().unwrap().to_string();
+    let mut replay = vec!["--speed", "50"];
+    replay.extend_from_slice(replay_extra);
+    let run = Run::start(
+        name,
+        Opts {
+            supervisor: &["--proxy-addr", "127.0.0.1:0", "--report", &report_s],
+            replay: &replay,
+            ..Default::default()
+        },
+    );
+    let l = run.wait_event("listening", T);
+    run.wait_event("ready", T);
+    let (proxy, metrics) = (
+        l["proxy"].as_str().unwrap().to_string(),
+        l["metrics"].as_str().unwrap().to_string(),
+    );
+    http(&metrics, "POST", "/-/window/start?name=c1");
+    for _ in 0..5 {
+        post(
+            &proxy,
+            "/generate",
+            r#"{"text":"a b c d","sampling_params":{"max_new_tokens":16},"stream":true}"#,
+        );
+    }
+    http(&metrics, "POST", "/-/window/stop");
+    stop(run);
+    let v = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+    v
+}
+
+#[test]
+fn compare_two_reports_gives_the_image_bump_table() {
+    let base = report_of("cmp-base", &[]);
+    // The replay takes its own options first; SGLang flags it does not know come last.
+    let cand = report_of(
+        "cmp-cand",
+        &[
+            "--version",
+            "0.5.19",
+            "--ranks",
+            "TP0,TP1",
+            "--cuda-graph-max-bs=8",
+        ],
+    );
+    let dir = std::env::temp_dir().join(format!("sglsup-cmp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (b, c) = (dir.join("b.json"), dir.join("c.json"));
+    std::fs::write(&b, base.to_string()).unwrap();
+    std::fs::write(&c, cand.to_string()).unwrap();
+    #[allow(clippy::disallowed_methods)]
+    let out = std::process::Command::new(supervisor_bin())
+        .arg("compare")
+        .arg(&b)
+        .arg(&c)
+        .args(["--format", "markdown"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("### c1") && text.contains("| Median TTFT (s) |"),
+        "{text}"
+    );
+    assert!(text.contains("- `tp_size` 1 → 2"), "{text}");
+    assert!(
+        text.contains("'--cuda-graph-max-bs' is deprecated"),
+        "a new deprecation warning: {text}"
+    );
+    assert!(text.contains("Startup (spawn → ready)"), "{text}");
+    // Another model: refused in one line naming the field, exit 2.
+    let mut other = cand.clone();
+    other["identity"]["model"] = Value::from("/models/other");
+    std::fs::write(&c, other.to_string()).unwrap();
+    #[allow(clippy::disallowed_methods)]
+    let out = std::process::Command::new(supervisor_bin())
+        .arg("compare")
+        .arg(&b)
+        .arg(&c)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("model differs"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -672,6 +672,7 @@ impl HttpFixtures {
                 "startup_time",
                 "internal_states",
                 "version",
+                "status",
             ] {
                 m.remove(k);
             }
