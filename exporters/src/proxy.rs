@@ -149,6 +149,9 @@ pub struct Proxy {
     metrics: Arc<ProxyMetrics>,
     stats: Arc<crate::report::RequestStats>,
     log: Option<Mutex<std::fs::File>>,
+    /// Measured requests in flight, and where busy/idle transitions go (`--window-from-proxy`).
+    in_flight: std::sync::atomic::AtomicUsize,
+    traffic: Option<Mutex<std::sync::mpsc::Sender<bool>>>,
 }
 
 /// Bind now, serve in the background; `upstream` like `http://127.0.0.1:30000`.
@@ -158,6 +161,7 @@ pub async fn start(
     metrics: Arc<ProxyMetrics>,
     stats: Arc<crate::report::RequestStats>,
     requests_log: Option<std::fs::File>,
+    traffic_window: Option<sglang_probes::sampler::SamplerHandle>,
 ) -> Result<SocketAddr, ProxyError> {
     let listener = TcpListener::bind(addr)
         .await
@@ -181,12 +185,32 @@ pub async fn start(
     let client = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(1024)
         .build(connector);
+    // Busy/idle transitions are handled in order on one thread: each reads energy counters
+    // (milliseconds per GPU), which must never delay a request.
+    let traffic = traffic_window.and_then(|sampler| {
+        let (tx, rx) = std::sync::mpsc::channel::<bool>();
+        std::thread::Builder::new()
+            .name("traffic-window".into())
+            .spawn(move || {
+                for busy in rx {
+                    if busy {
+                        sampler.traffic_busy();
+                    } else {
+                        sampler.traffic_idle();
+                    }
+                }
+            })
+            .ok()
+            .map(|_| Mutex::new(tx))
+    });
     let proxy = Arc::new(Proxy {
         upstream,
         client,
         metrics,
         stats,
         log: requests_log.map(Mutex::new),
+        in_flight: std::sync::atomic::AtomicUsize::new(0),
+        traffic,
     });
     tokio::spawn(async move {
         loop {
@@ -238,6 +262,9 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, hyper::Error> {
         let sent = Instant::now();
         let endpoint = measured_endpoint(req.uri().path());
+        if endpoint.is_some() {
+            self.enter();
+        }
         let (mut parts, body) = req.into_parts();
         let path_q = parts
             .uri
@@ -295,6 +322,32 @@ impl Proxy {
         }
     }
 
+    fn enter(&self) {
+        if self
+            .in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            == 0
+        {
+            self.signal_traffic(true);
+        }
+    }
+
+    fn leave(&self) {
+        if self
+            .in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            self.signal_traffic(false);
+        }
+    }
+
+    fn signal_traffic(&self, busy: bool) {
+        if let Some(tx) = &self.traffic {
+            let _ = tx.lock().unwrap_or_else(|p| p.into_inner()).send(busy);
+        }
+    }
+
     /// The upstream failed: a clear 502 for the client, counted, and the proxy carries on.
     fn error_response(
         &self,
@@ -310,6 +363,7 @@ impl Proxy {
         };
         self.metrics.requests.get_or_create(&label).inc();
         if let Some(ep) = endpoint {
+            self.leave();
             self.log(&RequestRecord {
                 ts: now_rfc3339(),
                 endpoint: ep.into(),
@@ -551,6 +605,7 @@ impl Recorder {
             error,
         };
         self.proxy.log(&rec);
+        self.proxy.leave();
     }
 }
 

@@ -118,12 +118,22 @@ struct Shared {
     window: Mutex<Option<ActiveWindow>>,
     /// GPUs the server should use (tp × pp from its resolved args), when known.
     expected_gpus: Mutex<Option<usize>>,
+    traffic: Mutex<Option<TrafficWindow>>,
 }
 
 struct ActiveWindow {
     name: String,
     t0: Instant,
     stats: Vec<Stats>,
+}
+
+/// The window that follows request traffic (`--window-from-proxy`): opened by the first request,
+/// checkpointed (counters read) each time the server goes idle, closed at the last checkpoint.
+struct TrafficWindow {
+    t0: Instant,
+    stats: Vec<Stats>,
+    /// (end in sampler seconds, the statistics as they were then, last edge read included)
+    checkpoint: Option<(f64, Vec<Stats>)>,
 }
 
 pub struct Sampler {
@@ -160,6 +170,44 @@ impl SamplerHandle {
             edge_sample(&self.0, i as u32, st);
         }
         *lock(&self.0.window) = Some(w);
+    }
+
+    /// Requests started arriving: open the traffic window (once; later bursts continue it).
+    pub fn traffic_busy(&self) {
+        if lock(&self.0.traffic).is_some() {
+            return;
+        }
+        let n = self.0.latest.len();
+        let mut stats = vec![Stats::default(); n];
+        for (i, st) in stats.iter_mut().enumerate() {
+            edge_sample(&self.0, i as u32, st);
+        }
+        *lock(&self.0.traffic) = Some(TrafficWindow {
+            t0: Instant::now(),
+            stats,
+            checkpoint: None,
+        });
+    }
+
+    /// No request in flight: remember the window as if it ended now (counters read).
+    pub fn traffic_idle(&self) {
+        let Some(mut snapshot) = lock(&self.0.traffic).as_ref().map(|t| t.stats.clone()) else {
+            return;
+        };
+        for (i, st) in snapshot.iter_mut().enumerate() {
+            edge_sample(&self.0, i as u32, st);
+        }
+        if let Some(t) = lock(&self.0.traffic).as_mut() {
+            t.checkpoint = Some((self.0.t0.elapsed().as_secs_f64(), snapshot));
+        }
+    }
+
+    /// The traffic window from the first request to the last idle checkpoint.
+    pub fn traffic_close(&self) -> Option<PowerWindow> {
+        let t = lock(&self.0.traffic).take()?;
+        let (end, stats) = t.checkpoint?;
+        let span = (t.t0.duration_since(self.0.t0).as_secs_f64(), end);
+        Some(summarize_stats(stats, span, *lock(&self.0.expected_gpus)))
     }
 
     /// Close the window in progress with a last counter reading; `None` if none was open.
@@ -301,6 +349,7 @@ impl Sampler {
             wake: (Mutex::new(()), Condvar::new()),
             window: Mutex::new(None),
             expected_gpus: Mutex::new(None),
+            traffic: Mutex::new(None),
         });
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
@@ -436,6 +485,11 @@ fn run(sh: &Shared, index: u32, offset: Duration) {
 fn record(sh: &Shared, index: u32, t: f64, cpu: Duration, s: &GpuSample) {
     update(&mut lock(&sh.stats[index as usize]), t, cpu, s);
     if let Some(w) = lock(&sh.window).as_mut() {
+        if let Some(st) = w.stats.get_mut(index as usize) {
+            update(st, t, cpu, s);
+        }
+    }
+    if let Some(w) = lock(&sh.traffic).as_mut() {
         if let Some(st) = w.stats.get_mut(index as usize) {
             update(st, t, cpu, s);
         }
@@ -793,6 +847,28 @@ mod tests {
             ["expected_gpu_count_mismatch"],
             "1 GPU sampled for a tp=8 server"
         );
+    }
+
+    #[test]
+    fn the_traffic_window_ends_at_the_last_idle_checkpoint() {
+        let cfg = SamplerConfig {
+            interval: Duration::from_millis(10),
+            energy_interval: Duration::from_secs(60),
+        };
+        let s = Sampler::start(Box::new(fake()), cfg, None).unwrap();
+        let h = s.handle();
+        assert!(h.traffic_close().is_none());
+        h.traffic_busy();
+        std::thread::sleep(Duration::from_millis(100));
+        h.traffic_idle();
+        h.traffic_busy(); // a second burst continues the same window
+        std::thread::sleep(Duration::from_millis(100));
+        h.traffic_idle();
+        std::thread::sleep(Duration::from_millis(300)); // idle tail: not part of the window
+        let w = h.traffic_close().unwrap();
+        assert!((0.18..0.28).contains(&w.duration_s), "{}", w.duration_s);
+        assert_eq!(w.gpus[0].energy_source, "counter");
+        let _ = s.stop();
     }
 
     #[test]

@@ -231,6 +231,15 @@ pub struct RunArgs {
     )]
     pub requests_log: Option<PathBuf>,
 
+    /// With --proxy-addr: a measurement window that follows the request traffic, from the first
+    /// generation request to the moment the last one finished (reported as `proxy-traffic`).
+    #[arg(
+        long,
+        env = "SGLANG_SUPERVISOR_WINDOW_FROM_PROXY",
+        requires = "proxy_addr"
+    )]
+    pub window_from_proxy: bool,
+
     #[command(flatten)]
     pub gpu: GpuArgs,
 

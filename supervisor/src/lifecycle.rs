@@ -191,6 +191,9 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     // surprise an hour into the benchmark.
     let metrics = Arc::new(exporters::Shared::default());
     metrics.update(|st| st.state = "starting");
+    // GPU sampling starts before the server, so the window covers its whole start.
+    let sampler = crate::gpu::start_sampler(&args)?;
+    metrics.set_gpus(sampler.as_ref().map(|s| s.handle()));
     let mut registry = exporters::registry(metrics.clone());
     let proxy_metrics = sglang_exporters::proxy::ProxyMetrics::register(&mut registry);
     let metrics_addr = match args.metrics_addr.as_str() {
@@ -210,12 +213,17 @@ pub async fn run(args: RunArgs) -> Result<i32> {
             let upstream = args.upstream.clone().unwrap_or_else(|| url.base());
             let stats = Arc::new(sglang_exporters::report::RequestStats::default());
             metrics.set_requests(Some(stats.clone()));
-            Some(sglang_exporters::proxy::start(addr, &upstream, proxy_metrics, stats, log).await?)
+            let traffic = if args.window_from_proxy {
+                sampler.as_ref().map(|s| s.handle())
+            } else {
+                None
+            };
+            Some(
+                sglang_exporters::proxy::start(addr, &upstream, proxy_metrics, stats, log, traffic)
+                    .await?,
+            )
         }
     };
-    // GPU sampling starts before the server, so the window covers its whole start.
-    let sampler = crate::gpu::start_sampler(&args)?;
-    metrics.set_gpus(sampler.as_ref().map(|s| s.handle()));
     let t0 = Instant::now();
     let spawned = child::spawn(SpawnSpec {
         argv: &args.command,
@@ -359,6 +367,24 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         tracing::error!(?leftover, "processes of the server tree survived SIGKILL");
     }
     s.diagnose_exit(status, &shared);
+    if s.args.window_from_proxy {
+        let power = sampler
+            .as_ref()
+            .and_then(|smp| smp.handle().traffic_close());
+        let requests = metrics
+            .requests()
+            .and_then(|r| r.run_summary(sampler.as_ref().map(|s| s.gpu_count())));
+        if power.is_some() || requests.is_some() {
+            let mut w = json!({"name": "proxy-traffic"});
+            if let Some(p) = power.and_then(|p| serde_json::to_value(p).ok()) {
+                w["power"] = p;
+            }
+            if let Some(r) = requests {
+                w["requests"] = r;
+            }
+            s.events.emit("window", w);
+        }
+    }
     if let Some(summary) = metrics
         .requests()
         .and_then(|r| r.run_summary(sampler.as_ref().map(|s| s.gpu_count())))

@@ -581,3 +581,68 @@ fn the_report_has_identity_startup_windows_and_teardown() {
     assert_eq!(r["teardown"]["gpu"]["clean"], true);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn window_from_proxy_spans_the_request_traffic_only() {
+    let lib = stub_lib().to_str().unwrap().to_string();
+    let mut run = Run::start(
+        "traffic",
+        Opts {
+            supervisor: &[
+                "--nvml-lib",
+                &lib,
+                "--gpu-backend",
+                "nvml",
+                "--proxy-addr",
+                "127.0.0.1:0",
+                "--window-from-proxy",
+                "--sample-interval",
+                "20ms",
+                "--energy-interval",
+                "1h",
+            ],
+            replay: &["--speed", "50"],
+            ..Default::default()
+        },
+    );
+    let proxy = run.wait_event("listening", Duration::from_secs(60))["proxy"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    run.wait_event("ready", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(300)); // idle before: not in the window
+    let t = std::time::Instant::now();
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let p = proxy.clone();
+            std::thread::spawn(move || {
+                for _ in 0..3 {
+                    sglang_supervisor_tests::post_timed(
+                        &p,
+                        "/generate",
+                        r#"{"text":"x","sampling_params":{"max_new_tokens":40},"stream":true}"#,
+                    )
+                    .unwrap();
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|h| h.join().unwrap());
+    let busy = t.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(600)); // idle after: not in the window either
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(Duration::from_secs(60)), 143);
+    let w = run
+        .events_named("window")
+        .into_iter()
+        .find(|w| w["name"] == "proxy-traffic")
+        .unwrap();
+    assert_eq!(w["requests"]["completed"], 12);
+    let d = w["power"]["duration_s"].as_f64().unwrap();
+    assert!(
+        d > busy * 0.8 && d < busy + 0.25,
+        "window {d} s for {busy} s of traffic"
+    );
+    assert_eq!(w["power"]["gpus"][0]["energy_source"], "counter");
+    assert_eq!(w["power"]["power_valid"], 1, "{w}");
+}
