@@ -51,6 +51,7 @@ struct Stats {
     avg_integral_j: f64,
     power_sum_w: f64,
     peak_w: Option<f64>,
+    peak_avg_w: Option<f64>,
     energy_first: Option<f64>,
     energy_prev: Option<f64>,
     energy_counted_j: f64,
@@ -83,6 +84,9 @@ pub struct GpuWindow {
     pub avg_power_w: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_power_w: Option<f64>,
+    /// Peak of the driver's 1 s average: next to `peak_power_w` it shows what averaging hides.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_average_power_w: Option<f64>,
     pub errors: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gone: Option<String>,
@@ -519,6 +523,7 @@ fn update(st: &mut Stats, t: f64, cpu: Duration, s: &GpuSample) {
         st.last_power = Some((t, p));
     }
     if let Some(p) = s.power_avg_w {
+        st.peak_avg_w = Some(st.peak_avg_w.map_or(p, |m: f64| m.max(p)));
         if let Some((t0, p0)) = st.last_avg_power {
             st.avg_integral_j += (t - t0) * (p + p0) / 2.0;
         }
@@ -615,6 +620,7 @@ fn summarize_stats(all: Vec<Stats>, span: (f64, f64), expected_gpus: Option<usiz
                     (st.power_samples > 0).then(|| st.power_sum_w / st.power_samples as f64)
                 }),
             peak_power_w: st.peak_w,
+            peak_average_power_w: st.peak_avg_w,
             errors: st.errors,
             gone: st.gone.clone(),
             cpu_ms_per_sample: if st.samples > 0 {
