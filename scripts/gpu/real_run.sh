@@ -170,6 +170,39 @@ PY
       check ready 1 ""; kill -KILL "$SUP"; wait "$SUP"
     fi
     ;;
+  R)
+    say "R: millisecond log timestamps (SGLANG_LOG_MS=1): ready-line → ready-event lag; report; traffic window"
+    export SGLANG_LOG_MS=1
+    SUP_EXTRA="--proxy-addr 127.0.0.1:0 --window-from-proxy --report $P/report.json --requests-log $P/requests.jsonl" start_sup
+    unset SGLANG_LOG_MS
+    if wait_event ready 360; then
+      date +%Z > "$P/tz.txt"
+      pport=$(grep -o '"proxy":"[^"]*"' "$P/events.jsonl" | cut -d'"' -f4 | cut -d: -f2)
+      for i in 1 2 3 4 5 6; do post "http://127.0.0.1:$pport/generate" '{"text":"The capital of France is","sampling_params":{"max_new_tokens":64},"stream":true}'; done
+      sleep 1
+      t0=$(now); kill -TERM "$SUP"; wait "$SUP"; rc=$?
+      check sigterm_exit_143 "$([ "$rc" = 143 ] && echo 0 || echo 1)" "rc=$rc after $(sub "$(now)" "$t0") s"
+      python3 - "$P" <<'PY' | tee -a "$P/checks.txt"
+import json, sys, datetime, re
+p = sys.argv[1]
+ev = [json.loads(l) for l in open(f"{p}/events.jsonl")]
+ready = next(e for e in ev if e["event"] == "ready")
+line = next(l for l in open(f"{p}/server.log", errors="replace") if "ready to roll" in l)
+m = re.match(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3})", line)
+tz = open(f"{p}/tz.txt").read().strip()
+logged = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=datetime.timezone.utc)
+evt = datetime.datetime.strptime(ready["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc)
+lag = (evt - logged).total_seconds() * 1000
+print(f"{'ok' if 0 <= lag < 50 else 'FAIL'}  ready_lag  log line {m.group(1)} ({tz}) → ready event {ready['ts']}: {lag:.1f} ms (log ms resolution; includes the HTTP confirmation)")
+r = json.load(open(f"{p}/report.json"))
+w = [x for x in r["windows"] if x["name"] == "proxy-traffic"]
+print(f"{'ok' if w else 'FAIL'}  report  schema {r['schema_version']}, sglang {r['identity']['sglang_version']}, gpu {r['identity']['gpu_name']} x{r['identity']['gpu_count']}, ready {r['startup']['time_to_ready_s']} s, "
+      + (f"proxy-traffic window {w[0]['power']['duration_s']:.2f} s power_valid {w[0]['power']['power_valid']} energy {w[0]['power']['total_gpu_energy_j']:.1f} J, {w[0]['requests']['completed']} requests median TTFT {w[0]['requests']['median_ttft_ms']:.2f} ms" if w else "no proxy-traffic window"))
+PY
+    else
+      unset SGLANG_LOG_MS; check ready 1 ""; kill -KILL "$SUP"; wait "$SUP"
+    fi
+    ;;
   P)
     say "P: probe, then a 60 s sampled window over a known matmul load (no SGLang)"
     "$BIN" probe > "$P/probe.txt" 2>&1; "$BIN" probe --json > "$P/probe.json" 2>&1
@@ -187,7 +220,7 @@ w = next(e for e in ev if e["event"] == "power")
 for g in w["gpus"]:
     c, i, a = g.get("energy_j"), g["energy_from_instant_power_j"], g["energy_from_average_power_j"]
     d = abs(c - i) / c * 100 if c else float("nan")
-    print(f"{'ok' if d < 3 else 'FAIL'}  energy_counter_vs_instant_integral  GPU{g['index']}: counter {c:.1f} J, instant-power integral {i:.1f} J ({d:.2f} %), 1 s-average integral {a:.1f} J ({abs(c-a)/c*100:.2f} %); samples {g['samples']} at {g['achieved_hz']:.2f} Hz, max gap {g['max_gap_s']} s, peak {g.get('peak_power_w')} W, sampler CPU {g['cpu_ms_per_sample']:.3f} ms/sample")
+    print(f"{'ok' if d < 3 else 'FAIL'}  energy_counter_vs_instant_integral  GPU{g['index']}: counter {c:.1f} J, instant-power integral {i:.1f} J ({d:.2f} %), 1 s-average integral {a:.1f} J ({abs(c-a)/c*100:.2f} %); samples {g['samples']} at {g['achieved_hz']:.2f} Hz, max gap {g['max_gap_s']} s, peak instant {g.get('peak_power_w')} W vs peak 1 s average {g.get('peak_average_power_w')} W, sampler CPU {g['cpu_ms_per_sample']:.3f} ms/sample")
 ex = next(e for e in ev if e["event"] == "exited")
 cpu = ex["log"].get("supervisor_cpu_s")
 print(f"ok  supervisor_cpu  {cpu} s over {w['duration_s']:.1f} s = {cpu / w['duration_s'] * 100:.3f} % of one core (whole supervisor, 1 GPU at 10 Hz)")
