@@ -118,7 +118,7 @@ fn events_from_the_real_h200_run_follow_the_contract() {
 
 #[test]
 fn events_of_the_real_failure_and_power_runs_follow_the_contract() {
-    for f in ["G_events.jsonl", "P_events.jsonl"] {
+    for f in ["G_events.jsonl", "P_events.jsonl", "R_events.jsonl"] {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("fixtures/real-h200-supervised")
             .join(f);
