@@ -47,6 +47,12 @@ pub enum Command {
     /// With `auto` or `none` and no GPU: `[]` and exit 0; a named backend that cannot load: exit 125.
     Probe(ProbeArgs),
 
+    /// SGLang's launch flags: audit a launch (or a bash recipe) against a version's real parser,
+    /// diff two versions, dump a schema. SOURCE today: a saved schema .json (argparse dump);
+    /// importing a python3 / venv / wheel / source tree is issue #3.
+    #[command(subcommand)]
+    Flags(FlagsCommand),
+
     /// Wait until a server is ready: follow a supervisor's --events file (ready → 0, failed →
     /// its exit status with the diagnosis on stderr) or poll a URL (/ready, else /health).
     /// Not ready within --timeout: 124.
@@ -64,6 +70,53 @@ pub enum Command {
         #[arg(long)]
         pgid: i32,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FlagsCommand {
+    /// One verdict per flag: ok, alias, abbrev, deprecated, ambiguous, unknown, removed,
+    /// invalid_choice, missing_value. Exit 0 all fine, 1 deprecations, 2 the launch would fail.
+    Audit(FlagsAuditArgs),
+    /// Option strings added and removed, new deprecations, changed defaults/choices/arity/type.
+    Diff(FlagsDiffArgs),
+    /// The schema, normalised (option strings, dest, canonical, aliases, nargs, choices, deprecation).
+    Dump(FlagsDumpArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FlagsAuditArgs {
+    /// The SGLang version to check against (a saved schema .json).
+    #[arg(long, env = "SGLANG_SUPERVISOR_SGLANG", value_name = "SOURCE")]
+    pub sglang: String,
+    /// The version the recipe worked with: names removed flags and where they went.
+    #[arg(long, value_name = "SOURCE")]
+    pub baseline: Option<String>,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: CompareFormat,
+    /// A bash recipe with the launch in it (`python3 -m sglang.launch_server ...` / `sglang serve ...`).
+    #[arg(value_name = "RECIPE.sh")]
+    pub recipe: Option<PathBuf>,
+    /// Or the launch arguments themselves, after `--`.
+    #[arg(last = true, value_name = "ARGS")]
+    pub args: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct FlagsDiffArgs {
+    #[arg(long, value_name = "SOURCE")]
+    pub from: String,
+    #[arg(long, value_name = "SOURCE")]
+    pub to: String,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: CompareFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct FlagsDumpArgs {
+    #[arg(long, value_name = "SOURCE")]
+    pub sglang: String,
+    #[arg(long, value_enum, default_value = "json")]
+    pub format: CompareFormat,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

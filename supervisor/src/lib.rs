@@ -4,6 +4,7 @@ pub mod child;
 pub mod cli;
 pub mod compare;
 pub mod events;
+pub mod flags;
 pub mod gpu;
 pub mod lifecycle;
 pub mod logs;

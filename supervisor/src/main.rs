@@ -1,7 +1,7 @@
 use clap::Parser;
 use sglang_supervisor::cli::{Cli, Command, LogFormat};
 use sglang_supervisor::logs::tee::{terminal, StderrWriter};
-use sglang_supervisor::{compare, gpu, lifecycle, sentinel, wait};
+use sglang_supervisor::{compare, flags, gpu, lifecycle, sentinel, wait};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -25,6 +25,10 @@ fn main() -> ExitCode {
     init_tracing(cli.log_format);
     match cli.command {
         Command::Sentinel { pgid } => ExitCode::from(sentinel::sentinel_main(pgid) as u8),
+        Command::Flags(cmd) => match flags::command(&cmd) {
+            Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+            Err(e) => fail(e),
+        },
         Command::Compare(args) => match compare::command(&args) {
             Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
             Err(e) => fail(e),

@@ -1,0 +1,183 @@
+//! A flag schema: SGLang's argparse actions as dumped from the real parser
+//! (`ServerArgs.add_cli_args(ArgumentParser(prog="sglang serve"))`, reference/sglang.md §4).
+use serde_json::Value;
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    #[error("reading the flag schema {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a flag schema: {why}")]
+    Format { path: String, why: String },
+    #[error("{given:?} is not a saved schema .json: importing SGLang (a python3, a venv, a .whl or a source tree) is not built yet (issue #3); dump the flags with shared/sglang-device/dump_flags.py and pass the .json")]
+    UnsupportedSource { given: String },
+}
+
+/// How many values an option takes (argparse `nargs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nargs {
+    One,
+    Zero,
+    Optional,
+    ZeroOrMore,
+    OneOrMore,
+    Exactly(u64),
+}
+
+#[derive(Debug, Clone)]
+pub struct Opt {
+    pub option_strings: Vec<String>,
+    pub dest: String,
+    pub nargs: Nargs,
+    pub choices: Option<Vec<String>>,
+    pub deprecated: bool,
+    /// Where a deprecated flag points (`new_flag`, or a `--flag` named in its help text).
+    pub replacement: Option<String>,
+    pub help: Option<String>,
+    pub kind: Option<String>,
+    pub default: Value,
+}
+
+impl Opt {
+    /// The canonical spelling: the first long option string.
+    pub fn canonical(&self) -> &str {
+        self.option_strings
+            .iter()
+            .find(|s| s.starts_with("--"))
+            .or(self.option_strings.first())
+            .map_or("", String::as_str)
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Schema {
+    pub version: Option<String>,
+    pub options: Vec<Opt>,
+}
+
+fn replacement_from_help(help: &str) -> Option<String> {
+    // "(Deprecated: use --flashinfer-allreduce-fusion-backend=auto) ...", "Use --x instead."
+    let lower = help.to_ascii_lowercase();
+    let at = lower.find("use ")?;
+    help[at + 4..]
+        .split_whitespace()
+        .next()
+        .filter(|w| w.starts_with("--"))
+        .map(|w| {
+            w.trim_end_matches(|c: char| !c.is_alphanumeric())
+                .to_string()
+        })
+}
+
+impl Schema {
+    /// Read a saved schema (`.json`). Other sources need the Python side (issue #3).
+    pub fn load(source: &str) -> Result<Schema, SchemaError> {
+        if !source.ends_with(".json") {
+            return Err(SchemaError::UnsupportedSource {
+                given: source.to_string(),
+            });
+        }
+        let path = Path::new(source);
+        let text = std::fs::read_to_string(path).map_err(|e| SchemaError::Io {
+            path: source.into(),
+            source: e,
+        })?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| SchemaError::Format {
+            path: source.into(),
+            why: e.to_string(),
+        })?;
+        Self::from_json(&v).map_err(|why| SchemaError::Format {
+            path: source.into(),
+            why,
+        })
+    }
+
+    pub fn from_json(v: &Value) -> Result<Schema, String> {
+        let actions = v["actions"]
+            .as_array()
+            .or_else(|| v["options"].as_array())
+            .ok_or("no \"actions\" array")?;
+        let mut options = Vec::new();
+        for a in actions {
+            let strings: Vec<String> = a["option_strings"]
+                .as_array()
+                .map(|s| {
+                    s.iter()
+                        .filter_map(|x| x.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if strings.is_empty() || a["dest"] == "help" {
+                continue;
+            }
+            let nargs = match &a["nargs"] {
+                Value::Null => Nargs::One,
+                Value::Number(n) if n.as_u64() == Some(0) => Nargs::Zero,
+                Value::Number(n) => Nargs::Exactly(n.as_u64().unwrap_or(1)),
+                Value::String(s) if s == "?" => Nargs::Optional,
+                Value::String(s) if s == "*" => Nargs::ZeroOrMore,
+                Value::String(s) if s == "+" => Nargs::OneOrMore,
+                _ => Nargs::One,
+            };
+            let help = a["help"].as_str().map(String::from);
+            let deprecated = a["deprecated"].as_bool().unwrap_or(false)
+                || a["deprecated"].is_object()
+                || a["action"]
+                    .as_str()
+                    .is_some_and(|c| c.starts_with("Deprecated"));
+            let replacement = a["new_flag"]
+                .as_str()
+                .map(String::from)
+                .or_else(|| a["deprecated"]["replacement"].as_str().map(String::from))
+                .or_else(|| {
+                    if deprecated {
+                        help.as_deref().and_then(replacement_from_help)
+                    } else {
+                        None
+                    }
+                });
+            options.push(Opt {
+                option_strings: strings,
+                dest: a["dest"].as_str().unwrap_or("").to_string(),
+                nargs,
+                choices: a["choices"].as_array().map(|c| {
+                    c.iter()
+                        .map(|x| x.as_str().map_or_else(|| x.to_string(), String::from))
+                        .collect()
+                }),
+                deprecated,
+                replacement,
+                help,
+                kind: a["type"].as_str().map(String::from),
+                default: a["default"].clone(),
+            });
+        }
+        Ok(Schema {
+            version: v["sglang_version"].as_str().map(String::from),
+            options,
+        })
+    }
+
+    /// The option that has exactly this option string.
+    pub fn exact(&self, flag: &str) -> Option<&Opt> {
+        self.options
+            .iter()
+            .find(|o| o.option_strings.iter().any(|s| s == flag))
+    }
+
+    /// Option strings that start with `prefix`, in the parser's order (argparse's abbreviation rule).
+    pub fn prefixed(&self, prefix: &str) -> Vec<(&Opt, &str)> {
+        self.options
+            .iter()
+            .flat_map(|o| {
+                o.option_strings
+                    .iter()
+                    .filter(|s| s.starts_with(prefix))
+                    .map(move |s| (o, s.as_str()))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,168 @@
+//! The `flags` commands: the audit, diff and dump of SGLang's launch flags (python crate), with
+//! their output formats and exit statuses.
+use crate::cli::{CompareFormat, FlagsAuditArgs, FlagsCommand, FlagsDiffArgs, FlagsDumpArgs};
+use crate::redact::{is_secret_name, REDACTED};
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+use sglang_python::audit::{audit, exit_status, Verdict};
+use sglang_python::schema::Schema;
+
+pub fn command(cmd: &FlagsCommand) -> Result<i32> {
+    match cmd {
+        FlagsCommand::Audit(a) => audit_command(a),
+        FlagsCommand::Diff(a) => diff_command(a),
+        FlagsCommand::Dump(a) => dump_command(a),
+    }
+}
+
+fn load(source: &str) -> Result<Schema> {
+    Ok(Schema::load(source)?)
+}
+
+/// Secret values (`--api-key sk-...`) never reach the output.
+fn redact(mut v: Vec<Verdict>) -> Vec<Verdict> {
+    for x in &mut v {
+        if is_secret_name(&x.flag.trim_start_matches('-').replace('-', "_")) && x.value.is_some() {
+            x.value = Some(REDACTED.into());
+        }
+    }
+    v
+}
+
+fn audit_command(a: &FlagsAuditArgs) -> Result<i32> {
+    let schema = load(&a.sglang)?;
+    let baseline = a.baseline.as_deref().map(load).transpose()?;
+    let (args, env) = match &a.recipe {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the recipe {}", path.display()))?;
+            let l = sglang_python::recipe::extract(&text)
+                .with_context(|| format!("{}", path.display()))?;
+            (l.args, l.env)
+        }
+        None if !a.args.is_empty() => (a.args.clone(), Vec::new()),
+        None => anyhow::bail!("give a recipe file or the launch arguments after `--`"),
+    };
+    let verdicts = redact(audit(&schema, baseline.as_ref(), &args));
+    let env: Vec<Value> = env
+        .iter()
+        .map(|(k, v)| json!({"name": k, "value": if is_secret_name(k) { REDACTED } else { v.as_str() }}))
+        .collect();
+    let status = exit_status(&verdicts);
+    match a.format {
+        CompareFormat::Json => {
+            let out = json!({"sglang_version": schema.version, "baseline_version": baseline.as_ref().and_then(|b| b.version.clone()),
+                             "flags": verdicts, "env": env});
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        f => {
+            let md = f == CompareFormat::Markdown;
+            if md {
+                println!("| flag | value | status | note |\n|---|---|---|---|");
+            }
+            for v in &verdicts {
+                let note = [
+                    v.canonical.as_ref().map(|c| format!("→ {c}")),
+                    v.replacement.as_ref().map(|r| format!("use {r}")),
+                    v.message.clone(),
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join("; ");
+                let status = serde_json::to_value(v.status)?
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string();
+                let value = v.value.clone().unwrap_or_default();
+                if md {
+                    println!("| `{}` | {} | {} | {} |", v.flag, value, status, note);
+                } else {
+                    println!(
+                        "{:<15} {} {}{}",
+                        status,
+                        v.flag,
+                        value,
+                        if note.is_empty() {
+                            String::new()
+                        } else {
+                            format!("  ({note})")
+                        }
+                    );
+                }
+            }
+            let version = schema.version.as_deref().unwrap_or("?");
+            eprintln!(
+                "{} flags checked against SGLang {version}: {}",
+                verdicts.len(),
+                match status {
+                    0 => "the launch will parse",
+                    1 => "the launch will parse, with deprecated flags",
+                    _ => "THE LAUNCH WILL FAIL to parse",
+                }
+            );
+        }
+    }
+    Ok(status)
+}
+
+fn diff_command(a: &FlagsDiffArgs) -> Result<i32> {
+    let d = sglang_python::diff::diff(&load(&a.from)?, &load(&a.to)?);
+    match a.format {
+        CompareFormat::Json => println!("{}", serde_json::to_string_pretty(&d)?),
+        _ => {
+            println!(
+                "SGLang {} → {}",
+                d["from"].as_str().unwrap_or("?"),
+                d["to"].as_str().unwrap_or("?")
+            );
+            for (k, title) in [("added", "added"), ("removed", "removed")] {
+                let items: Vec<&str> = d[k]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
+                println!("{title} ({}): {}", items.len(), items.join(" "));
+            }
+            for x in d["deprecated"].as_array().into_iter().flatten() {
+                println!(
+                    "newly deprecated: {} → {}",
+                    x["flag"].as_str().unwrap_or(""),
+                    x["replacement"].as_str().unwrap_or("(no replacement)")
+                );
+            }
+            for x in d["changed"].as_array().into_iter().flatten() {
+                println!(
+                    "changed: {} {}: {} → {}",
+                    x["flag"].as_str().unwrap_or(""),
+                    x["field"].as_str().unwrap_or(""),
+                    x["from"],
+                    x["to"]
+                );
+            }
+        }
+    }
+    Ok(0)
+}
+
+fn dump_command(a: &FlagsDumpArgs) -> Result<i32> {
+    let s = load(&a.sglang)?;
+    let options: Vec<Value> = s
+        .options
+        .iter()
+        .map(|o| {
+            json!({"option_strings": o.option_strings, "dest": o.dest, "canonical": o.canonical(),
+                   "aliases": o.option_strings.iter().filter(|x| x.as_str() != o.canonical()).collect::<Vec<_>>(),
+                   "nargs": format!("{:?}", o.nargs), "type": o.kind, "default": o.default, "choices": o.choices, "help": o.help,
+                   "deprecated": if o.deprecated { json!({"replacement": o.replacement}) } else { Value::Null }})
+        })
+        .collect();
+    println!(
+        "{}",
+        serde_json::to_string_pretty(
+            &json!({"sglang_version": s.version, "method": "saved schema", "options": options})
+        )?
+    );
+    Ok(0)
+}

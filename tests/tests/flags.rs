@@ -1,0 +1,250 @@
+//! `flags` against the real argparse dumps of SGLang 0.5.14, 0.5.19, 0.5.20 and 0.5.23
+//! (tests/fixtures/flags, from shared/fixtures/flags).
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)] // test code: a panic is the failure report
+mod common;
+use common::*;
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn schema(v: &str) -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("fixtures/flags/sglang-{v}.json"))
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+fn flags(args: &[&str]) -> Output {
+    Command::new(supervisor_bin())
+        .arg("flags")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn json_of(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+#[test]
+fn a_recipe_with_cuda_graph_max_bs_fails_on_0_5_20_exactly_as_argparse_says() {
+    let dir = std::env::temp_dir().join(format!("sglsup-flags-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let recipe = dir.join("dsr1_fp8_h200.sh");
+    std::fs::write(
+        &recipe,
+        "#!/usr/bin/env bash\nexport HF_TOKEN=hf_secret\npython3 -m sglang.launch_server --model-path $MODEL --tp 8 \\\n  --cuda-graph-max-bs 128 --api-key sk-123 --ep 8 > $SERVER_LOG 2>&1 &\n",
+    )
+    .unwrap();
+    let (s20, s19) = (schema("0.5.20"), schema("0.5.19"));
+    let out = flags(&[
+        "audit",
+        "--sglang",
+        &s20,
+        "--baseline",
+        &s19,
+        "--format",
+        "json",
+        recipe.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "the launch would fail");
+    let v = json_of(&out);
+    assert_eq!(
+        (v["sglang_version"].as_str(), v["baseline_version"].as_str()),
+        (Some("0.5.20"), Some("0.5.19"))
+    );
+    let f = |name: &str| {
+        v["flags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["flag"] == name)
+            .unwrap()
+            .clone()
+    };
+    let bs = f("--cuda-graph-max-bs");
+    assert_eq!(bs["status"], "ambiguous");
+    assert_eq!(bs["message"], "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill");
+    assert_eq!(
+        bs["replacement"], "--cuda-graph-max-bs-decode",
+        "from 0.5.19's deprecation trail"
+    );
+    assert_eq!(f("--tp")["status"], "abbrev");
+    assert_eq!(f("--tp")["canonical"], "--tp-size");
+    assert_eq!(f("--ep")["status"], "alias");
+    assert_eq!(f("--api-key")["value"], "<redacted>");
+    assert_eq!(
+        v["env"][0]["value"], "<redacted>",
+        "HF_TOKEN from the recipe"
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("sk-123")
+            && !String::from_utf8_lossy(&out.stdout).contains("hf_secret")
+    );
+    // The `=value` form keeps it in argparse's message and in the replacement.
+    let v = json_of(&flags(&[
+        "audit",
+        "--sglang",
+        &s20,
+        "--baseline",
+        &s19,
+        "--format",
+        "json",
+        "--",
+        "--cuda-graph-max-bs=8",
+    ]));
+    assert_eq!(v["flags"][0]["message"], "ambiguous option: --cuda-graph-max-bs=8 could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill");
+    assert_eq!(v["flags"][0]["replacement"], "--cuda-graph-max-bs-decode=8");
+    // On 0.5.19 the same flag still works, deprecated.
+    let out = flags(&[
+        "audit",
+        "--sglang",
+        &s19,
+        "--format",
+        "json",
+        "--",
+        "--cuda-graph-max-bs",
+        "128",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(json_of(&out)["flags"][0]["status"], "deprecated");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn removed_unknown_choices_and_values() {
+    let (s20, s19) = (schema("0.5.20"), schema("0.5.19"));
+    let v = json_of(&flags(&[
+        "audit",
+        "--sglang",
+        &s20,
+        "--baseline",
+        &s19,
+        "--format",
+        "json",
+        "--",
+        "--stream-output",
+        "--no-such-flag",
+        "--attention-backend",
+        "fa9",
+        "--model-path",
+    ]));
+    let st: Vec<&str> = v["flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        st,
+        ["removed", "unknown", "invalid_choice", "missing_value"]
+    );
+    assert!(v["flags"][2]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("argument --attention-backend: invalid choice: 'fa9' (choose from 'triton',"));
+}
+
+#[test]
+fn ep_aliases_exist_in_every_version() {
+    for ver in ["0.5.14", "0.5.19", "0.5.20", "0.5.23"] {
+        let out = flags(&[
+            "audit",
+            "--sglang",
+            &schema(ver),
+            "--format",
+            "json",
+            "--",
+            "--expert-parallel-size",
+            "8",
+            "--ep",
+            "8",
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{ver}");
+        let v = json_of(&out);
+        assert!(
+            v["flags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|f| f["status"] == "alias" && f["canonical"] == "--ep-size"),
+            "{ver}: {v}"
+        );
+    }
+}
+
+#[test]
+fn diff_counts_match_the_reference_for_every_bump() {
+    // reference/sglang.md §6: option-string changes per version bump.
+    for (from, to, added, removed) in [
+        ("0.5.14", "0.5.19", 91, 3),
+        ("0.5.19", "0.5.20", 15, 23),
+        ("0.5.20", "0.5.23", 50, 4),
+    ] {
+        let v = json_of(&flags(&[
+            "diff",
+            "--from",
+            &schema(from),
+            "--to",
+            &schema(to),
+            "--format",
+            "json",
+        ]));
+        assert_eq!(
+            v["added"].as_array().unwrap().len(),
+            added,
+            "{from}→{to} added"
+        );
+        assert_eq!(
+            v["removed"].as_array().unwrap().len(),
+            removed,
+            "{from}→{to} removed"
+        );
+    }
+    let v = json_of(&flags(&[
+        "diff",
+        "--from",
+        &schema("0.5.19"),
+        "--to",
+        &schema("0.5.20"),
+        "--format",
+        "json",
+    ]));
+    let removed: Vec<&str> = v["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap())
+        .collect();
+    assert!(removed.contains(&"--cuda-graph-max-bs") && removed.contains(&"--stream-output"));
+    let v = json_of(&flags(&[
+        "diff",
+        "--from",
+        &schema("0.5.20"),
+        "--to",
+        &schema("0.5.23"),
+        "--format",
+        "json",
+    ]));
+    assert!(
+        v["deprecated"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["flag"] == "--enable-dp-attention"),
+        "{}",
+        v["deprecated"]
+    );
+}
+
+#[test]
+fn an_interpreter_source_says_what_is_missing() {
+    let out = flags(&["audit", "--sglang", "python3", "--", "--tp", "2"]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not a saved schema .json") && err.contains("issue #3"),
+        "{err}"
+    );
+}
