@@ -317,6 +317,20 @@ pub struct RunArgs {
     #[arg(long, env = "SGLANG_SUPERVISOR_REPORT", value_name = "PATH")]
     pub report: Option<PathBuf>,
 
+    /// Pre-flight: audit the server's flags against this saved flag schema (.json) before
+    /// launching; a flag that would fail to parse stops the launch with exit 126, deprecated
+    /// ones are reported. (Reading the schema from the server's own Python is issue #3.)
+    #[arg(
+        long,
+        env = "SGLANG_SUPERVISOR_FLAGS_SCHEMA",
+        value_name = "SCHEMA.json"
+    )]
+    pub flags_schema: Option<String>,
+
+    /// Skip the pre-flight flag audit.
+    #[arg(long, env = "SGLANG_SUPERVISOR_NO_PREFLIGHT")]
+    pub no_preflight: bool,
+
     /// Do not copy the child's output to our stdout/stderr (the log file still gets every byte).
     #[arg(long, env = "SGLANG_SUPERVISOR_NO_TEE")]
     pub no_tee: bool,

@@ -153,7 +153,66 @@ fn create(path: &std::path::Path, what: &str) -> Result<File> {
 }
 
 /// Run the server to the end; returns the exit status of `run`.
+/// Exit status when the pre-flight audit rejects the server's flags.
+pub const EXIT_PREFLIGHT: i32 = 126;
+
+/// The launch arguments inside COMMAND (after `-m sglang.launch_server` or `sglang serve`).
+fn launch_args(command: &[OsString]) -> Option<Vec<String>> {
+    let argv: Vec<String> = command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let at = argv.windows(2).position(|w| {
+        (w[0] == "-m" && w[1] == "sglang.launch_server")
+            || (w[0].ends_with("sglang") && w[1] == "serve")
+    })?;
+    Some(argv[at + 2..].to_vec())
+}
+
+/// Audit the flags before anything starts; `Some(126)` when the launch would fail to parse.
+fn preflight(args: &RunArgs) -> Result<Option<i32>> {
+    let (Some(schema_src), false) = (&args.flags_schema, args.no_preflight) else {
+        return Ok(None);
+    };
+    let Some(launch) = launch_args(&args.command) else {
+        tracing::warn!("pre-flight: COMMAND is not `python3 -m sglang.launch_server ...` or `sglang serve ...`; skipped");
+        return Ok(None);
+    };
+    let t = Instant::now();
+    let schema = sglang_python::schema::Schema::load(schema_src)?;
+    let verdicts = sglang_python::audit::audit(&schema, None, &launch);
+    let status = sglang_python::audit::exit_status(&verdicts);
+    for v in verdicts
+        .iter()
+        .filter(|v| v.status != sglang_python::audit::Status::Ok)
+    {
+        let what = format!("{:?}", v.status).to_lowercase();
+        let hint = [
+            v.canonical.as_ref().map(|c| format!("→ {c}")),
+            v.replacement.as_ref().map(|r| format!("use {r}")),
+            v.message.clone(),
+        ];
+        let hint: Vec<String> = hint.into_iter().flatten().collect();
+        if v.status.fails() {
+            tracing::error!("pre-flight: {what} {} ({})", v.flag, hint.join("; "));
+        } else {
+            tracing::warn!("pre-flight: {what} {} ({})", v.flag, hint.join("; "));
+        }
+    }
+    tracing::info!(
+        "pre-flight: {} flags checked against SGLang {} in {:?}",
+        verdicts.len(),
+        schema.version.as_deref().unwrap_or("?"),
+        t.elapsed()
+    );
+    Ok((status == 2).then_some(EXIT_PREFLIGHT))
+}
+
 pub async fn run(args: RunArgs) -> Result<i32> {
+    if let Some(code) = preflight(&args)? {
+        eprintln!("sglang-supervisor: the server's flags would fail to parse (see above); not launching. Fix them, or pass --no-preflight");
+        return Ok(code);
+    }
     let log_file = args
         .log_file
         .as_deref()

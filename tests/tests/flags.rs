@@ -248,3 +248,56 @@ fn an_interpreter_source_says_what_is_missing() {
         "{err}"
     );
 }
+
+#[test]
+fn run_preflight_stops_a_launch_that_would_fail_to_parse() {
+    let dir = std::env::temp_dir().join(format!("sglsup-preflight-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ev = dir.join("events.jsonl");
+    let run = |extra: &[&str]| {
+        Command::new(supervisor_bin())
+            .args([
+                "run",
+                "--metrics-addr",
+                "none",
+                "--no-tee",
+                "--flags-schema",
+                &schema("0.5.20"),
+                "--events",
+            ])
+            .arg(&ev)
+            .args(extra)
+            .args([
+                "--",
+                "python3",
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                "m",
+                "--cuda-graph-max-bs",
+                "8",
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(126));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ambiguous")
+            && err.contains("--cuda-graph-max-bs")
+            && err.contains("--no-preflight"),
+        "{err}"
+    );
+    assert!(
+        !ev.exists() || std::fs::read_to_string(&ev).unwrap().is_empty(),
+        "nothing was spawned"
+    );
+    // --no-preflight launches anyway (here python3 has no sglang: it fails by itself).
+    let out = run(&["--no-preflight"]);
+    assert_ne!(out.status.code(), Some(126));
+    assert!(std::fs::read_to_string(&ev)
+        .unwrap()
+        .contains("\"spawned\""));
+    let _ = std::fs::remove_dir_all(dir);
+}
