@@ -10,6 +10,13 @@ fn by_string(s: &Schema) -> std::collections::BTreeMap<&str, &Opt> {
         .collect()
 }
 
+fn sorted(c: &Option<Vec<String>>) -> Option<Vec<String>> {
+    c.clone().map(|mut v| {
+        v.sort();
+        v
+    })
+}
+
 pub fn diff(from: &Schema, to: &Schema) -> Value {
     let (a, b) = (by_string(from), by_string(to));
     let added: Vec<&str> = b.keys().filter(|k| !a.contains_key(*k)).copied().collect();
@@ -25,7 +32,12 @@ pub fn diff(from: &Schema, to: &Schema) -> Value {
         let Some(p) = old else { continue };
         let fields: [(&str, Value, Value); 4] = [
             ("default", p.default.clone(), o.default.clone()),
-            ("choices", json!(p.choices), json!(o.choices)),
+            // Choices come from sets in some versions: their order means nothing.
+            (
+                "choices",
+                json!(sorted(&p.choices)),
+                json!(sorted(&o.choices)),
+            ),
             (
                 "nargs",
                 json!(format!("{:?}", p.nargs)),

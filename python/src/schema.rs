@@ -123,11 +123,20 @@ impl Schema {
                 _ => Nargs::One,
             };
             let help = a["help"].as_str().map(String::from);
+            // Some deprecations are plain store_true actions marked only in their help text.
+            let help_says = help.as_deref().is_some_and(|h| {
+                let h = h.trim_start();
+                h.starts_with("[Deprecated]")
+                    || h.starts_with("(Deprecated")
+                    || h.starts_with("Deprecated.")
+                    || h.starts_with("Removed.")
+            });
             let deprecated = a["deprecated"].as_bool().unwrap_or(false)
                 || a["deprecated"].is_object()
                 || a["action"]
                     .as_str()
-                    .is_some_and(|c| c.starts_with("Deprecated"));
+                    .is_some_and(|c| c.starts_with("Deprecated"))
+                || help_says;
             let replacement = a["new_flag"]
                 .as_str()
                 .map(String::from)

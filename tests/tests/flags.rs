@@ -301,3 +301,20 @@ fn run_preflight_stops_a_launch_that_would_fail_to_parse() {
         .contains("\"spawned\""));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn the_parser_imported_on_the_h200_equals_the_one_imported_on_a_cpu() {
+    // Two dump formats of the same 0.5.14 (one marks help-text deprecations, one does not).
+    let v = json_of(&flags(&[
+        "diff",
+        "--from",
+        &schema("0.5.14-import-on-h200"),
+        "--to",
+        &schema("0.5.14"),
+        "--format",
+        "json",
+    ]));
+    for k in ["added", "removed", "deprecated", "changed"] {
+        assert!(v[k].as_array().unwrap().is_empty(), "{k}: {}", v[k]);
+    }
+}
