@@ -66,3 +66,19 @@ pub fn median(v: &mut [f64]) -> f64 {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
+
+/// One HTTP/1.1 request with an empty body (`Connection: close`): (status line, body).
+pub fn http(addr: &str, method: &str, path: &str, headers: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    let req = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n{headers}\r\n");
+    s.write_all(req.as_bytes())
+        .unwrap_or_else(|e| panic!("writing to {addr}: {e}"));
+    let mut b = String::new();
+    s.read_to_string(&mut b)
+        .unwrap_or_else(|e| panic!("reading from {addr}: {e}"));
+    let (head, body) = b.split_once("\r\n\r\n").unwrap_or((&b, ""));
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
+}

@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use serde_json::Value;
+use sglang_supervisor_tests::http;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -348,22 +349,6 @@ fn gpu_memory_still_held_after_exit_is_reported() {
     let _ = std::fs::remove_file(ev);
 }
 
-fn http(addr: &str, method: &str, path: &str) -> (String, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(
-        format!(
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        )
-        .as_bytes(),
-    )
-    .unwrap();
-    let mut b = String::new();
-    s.read_to_string(&mut b).unwrap();
-    let (head, body) = b.split_once("\r\n\r\n").unwrap();
-    (head.lines().next().unwrap().to_string(), body.to_string())
-}
-
 #[test]
 fn measurement_windows_over_http_are_bracketed_by_energy_counter_reads() {
     let lib = stub_lib().to_str().unwrap().to_string();
@@ -391,16 +376,16 @@ fn measurement_windows_over_http_are_bracketed_by_energy_counter_reads() {
         .to_string();
     run.wait_event("ready", Duration::from_secs(60));
     assert!(
-        http(&addr, "POST", "/-/window/stop").0.contains("409"),
+        http(&addr, "POST", "/-/window/stop", "").0.contains("409"),
         "nothing to stop yet"
     );
-    assert!(http(&addr, "GET", "/-/window/start?name=x")
+    assert!(http(&addr, "GET", "/-/window/start?name=x", "")
         .0
         .contains("405"));
-    let (st, body) = http(&addr, "POST", "/-/window/start?name=bench-c8");
+    let (st, body) = http(&addr, "POST", "/-/window/start?name=bench-c8", "");
     assert!(st.contains("200"), "{st} {body}");
     std::thread::sleep(Duration::from_millis(500));
-    let (st, body) = http(&addr, "POST", "/-/window/stop");
+    let (st, body) = http(&addr, "POST", "/-/window/stop", "");
     assert!(st.contains("200"), "{st} {body}");
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["name"], "bench-c8");
@@ -470,7 +455,7 @@ fn the_grafana_dashboard_queries_only_series_that_exist() {
     )
     .unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    let (_, body) = http(l["metrics"].as_str().unwrap(), "GET", "/metrics");
+    let (_, body) = http(l["metrics"].as_str().unwrap(), "GET", "/metrics", "");
     let mut checked = 0;
     for p in dash["panels"].as_array().unwrap() {
         for t in p["targets"].as_array().unwrap() {
@@ -528,7 +513,7 @@ fn the_report_has_identity_startup_windows_and_teardown() {
         l["proxy"].as_str().unwrap().to_string(),
         l["metrics"].as_str().unwrap().to_string(),
     );
-    assert!(http(&metrics, "POST", "/-/window/start?name=c1")
+    assert!(http(&metrics, "POST", "/-/window/start?name=c1", "")
         .0
         .contains("200"));
     for _ in 0..3 {
@@ -539,7 +524,9 @@ fn the_report_has_identity_startup_windows_and_teardown() {
         )
         .unwrap();
     }
-    assert!(http(&metrics, "POST", "/-/window/stop").0.contains("200"));
+    assert!(http(&metrics, "POST", "/-/window/stop", "")
+        .0
+        .contains("200"));
     run.signal(libc::SIGTERM);
     assert_eq!(run.wait(Duration::from_secs(60)), 143);
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();

@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use serde_json::Value;
-use sglang_supervisor_tests::{post_timed, Timed};
+use sglang_supervisor_tests::{http, post_timed, Timed};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -260,21 +260,6 @@ fn a_client_that_leaves_mid_stream_aborts_the_request() {
     let _ = std::fs::remove_file(log);
 }
 
-fn http(addr: &str, method: &str, path: &str) -> (String, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.write_all(
-        format!(
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        )
-        .as_bytes(),
-    )
-    .unwrap();
-    let mut b = String::new();
-    s.read_to_string(&mut b).unwrap();
-    let (head, body) = b.split_once("\r\n\r\n").unwrap();
-    (head.lines().next().unwrap().to_string(), body.to_string())
-}
-
 #[test]
 fn a_window_reports_what_a_benchmark_pr_quotes() {
     let (run, proxy, metrics, log) = start("proxy-report", &[]);
@@ -283,7 +268,7 @@ fn a_window_reports_what_a_benchmark_pr_quotes() {
         "/generate",
         r#"{"text":"before","sampling_params":{"max_new_tokens":4},"stream":true}"#,
     );
-    assert!(http(&metrics, "POST", "/-/window/start?name=c4")
+    assert!(http(&metrics, "POST", "/-/window/start?name=c4", "")
         .0
         .contains("200"));
     for _ in 0..10 {
@@ -293,7 +278,7 @@ fn a_window_reports_what_a_benchmark_pr_quotes() {
             r#"{"text":"a b c","sampling_params":{"max_new_tokens":20},"stream":true}"#,
         );
     }
-    let (st, body) = http(&metrics, "POST", "/-/window/stop");
+    let (st, body) = http(&metrics, "POST", "/-/window/stop", "");
     assert!(st.contains("200"), "{st}");
     let v: Value = serde_json::from_str(&body).unwrap();
     let r = &v["requests"];
@@ -366,7 +351,7 @@ fn report_of(name: &str, replay_extra: &[&str]) -> Value {
         l["proxy"].as_str().unwrap().to_string(),
         l["metrics"].as_str().unwrap().to_string(),
     );
-    http(&metrics, "POST", "/-/window/start?name=c1");
+    http(&metrics, "POST", "/-/window/start?name=c1", "");
     for _ in 0..5 {
         post(
             &proxy,
@@ -374,7 +359,7 @@ fn report_of(name: &str, replay_extra: &[&str]) -> Value {
             r#"{"text":"a b c d","sampling_params":{"max_new_tokens":16},"stream":true}"#,
         );
     }
-    http(&metrics, "POST", "/-/window/stop");
+    http(&metrics, "POST", "/-/window/stop", "");
     stop(run);
     let v = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     let _ = std::fs::remove_dir_all(dir);

@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use serde_json::Value;
+use sglang_supervisor_tests::http;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -827,20 +828,6 @@ fn version_0_5_19_forms_dict_server_args_bare_coloured_deprecation_and_ms_timest
     run.assert_no_survivors();
 }
 
-/// GET a path from 127.0.0.1:port with optional headers; (status line, body).
-fn http_get(addr: &str, path: &str, headers: &str) -> (String, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n").as_bytes(),
-    )
-    .unwrap();
-    let mut b = String::new();
-    s.read_to_string(&mut b).unwrap();
-    let (head, body) = b.split_once("\r\n\r\n").unwrap();
-    (head.lines().next().unwrap().to_string(), body.to_string())
-}
-
 #[test]
 fn metrics_endpoint_shows_state_phases_args_and_the_servers_own_series() {
     let mut run = Run::start(
@@ -854,15 +841,15 @@ fn metrics_endpoint_shows_state_phases_args_and_the_servers_own_series() {
         .as_str()
         .unwrap()
         .to_string();
-    let (status, _) = http_get(&addr, "/-/healthy", "");
+    let (status, _) = http(&addr, "GET", "/-/healthy", "");
     assert!(status.contains("200"), "{status}");
     run.wait_event("ready", T);
-    let (status, _) = http_get(&addr, "/-/ready", "");
+    let (status, _) = http(&addr, "GET", "/-/ready", "");
     assert!(status.contains("200"), "{status}");
     // The server's sglang:* series are fetched right after readiness.
     let end = Instant::now() + Duration::from_secs(10);
     let body = loop {
-        let (_, body) = http_get(&addr, "/metrics", "");
+        let (_, body) = http(&addr, "GET", "/metrics", "");
         if body.contains("sglang:") || Instant::now() > end {
             break body;
         }
@@ -908,8 +895,9 @@ fn metrics_endpoint_shows_state_phases_args_and_the_servers_own_series() {
     } else {
         panic!("promtool is missing: install Debian's prometheus package (scripts/setup.sh does)");
     }
-    let (status, om) = http_get(
+    let (status, om) = http(
         &addr,
+        "GET",
         "/metrics",
         "Accept: application/openmetrics-text; version=1.0.0\r\n",
     );
@@ -980,7 +968,7 @@ fn a_real_prometheus_scrapes_the_supervisor() {
         .unwrap();
     let query = |q: &str| -> Option<String> {
         let (status, body) =
-            std::panic::catch_unwind(|| http_get(&web, &format!("/api/v1/query?query={q}"), ""))
+            std::panic::catch_unwind(|| http(&web, "GET", &format!("/api/v1/query?query={q}"), ""))
                 .ok()?;
         status.contains("200").then_some(body)
     };
