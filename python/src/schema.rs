@@ -12,7 +12,7 @@ pub enum SchemaError {
     },
     #[error("{path} is not a flag schema: {why}")]
     Format { path: String, why: String },
-    #[error("{given:?} is not a saved schema .json: importing SGLang (a python3, a venv, a .whl or a source tree) is not built yet (issue #3); dump the flags with shared/sglang-device/dump_flags.py and pass the .json")]
+    #[error("{given:?}: reading flags from a .whl or a source tree (static mode) is not built yet (issue #3); pass a python3 that imports sglang, or a saved schema .json")]
     UnsupportedSource { given: String },
 }
 
@@ -72,8 +72,53 @@ fn replacement_from_help(help: &str) -> Option<String> {
         })
 }
 
+/// The introspection module run in a target interpreter (import mode).
+pub const INTROSPECT_PY: &str = include_str!("../py/introspect.py");
+
+/// What a `--sglang SOURCE` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A saved schema.
+    Json(String),
+    /// A Python interpreter (or a venv's): import its SGLang.
+    Interpreter(String),
+}
+
+impl Source {
+    pub fn parse(source: &str) -> Result<Source, SchemaError> {
+        let p = Path::new(source);
+        if source.ends_with(".json") {
+            return Ok(Source::Json(source.into()));
+        }
+        if source.ends_with(".whl") || p.join("sglang").is_dir() || p.join("srt").is_dir() {
+            return Err(SchemaError::UnsupportedSource {
+                given: source.to_string(),
+            });
+        }
+        if p.is_dir() {
+            // A virtual environment.
+            return Ok(Source::Interpreter(
+                p.join("bin/python3").to_string_lossy().into_owned(),
+            ));
+        }
+        Ok(Source::Interpreter(source.into()))
+    }
+}
+
 impl Schema {
-    /// Read a saved schema (`.json`). Other sources need the Python side (issue #3).
+    /// Parse the JSON the introspection module printed.
+    pub fn from_introspection(stdout: &[u8], interpreter: &str) -> Result<Schema, SchemaError> {
+        let v: Value = serde_json::from_slice(stdout).map_err(|e| SchemaError::Format {
+            path: format!("the output of {interpreter}"),
+            why: e.to_string(),
+        })?;
+        Self::from_json(&v).map_err(|why| SchemaError::Format {
+            path: interpreter.into(),
+            why,
+        })
+    }
+
+    /// Read a saved schema (`.json`).
     pub fn load(source: &str) -> Result<Schema, SchemaError> {
         if !source.ends_with(".json") {
             return Err(SchemaError::UnsupportedSource {

@@ -207,9 +207,12 @@ PY
     say "F: the real parser of the bundle's SGLang (import, dump_flags.py), then the pre-flight audit, timed"
     t0=$(now); python3 "$HERE/dev-device/dump_flags.py" "$P/schema.json" > "$P/dump.log" 2>&1; rc=$?; t1=$(now)
     check import_dump "$([ "$rc" = 0 ] && echo 0 || echo 1)" "rc=$rc in $(sub "$t1" "$t0") s ($(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["sglang_version"], len(d["actions"]), "actions")' "$P/schema.json" 2>&1))"
-    t0=$(now); "$BIN" flags audit --sglang "$P/schema.json" --format json -- "${SERVER[@]:3}" --cuda-graph-max-bs 8 --tp 1 > "$P/audit.json" 2> "$P/audit.err"; rc=$?; t1=$(now)
+    # Import mode through our own introspection module, in this machine's python3 (the bundle's SGLang).
+    t0=$(now); "$BIN" flags dump --sglang python3 > "$P/schema_ours.json" 2> "$P/dump_ours.err"; rc=$?; t1=$(now)
+    check import_mode_ours "$([ "$rc" = 0 ] && echo 0 || echo 1)" "rc=$rc in $(sub "$t1" "$t0") s: $("$BIN" flags diff --from "$P/schema.json" --to python3 --format json 2>/dev/null | python3 -c 'import json,sys; d=json.load(sys.stdin); print({k: len(d[k]) for k in ("added","removed","deprecated","changed")}, "vs dump_flags.py")')"
+    t0=$(now); "$BIN" flags audit --sglang python3 --format json -- "${SERVER[@]:3}" --cuda-graph-max-bs 8 --tp 1 > "$P/audit.json" 2> "$P/audit.err"; rc=$?; t1=$(now)
     check preflight_audit "$([ "$rc" = 1 ] && echo 0 || echo 1)" "rc=$rc (1: a deprecated flag) in $(sub "$t1" "$t0") s: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print([(f["flag"], f["status"]) for f in d["flags"] if f["status"] != "ok"])' "$P/audit.json")"
-    t0=$(now); "$BIN" run --no-tee --metrics-addr none --flags-schema "$P/schema.json" --events "$P/events.jsonl" -- "${SERVER[@]}" --attention-backend fa9 2> "$P/run.err"; rc=$?; t1=$(now)
+    t0=$(now); "$BIN" run --no-tee --metrics-addr none --flags-schema python3 --events "$P/events.jsonl" -- "${SERVER[@]}" --attention-backend fa9 2> "$P/run.err"; rc=$?; t1=$(now)
     check preflight_rejects "$([ "$rc" = 126 ] && echo 0 || echo 1)" "rc=$rc in $(sub "$t1" "$t0") s: $(grep -o 'invalid choice[^;)]*' "$P/run.err" | head -1 | cut -c1-120)"
     ;;
   P)

@@ -85,7 +85,8 @@ pub enum FlagsCommand {
 
 #[derive(Debug, Args)]
 pub struct FlagsAuditArgs {
-    /// The SGLang version to check against (a saved schema .json).
+    /// The SGLang version to check against: a saved schema .json, or a python3 (or venv) whose
+    /// SGLang is imported in a subprocess.
     #[arg(long, env = "SGLANG_SUPERVISOR_SGLANG", value_name = "SOURCE")]
     pub sglang: String,
     /// The version the recipe worked with: names removed flags and where they went.

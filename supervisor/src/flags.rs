@@ -1,11 +1,14 @@
 //! The `flags` commands: the audit, diff and dump of SGLang's launch flags (python crate), with
 //! their output formats and exit statuses.
+use crate::child::{self, ExitStatus, SpawnSpec};
 use crate::cli::{CompareFormat, FlagsAuditArgs, FlagsCommand, FlagsDiffArgs, FlagsDumpArgs};
 use crate::redact::{is_secret_name, REDACTED};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use sglang_python::audit::{audit, exit_status, Verdict};
-use sglang_python::schema::Schema;
+use sglang_python::schema::{Schema, Source, INTROSPECT_PY};
+use std::io::Read;
+use std::process::Stdio;
 
 pub fn command(cmd: &FlagsCommand) -> Result<i32> {
     match cmd {
@@ -15,8 +18,64 @@ pub fn command(cmd: &FlagsCommand) -> Result<i32> {
     }
 }
 
-fn load(source: &str) -> Result<Schema> {
-    Ok(Schema::load(source)?)
+/// A schema from any SOURCE: a saved `.json`, or a Python interpreter whose SGLang is imported
+/// (the introspection module runs in a subprocess of that interpreter, so its site-packages and
+/// its Python version are the ones that count).
+pub fn load(source: &str) -> Result<Schema> {
+    match Source::parse(source)? {
+        Source::Json(p) => Ok(Schema::load(&p)?),
+        Source::Interpreter(py) => import_with(&py),
+    }
+}
+
+fn import_with(python: &str) -> Result<Schema> {
+    let t = std::time::Instant::now();
+    let argv: Vec<std::ffi::OsString> = vec![python.into(), "-c".into(), INTROSPECT_PY.into()];
+    let spawned = child::spawn(SpawnSpec {
+        argv: &argv,
+        new_process_group: false,
+        die_with_parent: true,
+        stdin: Stdio::null(),
+        stdout: Stdio::piped(),
+        stderr: Stdio::piped(),
+    })
+    .with_context(|| format!("--sglang {python}"))?;
+    let read = |fd: Option<std::os::fd::OwnedFd>| -> Vec<u8> {
+        let mut out = Vec::new();
+        if let Some(fd) = fd {
+            let _ = std::fs::File::from(fd).read_to_end(&mut out);
+        }
+        out
+    };
+    let err_thread = spawned
+        .stderr
+        .map(|fd| std::thread::spawn(move || read(Some(fd))));
+    let stdout = read(spawned.stdout);
+    let stderr = err_thread.and_then(|t| t.join().ok()).unwrap_or_default();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .context("a runtime to wait for the interpreter")?;
+    let status = rt.block_on(spawned.exit).ok();
+    if status != Some(ExitStatus::Code(0)) {
+        let tail: Vec<String> = String::from_utf8_lossy(&stderr)
+            .lines()
+            .rev()
+            .take(3)
+            .map(String::from)
+            .collect();
+        let tail: Vec<String> = tail.into_iter().rev().collect();
+        anyhow::bail!(
+            "{python} could not import SGLang's parser ({status:?}): {} (is SGLang installed for this interpreter? pass its venv's python3, or a saved schema .json)",
+            tail.join(" | ")
+        );
+    }
+    let schema = Schema::from_introspection(&stdout, python)?;
+    tracing::info!(
+        "imported SGLang {} with {python} in {:?}",
+        schema.version.as_deref().unwrap_or("?"),
+        t.elapsed()
+    );
+    Ok(schema)
 }
 
 /// Secret values (`--api-key sk-...`) never reach the output.

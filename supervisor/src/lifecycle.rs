@@ -179,7 +179,7 @@ fn preflight(args: &RunArgs) -> Result<Option<i32>> {
         return Ok(None);
     };
     let t = Instant::now();
-    let schema = sglang_python::schema::Schema::load(schema_src)?;
+    let schema = crate::flags::load(schema_src)?;
     let verdicts = sglang_python::audit::audit(&schema, None, &launch);
     let status = sglang_python::audit::exit_status(&verdicts);
     for v in verdicts

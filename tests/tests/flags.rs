@@ -239,14 +239,96 @@ fn diff_counts_match_the_reference_for_every_bump() {
 }
 
 #[test]
-fn an_interpreter_source_says_what_is_missing() {
+fn an_interpreter_without_sglang_is_a_clear_error() {
     let out = flags(&["audit", "--sglang", "python3", "--", "--tp", "2"]);
     assert_eq!(out.status.code(), Some(125));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("not a saved schema .json") && err.contains("issue #3"),
+        err.contains("No module named 'sglang'") && err.contains("saved schema .json"),
         "{err}"
     );
+    let out = flags(&[
+        "audit",
+        "--sglang",
+        "sglang-0.5.20-py3-none-any.whl",
+        "--",
+        "--tp",
+        "2",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("static mode"),
+        "wheels: not yet"
+    );
+}
+
+/// Import mode end to end through a real interpreter: a minimal package with SGLang's module
+/// layout (`sglang.srt.server_args.ServerArgs.add_cli_args`) and a `Deprecated*` action class.
+#[test]
+fn import_mode_reads_the_parser_of_the_interpreters_sglang() {
+    let dir = std::env::temp_dir().join(format!("sglsup-fakesgl-{}", std::process::id()));
+    let pkg = dir.join("sglang/srt");
+    std::fs::create_dir_all(&pkg).unwrap();
+    std::fs::write(dir.join("sglang/__init__.py"), "__version__ = '9.9.9'\n").unwrap();
+    std::fs::write(pkg.join("__init__.py"), "").unwrap();
+    std::fs::write(
+        pkg.join("server_args.py"),
+        r#"import argparse
+class DeprecatedAliasStoreAction(argparse.Action):
+    def __init__(self, option_strings, dest, new_flag=None, **kw):
+        self.new_flag = new_flag
+        super().__init__(option_strings, dest, **kw)
+    def __call__(self, parser, ns, values, option_string=None):
+        setattr(ns, self.dest, values)
+class ServerArgs:
+    @staticmethod
+    def add_cli_args(p):
+        p.add_argument("--model-path", type=str, required=True)
+        p.add_argument("--tp-size", "--tp", type=int, default=1)
+        p.add_argument("--cuda-graph-max-bs-decode", type=int)
+        p.add_argument("--cuda-graph-max-bs", dest="cuda_graph_max_bs_decode", type=int,
+                       action=DeprecatedAliasStoreAction, new_flag="--cuda-graph-max-bs-decode")
+        p.add_argument("--mode", choices=["a", "b"], default="a")
+"#,
+    )
+    .unwrap();
+    let out = Command::new(supervisor_bin())
+        .args([
+            "flags",
+            "audit",
+            "--sglang",
+            "python3",
+            "--format",
+            "json",
+            "--",
+            "--model-path",
+            "m",
+            "--tp",
+            "2",
+            "--cuda-graph-max-bs",
+            "8",
+            "--mode",
+            "c",
+        ])
+        .env("PYTHONPATH", &dir)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json_of(&out);
+    assert_eq!(v["sglang_version"], "9.9.9");
+    let st: Vec<&str> = v["flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(st, ["ok", "alias", "deprecated", "invalid_choice"]);
+    assert_eq!(v["flags"][2]["replacement"], "--cuda-graph-max-bs-decode");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
