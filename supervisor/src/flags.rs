@@ -220,7 +220,7 @@ fn dump_command(a: &FlagsDumpArgs) -> Result<i32> {
     println!(
         "{}",
         serde_json::to_string_pretty(
-            &json!({"sglang_version": s.version, "method": "saved schema", "options": options})
+            &json!({"sglang_version": s.version, "method": if a.sglang.ends_with(".json") { "saved schema" } else { "import" }, "options": options})
         )?
     );
     Ok(0)
