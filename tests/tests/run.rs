@@ -97,14 +97,8 @@ fn normal_start_is_ready_with_phases_and_args_then_sigterm_is_a_requested_stop()
     // Not even zombies or our sentinel: the supervisor reaped everything before it exited.
     let all = tagged_any(&run.tag);
     assert!(all.is_empty(), "left behind (pid, state, comm): {all:?}");
-    assert!(
-        no_zombie_children_of_init_named(&[
-            "sglang-supervis",
-            "sglang::schedul",
-            "sglang::detoken"
-        ]),
-        "zombies re-parented to init"
-    );
+    // (Zombies re-parented to init cannot be told apart from other tests' here: the H200 runs
+    // check them instead, docs/real-gpu.md call 2.)
 }
 
 #[test]

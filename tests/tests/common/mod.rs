@@ -236,8 +236,7 @@ pub fn sha256(b: &[u8]) -> String {
     format!("{:x}", Sha256::digest(b))
 }
 
-/// Every process with the tag in its environment, our own helpers included. (A zombie's environ
-/// reads empty, so zombies are not found here: see `no_zombie_children_of_init_named`.)
+/// Every process with the tag in its environment, our own helpers included.
 pub fn tagged_any(tag: &str) -> Vec<(i32, String, String)> {
     let needle = format!("REPLAY_TAG={tag}");
     let mut out = Vec::new();
@@ -292,24 +291,4 @@ pub fn humantime_to_ns(ts: &str) -> u128 {
     let secs = days * 86400 + t[0] * 3600 + t[1] * 60 + t[2];
     let frac_ns: u128 = format!("{frac:0<9}")[..9].parse().unwrap();
     secs as u128 * 1_000_000_000 + frac_ns
-}
-
-/// Zombies can't be matched by environment (it is gone); by name, among init's children.
-pub fn no_zombie_children_of_init_named(names: &[&str]) -> bool {
-    std::fs::read_dir("/proc").unwrap().flatten().all(|e| {
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        let comm = stat
-            .split('(')
-            .nth(1)
-            .and_then(|r| r.rsplit_once(')'))
-            .map(|(c, _)| c)
-            .unwrap_or("");
-        let rest: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        !(rest.first() == Some(&"Z") && rest.get(1) == Some(&"1") && names.contains(&comm))
-    })
 }
