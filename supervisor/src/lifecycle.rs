@@ -170,7 +170,8 @@ fn launch_args(command: &[OsString]) -> Option<Vec<String>> {
 }
 
 /// Audit the flags before anything starts; `Some(126)` when the launch would fail to parse.
-fn preflight(args: &RunArgs) -> Result<Option<i32>> {
+/// Runs before the async runtime exists: import mode waits on a Python subprocess.
+pub fn preflight(args: &RunArgs) -> Result<Option<i32>> {
     let (Some(schema_src), false) = (&args.flags_schema, args.no_preflight) else {
         return Ok(None);
     };
@@ -209,10 +210,6 @@ fn preflight(args: &RunArgs) -> Result<Option<i32>> {
 }
 
 pub async fn run(args: RunArgs) -> Result<i32> {
-    if let Some(code) = preflight(&args)? {
-        eprintln!("sglang-supervisor: the server's flags would fail to parse (see above); not launching. Fix them, or pass --no-preflight");
-        return Ok(code);
-    }
     let log_file = args
         .log_file
         .as_deref()

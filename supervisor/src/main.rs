@@ -23,7 +23,20 @@ fn main() -> ExitCode {
         }
     };
     init_tracing(cli.log_format);
-    match cli.command {
+    let code = dispatch(cli.command);
+    flush_terminal();
+    code
+}
+
+/// What is still queued for the terminal goes out now, unless the terminal is stalled.
+fn flush_terminal() {
+    for fd in [1, 2] {
+        terminal(fd).flush(Duration::from_secs(2));
+    }
+}
+
+fn dispatch(command: Command) -> ExitCode {
+    match command {
         Command::Sentinel { pgid } => ExitCode::from(sentinel::sentinel_main(pgid) as u8),
         Command::Flags(cmd) => match flags::command(&cmd) {
             Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
@@ -51,6 +64,15 @@ fn main() -> ExitCode {
             Err(e) => fail(e),
         },
         Command::Run(args) => {
+            match lifecycle::preflight(&args) {
+                Ok(None) => {}
+                Ok(Some(code)) => {
+                    flush_terminal();
+                    eprintln!("sglang-supervisor: the server's flags would fail to parse (see above); not launching. Fix them, or pass --no-preflight");
+                    return ExitCode::from(code as u8);
+                }
+                Err(e) => return fail(e),
+            }
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -61,12 +83,7 @@ fn main() -> ExitCode {
             };
             // block_on runs `run` on this (main) thread, which spawns the child: PDEATHSIG is tied
             // to the spawning thread, and this one lives until we exit.
-            let result = rt.block_on(lifecycle::run(*args));
-            // What is still queued for the terminal goes out now, unless the terminal is stalled.
-            for fd in [1, 2] {
-                terminal(fd).flush(Duration::from_secs(2));
-            }
-            match result {
+            match rt.block_on(lifecycle::run(*args)) {
                 Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
                 Err(e) => fail(e),
             }
@@ -75,6 +92,8 @@ fn main() -> ExitCode {
 }
 
 fn fail(e: anyhow::Error) -> ExitCode {
+    // Our queued messages first, so the error is the last line.
+    flush_terminal();
     eprintln!("sglang-supervisor: error: {e:#}");
     ExitCode::from(EXIT_SUPERVISOR_FAILED)
 }

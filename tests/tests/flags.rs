@@ -328,6 +328,34 @@ class ServerArgs:
         .collect();
     assert_eq!(st, ["ok", "alias", "deprecated", "invalid_choice"]);
     assert_eq!(v["flags"][2]["replacement"], "--cuda-graph-max-bs-decode");
+    // The same import as `run`'s pre-flight (it found a runtime-in-runtime panic on the H200).
+    let out = Command::new(supervisor_bin())
+        .args([
+            "run",
+            "--metrics-addr",
+            "none",
+            "--no-tee",
+            "--flags-schema",
+            "python3",
+            "--",
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            "m",
+            "--mode",
+            "c",
+        ])
+        .env("PYTHONPATH", &dir)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(126),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid choice: 'c'"));
     let _ = std::fs::remove_dir_all(dir);
 }
 
