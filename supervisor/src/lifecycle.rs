@@ -187,7 +187,10 @@ pub fn preflight(args: &RunArgs) -> Result<Option<i32>> {
         .iter()
         .filter(|v| v.status != sglang_python::audit::Status::Ok)
     {
-        let what = format!("{:?}", v.status).to_lowercase();
+        let what = serde_json::to_value(v.status)
+            .ok()
+            .and_then(|s| s.as_str().map(String::from))
+            .unwrap_or_default();
         let hint = [
             v.canonical.as_ref().map(|c| format!("→ {c}")),
             v.replacement.as_ref().map(|r| format!("use {r}")),
