@@ -157,37 +157,15 @@ fn emit(to_stdout: bool, bytes: &[u8]) {
     }
 }
 
+/// SGLang's log timestamp: `2026-12-02 08:44:01` (UTC), with `.mmm` under SGLANG_LOG_MS.
 fn now_ts(ms: bool) -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = now.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
-    let (y, m, d) = civil(days);
-    let base = format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    );
-    if ms {
-        format!("{base}.{:03}", now.subsec_millis())
+    let now = SystemTime::now();
+    let t = if ms {
+        humantime::format_rfc3339_millis(now).to_string()
     } else {
-        base
-    }
-}
-
-/// Days since 1970-01-01 to (year, month, day) (Howard Hinnant's algorithm).
-fn civil(z: i64) -> (i64, u32, u32) {
-    let z = z + 719468;
-    let era = z.div_euclid(146097);
-    let doe = z.rem_euclid(146097);
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
+        humantime::format_rfc3339_seconds(now).to_string()
+    };
+    t.trim_end_matches('Z').replacen('T', " ", 1)
 }
 
 fn log_line(args: &Args, rank: Option<&str>, msg: &str) {
