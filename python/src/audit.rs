@@ -24,6 +24,21 @@ impl Status {
     pub fn fails(self) -> bool {
         self > Status::Deprecated
     }
+
+    /// The name in audit output (`invalid_choice`, ...), as serialised.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Alias => "alias",
+            Status::Abbrev => "abbrev",
+            Status::Deprecated => "deprecated",
+            Status::Ambiguous => "ambiguous",
+            Status::Unknown => "unknown",
+            Status::Removed => "removed",
+            Status::InvalidChoice => "invalid_choice",
+            Status::MissingValue => "missing_value",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -40,6 +55,21 @@ pub struct Verdict {
     pub candidates: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+impl Verdict {
+    /// What to do about it, for people: `→ canonical; use replacement; argparse's message`.
+    pub fn note(&self) -> String {
+        [
+            self.canonical.as_ref().map(|c| format!("→ {c}")),
+            self.replacement.as_ref().map(|r| format!("use {r}")),
+            self.message.clone(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join("; ")
+    }
 }
 
 /// What argparse resolves `flag` to in `schema`.
@@ -247,6 +277,24 @@ mod tests {
 
     fn args(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn status_names_are_the_serialised_ones() {
+        use Status::*;
+        for st in [
+            Ok,
+            Alias,
+            Abbrev,
+            Deprecated,
+            Ambiguous,
+            Unknown,
+            Removed,
+            InvalidChoice,
+            MissingValue,
+        ] {
+            assert_eq!(serde_json::to_value(st).unwrap(), st.as_str());
+        }
     }
 
     #[test]

@@ -120,19 +120,7 @@ fn audit_command(a: &FlagsAuditArgs) -> Result<i32> {
                 println!("| flag | value | status | note |\n|---|---|---|---|");
             }
             for v in &verdicts {
-                let note = [
-                    v.canonical.as_ref().map(|c| format!("→ {c}")),
-                    v.replacement.as_ref().map(|r| format!("use {r}")),
-                    v.message.clone(),
-                ]
-                .into_iter()
-                .flatten()
-                .collect::<Vec<_>>()
-                .join("; ");
-                let status = serde_json::to_value(v.status)?
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string();
+                let (note, status) = (v.note(), v.status.as_str());
                 let value = v.value.clone().unwrap_or_default();
                 if md {
                     println!("| `{}` | {} | {} | {} |", v.flag, value, status, note);

@@ -187,20 +187,11 @@ pub fn preflight(args: &RunArgs) -> Result<Option<i32>> {
         .iter()
         .filter(|v| v.status != sglang_python::audit::Status::Ok)
     {
-        let what = serde_json::to_value(v.status)
-            .ok()
-            .and_then(|s| s.as_str().map(String::from))
-            .unwrap_or_default();
-        let hint = [
-            v.canonical.as_ref().map(|c| format!("→ {c}")),
-            v.replacement.as_ref().map(|r| format!("use {r}")),
-            v.message.clone(),
-        ];
-        let hint: Vec<String> = hint.into_iter().flatten().collect();
+        let (what, note) = (v.status.as_str(), v.note());
         if v.status.fails() {
-            tracing::error!("pre-flight: {what} {} ({})", v.flag, hint.join("; "));
+            tracing::error!("pre-flight: {what} {} ({note})", v.flag);
         } else {
-            tracing::warn!("pre-flight: {what} {} ({})", v.flag, hint.join("; "));
+            tracing::warn!("pre-flight: {what} {} ({note})", v.flag);
         }
     }
     tracing::info!(
@@ -426,28 +417,26 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         tracing::error!(?leftover, "processes of the server tree survived SIGKILL");
     }
     s.diagnose_exit(status, &shared);
+    // The whole run's request figures: the traffic window's and the requests_summary event.
+    let requests = metrics
+        .requests()
+        .and_then(|r| r.run_summary(sampler.as_ref().map(|s| s.gpu_count())));
     if s.args.window_from_proxy {
         let power = sampler
             .as_ref()
             .and_then(|smp| smp.handle().traffic_close());
-        let requests = metrics
-            .requests()
-            .and_then(|r| r.run_summary(sampler.as_ref().map(|s| s.gpu_count())));
         if power.is_some() || requests.is_some() {
             let mut w = json!({"name": "proxy-traffic"});
             if let Some(p) = power.and_then(|p| serde_json::to_value(p).ok()) {
                 w["power"] = p;
             }
-            if let Some(r) = requests {
-                w["requests"] = r;
+            if let Some(r) = &requests {
+                w["requests"] = r.clone();
             }
             s.events.emit("window", w);
         }
     }
-    if let Some(summary) = metrics
-        .requests()
-        .and_then(|r| r.run_summary(sampler.as_ref().map(|s| s.gpu_count())))
-    {
+    if let Some(summary) = requests {
         s.events.emit("requests_summary", summary);
     }
     if let Some(sampler) = sampler {
