@@ -12,6 +12,11 @@ done
 [ -e /usr/lib/librocm_smi64.so.1 ] || need_apt+=(librocm-smi64-1)
 # A real Prometheus server and promtool: the exporter's output is checked by both.
 [ -x /usr/bin/promtool ] && [ -x /usr/bin/prometheus ] || need_apt+=(prometheus)
+# The embedded interpreter links Debian's static libpython3.11 (python/pyo3-static.cfg), which needs
+# zlib and expat; venv and pip fetch the real SGLang wheels and build the import-mode venv.
+for pkg in libpython3.11-dev python3.11-venv python3-pip zlib1g-dev libexpat1-dev; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
 if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" ca-certificates >/dev/null

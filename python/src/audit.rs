@@ -115,15 +115,28 @@ fn trail(
     })
 }
 
+/// The verdicts on a launch's flags, and the words in flag position that only the shell expands
+/// (`$EXTRA_ARGS`): whatever flags they carry are not audited.
+#[derive(Debug, Clone)]
+pub struct Audit {
+    pub verdicts: Vec<Verdict>,
+    pub unexpanded: Vec<String>,
+}
+
 /// Audit `args` (the arguments after `sglang serve`).
-pub fn audit(schema: &Schema, baseline: Option<&Schema>, args: &[String]) -> Vec<Verdict> {
+pub fn audit(schema: &Schema, baseline: Option<&Schema>, args: &[String]) -> Audit {
     let mut out = Vec::new();
+    let mut unexpanded = Vec::new();
     let mut i = 0;
     while i < args.len() {
         let arg = &args[i];
         i += 1;
         if !arg.starts_with("--") || arg == "--" {
-            continue; // a value of the previous flag, or positional
+            // Values were consumed by their flag: what is left here is positional.
+            if arg.starts_with('$') {
+                unexpanded.push(arg.clone());
+            }
+            continue;
         }
         let (flag, inline) = match arg.split_once('=') {
             Some((f, v)) => (f.to_string(), Some(v.to_string())),
@@ -254,14 +267,66 @@ pub fn audit(schema: &Schema, baseline: Option<&Schema>, args: &[String]) -> Vec
         }
         out.push(v);
     }
-    out
+    Audit {
+        verdicts: out,
+        unexpanded,
+    }
 }
 
-/// `audit`'s exit status: 0 all fine, 1 the worst is a deprecation, 2 the launch would fail.
-pub fn exit_status(verdicts: &[Verdict]) -> i32 {
+/// What a version makes of an `SGLANG_*` variable a recipe sets.
+#[derive(Debug, Clone, Serialize)]
+pub struct EnvVerdict {
+    pub name: String,
+    pub value: String,
+    /// `ok`, `deprecated`, `unknown` (no version defines it), `removed` (the baseline did), or
+    /// `unchecked` (the schema has no list of variables).
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replacement: Option<String>,
+}
+
+/// Check the `SGLANG_*` variables a recipe sets against `sglang/srt/environ.py`. SGLang ignores
+/// a variable it does not define, silently: that is what this finds.
+pub fn audit_env(
+    schema: &Schema,
+    baseline: Option<&Schema>,
+    env: &[(String, String)],
+) -> Vec<EnvVerdict> {
+    let find = |s: &Schema, name: &str| {
+        s.env
+            .as_ref()
+            .map(|vars| vars.iter().find(|v| v.name == name).cloned())
+    };
+    env.iter()
+        .filter(|(k, _)| k.starts_with("SGLANG_"))
+        .map(|(name, value)| {
+            let (status, replacement) = match find(schema, name) {
+                None => ("unchecked", None),
+                Some(Some(v)) if v.deprecated => ("deprecated", v.replacement),
+                Some(Some(_)) => ("ok", None),
+                Some(None) => match baseline.and_then(|b| find(b, name)).flatten() {
+                    Some(old) => ("removed", old.replacement),
+                    None => ("unknown", None),
+                },
+            };
+            EnvVerdict {
+                name: name.clone(),
+                value: value.clone(),
+                status,
+                replacement,
+            }
+        })
+        .collect()
+}
+
+/// `audit`'s exit status: 0 all fine, 1 the worst is a deprecation (or a variable the version
+/// ignores: the launch parses, something is off), 2 the launch would fail.
+pub fn exit_status(verdicts: &[Verdict], env: &[EnvVerdict]) -> i32 {
+    let env_off = env.iter().any(|e| !matches!(e.status, "ok" | "unchecked"));
     match verdicts.iter().map(|v| v.status).max() {
         Some(s) if s.fails() => 2,
         Some(Status::Deprecated) => 1,
+        _ if env_off => 1,
         _ => 0,
     }
 }
@@ -308,7 +373,7 @@ mod tests {
             {"option_strings": ["--old"], "dest": "old", "nargs": 0, "action": "DeprecatedStoreTrueAction", "new_flag": "--new"},
             {"option_strings": ["--list"], "dest": "l", "nargs": "+"}
         ]));
-        let v = audit(
+        let a = audit(
             &s,
             None,
             &args(&[
@@ -321,6 +386,7 @@ mod tests {
                 "--mode",
                 "c",
                 "--flag",
+                "$EXTRA_ARGS",
                 "--old",
                 "--cuda-graph-max-bs=8",
                 "--nope",
@@ -329,6 +395,8 @@ mod tests {
                 "--mode",
             ]),
         );
+        assert_eq!(a.unexpanded, ["$EXTRA_ARGS"]);
+        let v = a.verdicts;
         let st: Vec<Status> = v.iter().map(|v| v.status).collect();
         use Status::*;
         assert_eq!(
@@ -361,12 +429,57 @@ mod tests {
             Some("x"),
             "the unknown flag's value is not read as a flag"
         );
-        assert_eq!(exit_status(&v), 2);
-        assert_eq!(exit_status(&audit(&s, None, &args(&["--old"]))), 1);
+        assert_eq!(exit_status(&v, &[]), 2);
         assert_eq!(
-            exit_status(&audit(&s, None, &args(&["--ep", "$EP", "--mode", "$MODE"]))),
+            exit_status(&audit(&s, None, &args(&["--old"])).verdicts, &[]),
+            1
+        );
+        assert_eq!(
+            exit_status(
+                &audit(&s, None, &args(&["--ep", "$EP", "--mode", "$MODE"])).verdicts,
+                &[]
+            ),
             0,
             "symbolic values are not judged"
         );
+    }
+
+    #[test]
+    fn env_variables_known_deprecated_removed_unknown() {
+        let with = |vars: serde_json::Value| {
+            Schema::from_json(&json!({"actions": [], "env": vars})).unwrap()
+        };
+        let now = with(
+            json!([{"name": "SGLANG_A"}, {"name": "SGLANG_OLD", "deprecated": true, "replacement": "SGLANG_NEW"}]),
+        );
+        let before =
+            with(json!([{"name": "SGLANG_GONE", "deprecated": true, "replacement": "SGLANG_A"}]));
+        let env: Vec<(String, String)> = [
+            "SGLANG_A",
+            "SGLANG_OLD",
+            "SGLANG_GONE",
+            "SGLANG_TYPO",
+            "CUDA_VISIBLE_DEVICES",
+        ]
+        .iter()
+        .map(|k| (k.to_string(), "1".to_string()))
+        .collect();
+        let v = audit_env(&now, Some(&before), &env);
+        let got: Vec<(&str, &str, Option<&str>)> = v
+            .iter()
+            .map(|e| (e.name.as_str(), e.status, e.replacement.as_deref()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("SGLANG_A", "ok", None),
+                ("SGLANG_OLD", "deprecated", Some("SGLANG_NEW")),
+                ("SGLANG_GONE", "removed", Some("SGLANG_A")),
+                ("SGLANG_TYPO", "unknown", None)
+            ]
+        );
+        assert_eq!(exit_status(&[], &v), 1);
+        let old_dump = Schema::from_json(&json!({"actions": []})).unwrap();
+        assert_eq!(audit_env(&old_dump, None, &env)[0].status, "unchecked");
     }
 }

@@ -38,15 +38,13 @@ pub fn diff(from: &Schema, to: &Schema) -> Value {
                 json!(sorted(&p.choices)),
                 json!(sorted(&o.choices)),
             ),
-            (
-                "nargs",
-                json!(format!("{:?}", p.nargs)),
-                json!(format!("{:?}", o.nargs)),
-            ),
+            ("nargs", p.nargs.as_argparse(), o.nargs.as_argparse()),
             ("type", json!(p.kind), json!(o.kind)),
         ];
         for (field, x, y) in fields {
-            if x != y {
+            // A value a static read could not evaluate is no evidence of a change.
+            let unknown = |o: &Opt| o.unresolved.iter().any(|u| u == field);
+            if x != y && !unknown(p) && !unknown(o) {
                 changed.push(json!({"flag": flag, "field": field, "from": x, "to": y}));
             }
         }

@@ -15,7 +15,7 @@ pub struct Launch {
 pub enum RecipeError {
     #[error("no SGLang launch in the recipe (looked for `python3 -m sglang.launch_server` and `sglang serve`)")]
     NotFound,
-    #[error("line {line}: unterminated {quote} quote in the launch command")]
+    #[error("line {line}: unterminated {quote} in the launch command")]
     Unterminated { line: usize, quote: char },
 }
 
@@ -56,6 +56,28 @@ fn words(s: &str, line: usize) -> Result<Vec<String>, RecipeError> {
                 if let Some(x) = chars.next() {
                     cur.push(x);
                     has = true;
+                }
+            }
+            // `$((ISL + OSL))`, `$(cmd args)`, `${X:-a b}`: one word, spaces and all.
+            '$' if matches!(chars.peek(), Some('(' | '{')) => {
+                has = true;
+                cur.push('$');
+                let mut depth = 0usize;
+                for x in chars.by_ref() {
+                    cur.push(x);
+                    match x {
+                        '(' | '{' => depth += 1,
+                        ')' | '}' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                if depth != 0 {
+                    return Err(RecipeError::Unterminated { line, quote: '(' });
                 }
             }
             '#' if !has => break,
@@ -214,6 +236,30 @@ SERVER_PID=$!
         assert_eq!(extract("echo hi\n"), Err(RecipeError::NotFound));
         assert!(matches!(
             extract("python3 -m sglang.launch_server --model-path 'x\n"),
+            Err(RecipeError::Unterminated { .. })
+        ));
+    }
+
+    #[test]
+    fn substitutions_with_spaces_stay_one_word() {
+        let l = extract(
+            "python3 -m sglang.launch_server --context-length $((ISL + OSL + 20)) --model \"${MODEL:-a b}\" --x $(nproc --all) $EXTRA_ARGS\n",
+        )
+        .unwrap();
+        assert_eq!(
+            l.args,
+            [
+                "--context-length",
+                "$((ISL + OSL + 20))",
+                "--model",
+                "${MODEL:-a b}",
+                "--x",
+                "$(nproc --all)",
+                "$EXTRA_ARGS"
+            ]
+        );
+        assert!(matches!(
+            extract("python3 -m sglang.launch_server --x $((1 + 2)\n"),
             Err(RecipeError::Unterminated { .. })
         ));
     }

@@ -12,8 +12,8 @@ pub enum SchemaError {
     },
     #[error("{path} is not a flag schema: {why}")]
     Format { path: String, why: String },
-    #[error("{given:?}: reading flags from a .whl or a source tree (static mode) is not built yet (issue #3); pass a python3 that imports sglang, or a saved schema .json")]
-    UnsupportedSource { given: String },
+    #[error("--sglang {given}: {why}")]
+    BadSource { given: String, why: String },
 }
 
 /// How many values an option takes (argparse `nargs`).
@@ -25,6 +25,20 @@ pub enum Nargs {
     ZeroOrMore,
     OneOrMore,
     Exactly(u64),
+}
+
+impl Nargs {
+    /// As argparse spells it: null, 0, "?", "*", "+", or a count.
+    pub fn as_argparse(self) -> Value {
+        match self {
+            Nargs::One => Value::Null,
+            Nargs::Zero => 0.into(),
+            Nargs::Optional => "?".into(),
+            Nargs::ZeroOrMore => "*".into(),
+            Nargs::OneOrMore => "+".into(),
+            Nargs::Exactly(n) => n.into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -39,6 +53,8 @@ pub struct Opt {
     pub help: Option<String>,
     pub kind: Option<String>,
     pub default: Value,
+    /// Fields a static read left as `{"unresolved": source}` (default, choices, type, help).
+    pub unresolved: Vec<String>,
 }
 
 impl Opt {
@@ -56,6 +72,10 @@ impl Opt {
 pub struct Schema {
     pub version: Option<String>,
     pub options: Vec<Opt>,
+    /// How it was read: "import", "static", or what a saved dump says.
+    pub method: Option<String>,
+    /// The variables environ.py defines; `None` when unknown (an old dump, or no environ.py).
+    pub env: Option<Vec<EnvVar>>,
 }
 
 fn replacement_from_help(help: &str) -> Option<String> {
@@ -72,8 +92,8 @@ fn replacement_from_help(help: &str) -> Option<String> {
         })
 }
 
-/// The introspection module run in a target interpreter (import mode).
-pub const INTROSPECT_PY: &str = include_str!("../py/introspect.py");
+/// The flags module (import and static modes), run embedded or in a subprocess of a python3.
+pub const FLAGS_PY: &str = include_str!("../py/sglang_flags.py");
 
 /// What a `--sglang SOURCE` names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,27 +102,52 @@ pub enum Source {
     Json(String),
     /// A Python interpreter (or a venv's): import its SGLang.
     Interpreter(String),
+    /// A `.whl` or an unpacked source / site-packages tree: read its sources, import nothing.
+    Static(String),
 }
 
 impl Source {
     pub fn parse(source: &str) -> Result<Source, SchemaError> {
         let p = Path::new(source);
+        let bad = |why: &str| SchemaError::BadSource {
+            given: source.to_string(),
+            why: why.to_string(),
+        };
         if source.ends_with(".json") {
             return Ok(Source::Json(source.into()));
         }
-        if source.ends_with(".whl") || p.join("sglang").is_dir() || p.join("srt").is_dir() {
-            return Err(SchemaError::UnsupportedSource {
-                given: source.to_string(),
-            });
+        if source.ends_with(".whl") {
+            return if p.is_file() {
+                Ok(Source::Static(source.into()))
+            } else {
+                Err(bad("no such wheel file"))
+            };
         }
         if p.is_dir() {
-            // A virtual environment.
-            return Ok(Source::Interpreter(
-                p.join("bin/python3").to_string_lossy().into_owned(),
-            ));
+            let tree = [
+                "sglang/srt/server_args.py",
+                "python/sglang/srt/server_args.py",
+                "srt/server_args.py",
+            ];
+            if tree.iter().any(|t| p.join(t).is_file()) {
+                return Ok(Source::Static(source.into()));
+            }
+            let venv = p.join("bin/python3");
+            if venv.exists() {
+                return Ok(Source::Interpreter(venv.to_string_lossy().into_owned()));
+            }
+            return Err(bad("a directory that is neither a virtual environment (bin/python3) nor an SGLang tree (sglang/srt/server_args.py)"));
         }
         Ok(Source::Interpreter(source.into()))
     }
+}
+
+/// An `SGLANG_*` environment variable a version defines (`sglang/srt/environ.py`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvVar {
+    pub name: String,
+    pub deprecated: bool,
+    pub replacement: Option<String>,
 }
 
 impl Schema {
@@ -121,8 +166,9 @@ impl Schema {
     /// Read a saved schema (`.json`).
     pub fn load(source: &str) -> Result<Schema, SchemaError> {
         if !source.ends_with(".json") {
-            return Err(SchemaError::UnsupportedSource {
+            return Err(SchemaError::BadSource {
                 given: source.to_string(),
+                why: "a saved schema must be a .json file".into(),
             });
         }
         let path = Path::new(source);
@@ -207,11 +253,30 @@ impl Schema {
                 help,
                 kind: a["type"].as_str().map(String::from),
                 default: a["default"].clone(),
+                unresolved: ["default", "choices", "type"]
+                    .iter()
+                    .filter(|f| a[**f].get("unresolved").is_some())
+                    .map(|f| f.to_string())
+                    .chain(a.get("help_unresolved").map(|_| "help".to_string()))
+                    .collect(),
             });
         }
+        let env = v["env"].as_array().map(|vars| {
+            vars.iter()
+                .filter_map(|e| {
+                    Some(EnvVar {
+                        name: e["name"].as_str()?.to_string(),
+                        deprecated: e["deprecated"].as_bool().unwrap_or(false),
+                        replacement: e["replacement"].as_str().map(String::from),
+                    })
+                })
+                .collect()
+        });
         Ok(Schema {
             version: v["sglang_version"].as_str().map(String::from),
             options,
+            method: v["method"].as_str().map(String::from),
+            env,
         })
     }
 

@@ -85,8 +85,10 @@ pub enum FlagsCommand {
 
 #[derive(Debug, Args)]
 pub struct FlagsAuditArgs {
-    /// The SGLang version to check against: a saved schema .json, or a python3 (or venv) whose
-    /// SGLang is imported in a subprocess.
+    /// The SGLang version to check against. SOURCE is a python3 or a venv (import mode: its
+    /// SGLang is imported and its real parser read), a .whl or an unpacked source /
+    /// site-packages tree (static mode: sources read with Python's ast, nothing imported, no
+    /// torch needed), or a saved schema .json.
     #[arg(long, env = "SGLANG_SUPERVISOR_SGLANG", value_name = "SOURCE")]
     pub sglang: String,
     /// The version the recipe worked with: names removed flags and where they went.
@@ -100,6 +102,17 @@ pub struct FlagsAuditArgs {
     /// Or the launch arguments themselves, after `--`.
     #[arg(last = true, value_name = "ARGS")]
     pub args: Vec<String>,
+    #[command(flatten)]
+    pub python: PythonPlacement,
+}
+
+#[derive(Debug, Args)]
+pub struct PythonPlacement {
+    /// Run the introspection module in a subprocess of the Python (python3 on PATH for static
+    /// mode) instead of the interpreter embedded in this binary. Automatic when the target
+    /// interpreter's version differs from the embedded one, or the binary has none.
+    #[arg(long, env = "SGLANG_SUPERVISOR_FLAGS_SUBPROCESS")]
+    pub subprocess: bool,
 }
 
 #[derive(Debug, Args)]
@@ -110,14 +123,22 @@ pub struct FlagsDiffArgs {
     pub to: String,
     #[arg(long, value_enum, default_value = "text")]
     pub format: CompareFormat,
+    #[command(flatten)]
+    pub python: PythonPlacement,
 }
 
 #[derive(Debug, Args)]
 pub struct FlagsDumpArgs {
-    #[arg(long, value_name = "SOURCE")]
+    #[arg(long, env = "SGLANG_SUPERVISOR_SGLANG", value_name = "SOURCE")]
     pub sglang: String,
     #[arg(long, value_enum, default_value = "json")]
     pub format: CompareFormat,
+    /// Print the parser's actions as read (argparse's fields, the shape of a saved dump, usable
+    /// as a SOURCE later), with the SGLANG_* variables and, in import mode, the timings.
+    #[arg(long)]
+    pub raw: bool,
+    #[command(flatten)]
+    pub python: PythonPlacement,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -318,14 +339,14 @@ pub struct RunArgs {
     #[arg(long, env = "SGLANG_SUPERVISOR_REPORT", value_name = "PATH")]
     pub report: Option<PathBuf>,
 
-    /// Pre-flight: audit the server's flags against this saved flag schema (.json) before
-    /// launching; a flag that would fail to parse stops the launch with exit 126, deprecated
-    /// ones are reported. (Reading the schema from the server's own Python is issue #3.)
-    #[arg(
-        long,
-        env = "SGLANG_SUPERVISOR_FLAGS_SCHEMA",
-        value_name = "SCHEMA.json"
-    )]
+    /// Pre-flight source. When COMMAND is an SGLang launch (`PY -m sglang.launch_server`,
+    /// `sglang serve`), its flags are audited before launching: a flag that would fail to parse
+    /// stops the launch with exit 126; deprecated flags and unknown SGLANG_* variables are logged
+    /// and recorded as a `preflight` event. By default the flags come from a static read of the
+    /// SGLang package COMMAND's interpreter would import (well under a second, nothing
+    /// imported). This names another SOURCE instead: a python3 or venv (import mode), a .whl, a
+    /// source tree, or a saved schema .json.
+    #[arg(long, env = "SGLANG_SUPERVISOR_FLAGS_SCHEMA", value_name = "SOURCE")]
     pub flags_schema: Option<String>,
 
     /// Skip the pre-flight flag audit.

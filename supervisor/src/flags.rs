@@ -1,12 +1,14 @@
 //! The `flags` commands: the audit, diff and dump of SGLang's launch flags (python crate), with
 //! their output formats and exit statuses.
 use crate::child::{self, ExitStatus, SpawnSpec};
-use crate::cli::{CompareFormat, FlagsAuditArgs, FlagsCommand, FlagsDiffArgs, FlagsDumpArgs};
+use crate::cli::{
+    CompareFormat, FlagsAuditArgs, FlagsCommand, FlagsDiffArgs, FlagsDumpArgs, PythonPlacement,
+};
 use crate::redact::{is_secret_name, REDACTED};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
-use sglang_python::audit::{audit, exit_status, Verdict};
-use sglang_python::schema::{Schema, Source, INTROSPECT_PY};
+use sglang_python::audit::{audit, audit_env, exit_status, Verdict};
+use sglang_python::schema::{Schema, Source, FLAGS_PY};
 use std::io::Read;
 use std::process::Stdio;
 
@@ -18,19 +20,178 @@ pub fn command(cmd: &FlagsCommand) -> Result<i32> {
     }
 }
 
-/// A schema from any SOURCE: a saved `.json`, or a Python interpreter whose SGLang is imported
-/// (the introspection module runs in a subprocess of that interpreter, so its site-packages and
-/// its Python version are the ones that count).
-pub fn load(source: &str) -> Result<Schema> {
-    match Source::parse(source)? {
-        Source::Json(p) => Ok(Schema::load(&p)?),
-        Source::Interpreter(py) => import_with(&py),
+/// Where the flags module may run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// In the embedded interpreter when it can serve the source, else in a subprocess.
+    PreferEmbedded,
+    /// Always in a subprocess: `run`'s pre-flight must not leave torch and SGLang loaded in the
+    /// supervisor for the hours of the benchmark it watches.
+    Subprocess,
+}
+
+impl From<&PythonPlacement> for Placement {
+    fn from(p: &PythonPlacement) -> Self {
+        if p.subprocess {
+            Placement::Subprocess
+        } else {
+            Placement::PreferEmbedded
+        }
     }
 }
 
-fn import_with(python: &str) -> Result<Schema> {
+/// A schema from any SOURCE: a saved `.json`; a `.whl` or source tree read statically; or a
+/// Python interpreter (or venv) whose SGLang is imported, so that its site-packages count.
+pub fn load(source: &str, placement: Placement) -> Result<Schema> {
+    Ok(load_raw(source, placement)?.0)
+}
+
+/// [`load`], with the JSON the schema was read from (the module's output, or the saved file).
+pub fn load_raw(source: &str, placement: Placement) -> Result<(Schema, Value)> {
     let t = std::time::Instant::now();
-    let argv: Vec<std::ffi::OsString> = vec![python.into(), "-c".into(), INTROSPECT_PY.into()];
+    // What starting the target interpreter costs (a trivial run of it): the first of the split.
+    let mut started = None;
+    let (text, how) = match Source::parse(source)? {
+        Source::Json(p) => (
+            std::fs::read_to_string(&p).with_context(|| format!("reading the flag schema {p}"))?,
+            "saved schema".to_string(),
+        ),
+        Source::Static(path) => run_module(placement, None, "static", Some(&path))?,
+        Source::Interpreter(py) => {
+            let probe = std::time::Instant::now();
+            let target = probe_interpreter(&py)?;
+            started = Some(probe.elapsed());
+            run_module(placement, Some((&py, &target)), "import", None)?
+        }
+    };
+    let mut raw: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{source}: the flag schema is not JSON"))?;
+    let schema = Schema::from_json(&raw)
+        .map_err(|why| anyhow::anyhow!("{source} is not a flag schema: {why}"))?;
+    if let Some(timings) = raw.get_mut("timings").and_then(Value::as_object_mut) {
+        let s = |d: std::time::Duration| json!(crate::events::round_ms(d.as_secs_f64()));
+        timings.insert("total_s".into(), s(t.elapsed()));
+        if let Some(d) = started {
+            timings.insert("interpreter_start_s".into(), s(d));
+        }
+    }
+    tracing::info!(
+        "SGLang {} flags from {source}: {} options, {how}, {:?}",
+        schema.version.as_deref().unwrap_or("?"),
+        schema.options.len(),
+        t.elapsed()
+    );
+    Ok((schema, raw))
+}
+
+/// The flags of the SGLang `python` would import, read statically (in a subprocess of it: the
+/// same `sys.path`, `PYTHONPATH` included, and nothing imported): what `run`'s pre-flight uses.
+pub fn load_installed(python: &str) -> Result<Schema> {
+    let t = std::time::Instant::now();
+    let out = python_subprocess(python, &["-c", FLAGS_PY, "installed"])?;
+    let schema = parse(&String::from_utf8_lossy(&out), python)?;
+    tracing::info!(
+        "SGLang {} flags read from the package {python} imports: {} options, {:?}",
+        schema.version.as_deref().unwrap_or("?"),
+        schema.options.len(),
+        t.elapsed()
+    );
+    Ok(schema)
+}
+
+fn parse(text: &str, source: &str) -> Result<Schema> {
+    Ok(Schema::from_introspection(text.as_bytes(), source)?)
+}
+
+/// What a target interpreter is: its version, stdlib home and import path.
+struct Interpreter {
+    version: [u32; 3],
+    base_prefix: String,
+    path: Vec<String>,
+}
+
+const PROBE_PY: &str = "import sys, json; print(json.dumps([list(sys.version_info[:3]), sys.base_prefix, [p for p in sys.path if p]]))";
+
+fn probe_interpreter(python: &str) -> Result<Interpreter> {
+    let out = python_subprocess(python, &["-c", PROBE_PY])?;
+    let v: ([u32; 3], String, Vec<String>) = serde_json::from_slice(&out).with_context(|| {
+        format!("--sglang {python}: it did not answer like a Python 3 interpreter")
+    })?;
+    Ok(Interpreter {
+        version: v.0,
+        base_prefix: v.1,
+        path: v.2,
+    })
+}
+
+/// Run the flags module's `schema(mode, arg)`: embedded where allowed and possible, otherwise in a
+/// subprocess of the target interpreter (import) or of `python3` (static). Returns its JSON and
+/// how it ran.
+fn run_module(
+    placement: Placement,
+    target: Option<(&str, &Interpreter)>,
+    mode: &str,
+    arg: Option<&str>,
+) -> Result<(String, String)> {
+    #[cfg(feature = "embedded-python")]
+    if placement == Placement::PreferEmbedded {
+        use sglang_python::embedded::{self, EmbedError};
+        let mine = embedded::version();
+        let dotted = |v: [u32; 3]| format!("{}.{}.{}", v[0], v[1], v[2]);
+        let attempt = match target {
+            Some((py, t)) if t.version != mine => Err(EmbedError::Unavailable(format!(
+                "{py} is Python {}, the embedded interpreter {}",
+                dotted(t.version),
+                dotted(mine)
+            ))),
+            Some((_, t)) => embedded::schema(Some(&t.base_prefix), Some(&t.path), mode, arg),
+            None => embedded::schema(None, None, mode, arg),
+        };
+        match attempt {
+            Ok((text, init)) => {
+                return Ok((
+                    text,
+                    format!("embedded Python {} (started in {init:?})", dotted(mine)),
+                ))
+            }
+            Err(EmbedError::Failed {
+                message,
+                clean: true,
+            }) => anyhow::bail!(one_line_failure(target.map(|t| t.0), &message)),
+            Err(EmbedError::Failed { message, .. }) => {
+                tracing::info!("in the embedded interpreter: {message}; trying a subprocess");
+            }
+            Err(EmbedError::Unavailable(why)) => {
+                tracing::info!("{why}: running the flags module in a subprocess instead");
+            }
+        }
+    }
+    let _ = placement;
+    let python = target.map_or("python3", |t| t.0);
+    let mut args = vec!["-c", FLAGS_PY, mode];
+    args.extend(arg);
+    let out = python_subprocess(python, &args)?;
+    Ok((
+        String::from_utf8_lossy(&out).into_owned(),
+        format!("subprocess of {python}"),
+    ))
+}
+
+/// The one line a user reads when the module fails: what to do about a Python without SGLang.
+fn one_line_failure(python: Option<&str>, msg: &str) -> String {
+    match python {
+        Some(py) if msg.contains("No module named 'sglang'") || msg.contains("has no sglang") => format!(
+            "{py} cannot import SGLang's parser ({msg}): pass the interpreter or venv SGLang is installed in, a .whl, a source tree or a saved schema .json"
+        ),
+        Some(py) => format!("{py} could not build SGLang's parser: {msg} (install what SGLang's import needs there, or read its wheel or source tree statically)"),
+        None => msg.to_string(),
+    }
+}
+
+/// Run a Python subprocess to its end and return its stdout; a failure is one line from stderr.
+fn python_subprocess(python: &str, args: &[&str]) -> Result<Vec<u8>> {
+    let mut argv: Vec<std::ffi::OsString> = vec![python.into()];
+    argv.extend(args.iter().map(std::ffi::OsString::from));
     let spawned = child::spawn(SpawnSpec {
         argv: &argv,
         new_process_group: false,
@@ -39,7 +200,7 @@ fn import_with(python: &str) -> Result<Schema> {
         stdout: Stdio::piped(),
         stderr: Stdio::piped(),
     })
-    .with_context(|| format!("--sglang {python}"))?;
+    .with_context(|| format!("--sglang {python}: cannot run it (give a python3 path, a venv, a .whl, a source tree or a saved .json)"))?;
     let read = |fd: Option<std::os::fd::OwnedFd>| -> Vec<u8> {
         let mut out = Vec::new();
         if let Some(fd) = fd {
@@ -57,29 +218,26 @@ fn import_with(python: &str) -> Result<Schema> {
         .context("a runtime to wait for the interpreter")?;
     let status = rt.block_on(spawned.exit).ok();
     if status != Some(ExitStatus::Code(0)) {
-        let tail: Vec<String> = String::from_utf8_lossy(&stderr)
+        let stderr = String::from_utf8_lossy(&stderr);
+        let last = stderr
             .lines()
             .rev()
-            .take(3)
-            .map(String::from)
-            .collect();
-        let tail: Vec<String> = tail.into_iter().rev().collect();
-        anyhow::bail!(
-            "{python} could not import SGLang's parser ({status:?}): {} (is SGLang installed for this interpreter? pass its venv's python3, or a saved schema .json)",
-            tail.join(" | ")
-        );
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no message");
+        let target = (args.get(2) != Some(&"static")).then_some(python);
+        anyhow::bail!(one_line_failure(
+            target,
+            &format!(
+                "{last} (exit {})",
+                status.map_or("?".into(), |s| format!("{s:?}"))
+            )
+        ));
     }
-    let schema = Schema::from_introspection(&stdout, python)?;
-    tracing::info!(
-        "imported SGLang {} with {python} in {:?}",
-        schema.version.as_deref().unwrap_or("?"),
-        t.elapsed()
-    );
-    Ok(schema)
+    Ok(stdout)
 }
 
 /// Secret values (`--api-key sk-...`) never reach the output.
-fn redact(mut v: Vec<Verdict>) -> Vec<Verdict> {
+pub fn redact(mut v: Vec<Verdict>) -> Vec<Verdict> {
     for x in &mut v {
         if is_secret_name(&x.flag.trim_start_matches('-').replace('-', "_")) && x.value.is_some() {
             x.value = Some(REDACTED.into());
@@ -89,8 +247,13 @@ fn redact(mut v: Vec<Verdict>) -> Vec<Verdict> {
 }
 
 fn audit_command(a: &FlagsAuditArgs) -> Result<i32> {
-    let schema = load(&a.sglang)?;
-    let baseline = a.baseline.as_deref().map(load).transpose()?;
+    let placement = Placement::from(&a.python);
+    let schema = load(&a.sglang, placement)?;
+    let baseline = a
+        .baseline
+        .as_deref()
+        .map(|b| load(b, placement))
+        .transpose()?;
     let (args, env) = match &a.recipe {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -102,16 +265,19 @@ fn audit_command(a: &FlagsAuditArgs) -> Result<i32> {
         None if !a.args.is_empty() => (a.args.clone(), Vec::new()),
         None => anyhow::bail!("give a recipe file or the launch arguments after `--`"),
     };
-    let verdicts = redact(audit(&schema, baseline.as_ref(), &args));
-    let env: Vec<Value> = env
-        .iter()
-        .map(|(k, v)| json!({"name": k, "value": if is_secret_name(k) { REDACTED } else { v.as_str() }}))
-        .collect();
-    let status = exit_status(&verdicts);
+    let result = audit(&schema, baseline.as_ref(), &args);
+    let verdicts = redact(result.verdicts);
+    let mut env = audit_env(&schema, baseline.as_ref(), &env);
+    for e in &mut env {
+        if is_secret_name(&e.name) {
+            e.value = REDACTED.into();
+        }
+    }
+    let status = exit_status(&verdicts, &env);
     match a.format {
         CompareFormat::Json => {
             let out = json!({"sglang_version": schema.version, "baseline_version": baseline.as_ref().and_then(|b| b.version.clone()),
-                             "flags": verdicts, "env": env});
+                             "flags": verdicts, "env": env, "unexpanded": result.unexpanded});
             println!("{}", serde_json::to_string_pretty(&out)?);
         }
         f => {
@@ -138,13 +304,39 @@ fn audit_command(a: &FlagsAuditArgs) -> Result<i32> {
                     );
                 }
             }
+            for e in &env {
+                let note = e
+                    .replacement
+                    .as_deref()
+                    .map(|r| format!("use {r}"))
+                    .unwrap_or_default();
+                if md {
+                    println!(
+                        "| `{}` (env) | {} | {} | {note} |",
+                        e.name, e.value, e.status
+                    );
+                } else {
+                    let note = if note.is_empty() {
+                        note
+                    } else {
+                        format!("  ({note})")
+                    };
+                    println!("{:<15} {}={}{note}", e.status, e.name, e.value);
+                }
+            }
+            for u in &result.unexpanded {
+                println!(
+                    "{}{u} is expanded only at run time: the flags it carries are not audited",
+                    if md { "\n> " } else { "note: " }
+                );
+            }
             let version = schema.version.as_deref().unwrap_or("?");
             eprintln!(
                 "{} flags checked against SGLang {version}: {}",
                 verdicts.len(),
                 match status {
                     0 => "the launch will parse",
-                    1 => "the launch will parse, with deprecated flags",
+                    1 => "the launch will parse, with deprecated flags or ignored variables",
                     _ => "THE LAUNCH WILL FAIL to parse",
                 }
             );
@@ -154,7 +346,10 @@ fn audit_command(a: &FlagsAuditArgs) -> Result<i32> {
 }
 
 fn diff_command(a: &FlagsDiffArgs) -> Result<i32> {
-    let d = sglang_python::diff::diff(&load(&a.from)?, &load(&a.to)?);
+    let d = sglang_python::diff::diff(
+        &load(&a.from, Placement::from(&a.python))?,
+        &load(&a.to, Placement::from(&a.python))?,
+    );
     match a.format {
         CompareFormat::Json => println!("{}", serde_json::to_string_pretty(&d)?),
         _ => {
@@ -194,21 +389,25 @@ fn diff_command(a: &FlagsDiffArgs) -> Result<i32> {
 }
 
 fn dump_command(a: &FlagsDumpArgs) -> Result<i32> {
-    let s = load(&a.sglang)?;
+    let (s, raw) = load_raw(&a.sglang, Placement::from(&a.python))?;
+    if a.raw {
+        println!("{}", serde_json::to_string_pretty(&raw)?);
+        return Ok(0);
+    }
     let options: Vec<Value> = s
         .options
         .iter()
         .map(|o| {
             json!({"option_strings": o.option_strings, "dest": o.dest, "canonical": o.canonical(),
                    "aliases": o.option_strings.iter().filter(|x| x.as_str() != o.canonical()).collect::<Vec<_>>(),
-                   "nargs": format!("{:?}", o.nargs), "type": o.kind, "default": o.default, "choices": o.choices, "help": o.help,
+                   "nargs": o.nargs.as_argparse(), "type": o.kind, "default": o.default, "choices": o.choices, "help": o.help,
                    "deprecated": if o.deprecated { json!({"replacement": o.replacement}) } else { Value::Null }})
         })
         .collect();
     println!(
         "{}",
         serde_json::to_string_pretty(
-            &json!({"sglang_version": s.version, "method": if a.sglang.ends_with(".json") { "saved schema" } else { "import" }, "options": options})
+            &json!({"sglang_version": s.version, "method": s.method, "env": s.env.as_ref().map(|e| e.iter().map(|v| json!({"name": v.name, "deprecated": v.deprecated, "replacement": v.replacement})).collect::<Vec<_>>()), "options": options})
         )?
     );
     Ok(0)

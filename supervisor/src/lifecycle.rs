@@ -157,7 +157,9 @@ fn create(path: &std::path::Path, what: &str) -> Result<File> {
 pub const EXIT_PREFLIGHT: i32 = 126;
 
 /// The launch arguments inside COMMAND (after `-m sglang.launch_server` or `sglang serve`).
-fn launch_args(command: &[OsString]) -> Option<Vec<String>> {
+/// The interpreter and the arguments of an SGLang launch (`PY -m sglang.launch_server ARGS`, or
+/// `sglang serve ARGS` whose script names its interpreter on the `#!` line).
+fn launch_args(command: &[OsString]) -> Option<(String, Vec<String>)> {
     let argv: Vec<String> = command
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
@@ -166,24 +168,79 @@ fn launch_args(command: &[OsString]) -> Option<Vec<String>> {
         (w[0] == "-m" && w[1] == "sglang.launch_server")
             || (w[0].ends_with("sglang") && w[1] == "serve")
     })?;
-    Some(argv[at + 2..].to_vec())
+    let python = if argv[at] == "-m" {
+        argv[..at]
+            .iter()
+            .rev()
+            .find(|a| !a.starts_with('-'))?
+            .clone()
+    } else {
+        script_interpreter(&argv[at]).unwrap_or_else(|| "python3".into())
+    };
+    Some((python, argv[at + 2..].to_vec()))
 }
 
-/// Audit the flags before anything starts; `Some(126)` when the launch would fail to parse.
-/// Runs before the async runtime exists: import mode waits on a Python subprocess.
-pub fn preflight(args: &RunArgs) -> Result<Option<i32>> {
-    let (Some(schema_src), false) = (&args.flags_schema, args.no_preflight) else {
-        return Ok(None);
+/// The interpreter a console script runs under, from its `#!` line.
+fn script_interpreter(script: &str) -> Option<String> {
+    let path = if script.contains('/') {
+        std::path::PathBuf::from(script)
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .map(|d| d.join(script))
+            .find(|p| p.is_file())?
     };
-    let Some(launch) = launch_args(&args.command) else {
-        tracing::warn!("pre-flight: COMMAND is not `python3 -m sglang.launch_server ...` or `sglang serve ...`; skipped");
+    let mut head = [0u8; 256];
+    let n = std::io::Read::read(&mut std::fs::File::open(path).ok()?, &mut head).ok()?;
+    let line = std::str::from_utf8(&head[..n]).ok()?.lines().next()?;
+    let words: Vec<&str> = line.strip_prefix("#!")?.split_whitespace().collect();
+    match words.as_slice() {
+        [env, py, ..] if env.ends_with("/env") => Some(py.to_string()),
+        [py, ..] => Some(py.to_string()),
+        [] => None,
+    }
+}
+
+/// What the pre-flight found: whether to refuse the launch (exit 126), and its `preflight` event.
+pub struct Preflight {
+    pub reject: bool,
+    pub event: Value,
+}
+
+/// Audit the flags before anything starts.
+/// By default the flags come from a static read of the SGLang package the launch's interpreter
+/// would import (a fraction of a second, nothing imported); `--flags-schema` names another
+/// source. Runs before the async runtime exists: it waits on a Python subprocess.
+pub fn preflight(args: &RunArgs) -> Result<Option<Preflight>> {
+    if args.no_preflight {
+        return Ok(None);
+    }
+    let Some((python, launch)) = launch_args(&args.command) else {
+        if args.flags_schema.is_some() {
+            tracing::warn!("pre-flight: COMMAND is not `python3 -m sglang.launch_server ...` or `sglang serve ...`; skipped");
+        }
         return Ok(None);
     };
     let t = Instant::now();
-    let schema = crate::flags::load(schema_src)?;
-    let verdicts = sglang_python::audit::audit(&schema, None, &launch);
-    let status = sglang_python::audit::exit_status(&verdicts);
-    for v in verdicts
+    let schema = match &args.flags_schema {
+        // Asked for by name: a source that cannot be read is an error.
+        Some(src) => crate::flags::load(src, crate::flags::Placement::Subprocess)?,
+        // Our own default: when it cannot read the flags, the launch itself decides.
+        None => match crate::flags::load_installed(&python) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("pre-flight skipped: {e:#}");
+                return Ok(None);
+            }
+        },
+    };
+    let audit = sglang_python::audit::audit(&schema, None, &launch);
+    let env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("SGLANG_") && !k.starts_with("SGLANG_SUPERVISOR_"))
+        .collect();
+    let env = sglang_python::audit::audit_env(&schema, None, &env);
+    let status = sglang_python::audit::exit_status(&audit.verdicts, &[]);
+    for v in audit
+        .verdicts
         .iter()
         .filter(|v| v.status != sglang_python::audit::Status::Ok)
     {
@@ -194,16 +251,68 @@ pub fn preflight(args: &RunArgs) -> Result<Option<i32>> {
             tracing::warn!("pre-flight: {what} {} ({note})", v.flag);
         }
     }
+    for e in env
+        .iter()
+        .filter(|e| !matches!(e.status, "ok" | "unchecked"))
+    {
+        let to = e
+            .replacement
+            .as_deref()
+            .map(|r| format!(" (use {r})"))
+            .unwrap_or_default();
+        tracing::warn!(
+            "pre-flight: environment variable {} is {} in SGLang {}{to}: SGLang ignores it",
+            e.name,
+            e.status,
+            schema.version.as_deref().unwrap_or("?")
+        );
+    }
+    for u in &audit.unexpanded {
+        tracing::warn!(
+            "pre-flight: {u} reached the command unexpanded; its flags were not audited"
+        );
+    }
     tracing::info!(
         "pre-flight: {} flags checked against SGLang {} in {:?}",
-        verdicts.len(),
+        audit.verdicts.len(),
         schema.version.as_deref().unwrap_or("?"),
         t.elapsed()
     );
-    Ok((status == 2).then_some(EXIT_PREFLIGHT))
+    let noteworthy: Vec<&sglang_python::audit::Verdict> = audit
+        .verdicts
+        .iter()
+        .filter(|v| v.status != sglang_python::audit::Status::Ok)
+        .collect();
+    let event = json!({
+        "sglang_version": schema.version, "method": schema.method, "checked": audit.verdicts.len(),
+        "flags": crate::flags::redact(noteworthy.into_iter().cloned().collect()),
+        "env": env.iter().filter(|e| e.status != "ok").collect::<Vec<_>>(),
+        "unexpanded": audit.unexpanded, "rejected": status == 2,
+        "duration_s": crate::events::round_ms(t.elapsed().as_secs_f64()),
+    });
+    Ok(Some(Preflight {
+        reject: status == 2,
+        event,
+    }))
 }
 
-pub async fn run(args: RunArgs) -> Result<i32> {
+/// A refused launch still leaves its `preflight` event where `--events` points.
+pub fn record_rejection(args: &RunArgs, event: Value) {
+    if let Some(path) = &args.events {
+        match File::create(path) {
+            Ok(f) => Events::new(
+                Some(f),
+                Some(path.display().to_string()),
+                Instant::now(),
+                false,
+            )
+            .emit("preflight", event),
+            Err(e) => tracing::error!("cannot write the events file {}: {e}", path.display()),
+        }
+    }
+}
+
+pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
     let log_file = args
         .log_file
         .as_deref()
@@ -290,6 +399,9 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         t0,
         args.report.is_some(),
     ));
+    if let Some(p) = preflight {
+        events.emit("preflight", p);
+    }
     let window_events = events.clone();
     metrics.set_window_sink(Arc::new(move |w| window_events.emit("window", w)));
     let argv_text: Vec<String> = args

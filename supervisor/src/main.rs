@@ -36,6 +36,12 @@ fn flush_terminal() {
 }
 
 fn dispatch(command: Command) -> ExitCode {
+    if !matches!(command, Command::Run(_) | Command::Sentinel { .. }) {
+        // Commands that print a result end quietly when their reader goes away (`| head`), as
+        // Unix tools do; `run` keeps ignoring SIGPIPE, a closed terminal must not stop a server.
+        // SAFETY: restoring a default disposition before any thread is started.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match command {
         Command::Sentinel { pgid } => ExitCode::from(sentinel::sentinel_main(pgid) as u8),
         Command::Flags(cmd) => match flags::command(&cmd) {
@@ -64,15 +70,16 @@ fn dispatch(command: Command) -> ExitCode {
             Err(e) => fail(e),
         },
         Command::Run(args) => {
-            match lifecycle::preflight(&args) {
-                Ok(None) => {}
-                Ok(Some(code)) => {
+            let preflight = match lifecycle::preflight(&args) {
+                Ok(Some(p)) if p.reject => {
+                    lifecycle::record_rejection(&args, p.event);
                     flush_terminal();
                     eprintln!("sglang-supervisor: the server's flags would fail to parse (see above); not launching. Fix them, or pass --no-preflight");
-                    return ExitCode::from(code as u8);
+                    return ExitCode::from(lifecycle::EXIT_PREFLIGHT as u8);
                 }
+                Ok(p) => p.map(|p| p.event),
                 Err(e) => return fail(e),
-            }
+            };
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -83,7 +90,7 @@ fn dispatch(command: Command) -> ExitCode {
             };
             // block_on runs `run` on this (main) thread, which spawns the child: PDEATHSIG is tied
             // to the spawning thread, and this one lives until we exit.
-            match rt.block_on(lifecycle::run(*args)) {
+            match rt.block_on(lifecycle::run(*args, preflight)) {
                 Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
                 Err(e) => fail(e),
             }

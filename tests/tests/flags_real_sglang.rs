@@ -1,0 +1,547 @@
+//! `flags` on the real SGLang releases from PyPI (scripts/fetch-sglang.sh): the static reader on
+//! the wheels 0.5.14, 0.5.19, 0.5.20 and 0.5.23 against the real parser dumps, the recipes of the
+//! issue, bad input, and import mode on a venv where SGLang 0.5.23 really imports.
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)] // test code: a panic is the failure report
+mod common;
+use common::*;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+const VERSIONS: [&str; 4] = ["0.5.14", "0.5.19", "0.5.20", "0.5.23"];
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn wheel(v: &str) -> String {
+    let dir = std::env::var_os("SGLANG_WHEELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/sglang-wheels"));
+    let found = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}; run scripts/fetch-sglang.sh", dir.display()))
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            n.starts_with(&format!("sglang-{v}-")) && n.ends_with(".whl")
+        });
+    found
+        .unwrap_or_else(|| {
+            panic!(
+                "no sglang {v} wheel in {}; run scripts/fetch-sglang.sh",
+                dir.display()
+            )
+        })
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn venv_python() -> String {
+    let venv = std::env::var_os("SGLANG_IMPORT_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/sglang-venv"));
+    assert!(
+        venv.join(".complete").exists(),
+        "{}: no SGLang venv; run scripts/fetch-sglang.sh",
+        venv.display()
+    );
+    venv.join("bin/python3").to_string_lossy().into_owned()
+}
+
+fn recipe(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/recipes")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn dump_fixture(v: &str) -> Value {
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/flags/sglang-{v}.json"));
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn flags(args: &[&str]) -> Output {
+    Command::new(supervisor_bin())
+        .arg("flags")
+        .args(args)
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap()
+}
+
+fn json_of(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {} / {}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
+
+/// (option strings, dest, deprecated, replacement) of every option, in parser order.
+fn shape(options: &[Value]) -> Vec<(Value, Value, bool, Value)> {
+    options
+        .iter()
+        .filter(|a| a["dest"] != "help")
+        .map(|a| {
+            let deprecated =
+                a["deprecated"].as_bool().unwrap_or(false) || a["deprecated"].is_object();
+            let replacement = a["new_flag"].clone();
+            let replacement = if replacement.is_null() {
+                a["deprecated"]["new_flag"].clone()
+            } else {
+                replacement
+            };
+            (
+                a["option_strings"].clone(),
+                a["dest"].clone(),
+                deprecated,
+                replacement,
+            )
+        })
+        .collect()
+}
+
+fn static_dump(source: &str) -> Value {
+    let out = flags(&["dump", "--sglang", source, "--raw"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json_of(&out)
+}
+
+#[test]
+fn static_mode_on_each_wheel_equals_the_real_parser_dump() {
+    for v in VERSIONS {
+        let got = static_dump(&wheel(v));
+        assert_eq!(got["sglang_version"], v);
+        assert_eq!(got["method"], "static");
+        let want = dump_fixture(v);
+        let (g, w) = (
+            shape(got["actions"].as_array().unwrap()),
+            shape(want["actions"].as_array().unwrap()),
+        );
+        assert_eq!(g.len(), w.len(), "{v}: number of options");
+        for (a, b) in g.iter().zip(&w) {
+            assert_eq!(
+                a, b,
+                "{v}: option strings (order included), dest and deprecation"
+            );
+        }
+        // Defaults and choices are evaluated where they are literals or named constants, and
+        // then equal the real parser's; the rest is marked unresolved, never guessed.
+        let (mut equal, mut unresolved) = (0, 0);
+        for (a, b) in got["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(want["actions"].as_array().unwrap())
+        {
+            for field in ["default", "choices", "nargs", "type"] {
+                if a[field].get("unresolved").is_some() {
+                    unresolved += 1;
+                } else {
+                    assert_eq!(a[field], b[field], "{v} {} {field}", b["option_strings"]);
+                    equal += 1;
+                }
+            }
+        }
+        assert!(
+            equal > unresolved * 20,
+            "{v}: {equal} equal, {unresolved} unresolved"
+        );
+        assert!(
+            got["env"].as_array().unwrap().len() > 300,
+            "{v}: SGLANG_* variables from environ.py"
+        );
+    }
+}
+
+#[test]
+fn an_unpacked_tree_reads_like_its_wheel() {
+    let dir = std::env::temp_dir().join(format!("sglsup-tree-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let st = Command::new("python3")
+        .args(["-m", "zipfile", "-e", &wheel("0.5.20")])
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let from_tree = static_dump(dir.to_str().unwrap());
+    let from_wheel = static_dump(&wheel("0.5.20"));
+    assert_eq!(from_tree["actions"], from_wheel["actions"]);
+    assert_eq!(from_tree["sglang_version"], "0.5.20", "from the dist-info");
+    // The `sglang` package directory itself names the same tree.
+    let pkg = static_dump(dir.join("sglang").to_str().unwrap());
+    assert_eq!(pkg["actions"], from_wheel["actions"]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn qwen_recipe_on_0_5_19_parses_with_aliases_deprecations_and_an_abbreviation() {
+    let out = flags(&[
+        "audit",
+        "--sglang",
+        &wheel("0.5.19"),
+        "--format",
+        "json",
+        &recipe("qwen3.5_fp8_h200.sh"),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "worst is deprecated");
+    let v = json_of(&out);
+    let all = v["flags"].as_array().unwrap();
+    assert_eq!(all.len(), 22);
+    assert!(all.iter().all(|f| !matches!(
+        f["status"].as_str().unwrap(),
+        "ambiguous" | "unknown" | "removed" | "invalid_choice" | "missing_value"
+    )));
+    let f = |name: &str| all.iter().find(|x| x["flag"] == name).unwrap().clone();
+    assert_eq!(f("--expert-parallel-size")["status"], "alias");
+    assert_eq!(f("--expert-parallel-size")["canonical"], "--ep-size");
+    assert_eq!(f("--cuda-graph-max-bs")["status"], "deprecated");
+    assert_eq!(
+        f("--cuda-graph-max-bs")["replacement"],
+        "--cuda-graph-max-bs-decode"
+    );
+    assert_eq!(
+        f("--enable-flashinfer-allreduce-fusion")["status"],
+        "deprecated"
+    );
+    assert_eq!(
+        f("--enable-flashinfer-allreduce-fusion")["replacement"],
+        "--flashinfer-allreduce-fusion-backend=auto"
+    );
+    assert_eq!(f("--tp")["status"], "abbrev");
+    assert_eq!(f("--tp")["canonical"], "--tp-size");
+    assert_eq!(
+        f("--context-length")["value"],
+        "$((ISL + OSL + 20))",
+        "one shell word"
+    );
+    // Markdown for a PR body: a table with a row per flag.
+    let md = flags(&[
+        "audit",
+        "--sglang",
+        &wheel("0.5.19"),
+        "--format",
+        "markdown",
+        &recipe("qwen3.5_fp8_h200.sh"),
+    ]);
+    let text = String::from_utf8_lossy(&md.stdout);
+    assert!(
+        text.starts_with("| flag | value | status | note |"),
+        "{text}"
+    );
+    assert_eq!(text.lines().filter(|l| l.starts_with("| `--")).count(), 22);
+}
+
+#[test]
+fn dsr1_recipe_on_0_5_20_is_ambiguous_with_the_fix_from_0_5_19() {
+    let out = flags(&[
+        "audit",
+        "--sglang",
+        &wheel("0.5.20"),
+        "--baseline",
+        &wheel("0.5.19"),
+        "--format",
+        "json",
+        &recipe("dsr1_fp8_mi325x.sh"),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let v = json_of(&out);
+    assert_eq!(
+        (v["sglang_version"].as_str(), v["baseline_version"].as_str()),
+        (Some("0.5.20"), Some("0.5.19"))
+    );
+    let bs = v["flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["flag"] == "--cuda-graph-max-bs")
+        .unwrap();
+    assert_eq!(bs["status"], "ambiguous");
+    assert_eq!(bs["value"], "128");
+    assert_eq!(
+        bs["candidates"],
+        serde_json::json!(["--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill"])
+    );
+    assert_eq!(bs["message"], "ambiguous option: --cuda-graph-max-bs=128 could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill");
+    assert_eq!(bs["replacement"], "--cuda-graph-max-bs-decode=128");
+    // The recipe's exported SGLANG_* variables, checked against 0.5.20's environ.py.
+    let env = v["env"].as_array().unwrap();
+    let names: Vec<&str> = env.iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["SGLANG_USE_AITER", "SGLANG_AITER_MLA_PERSIST"]);
+    assert!(env.iter().all(|e| e["status"] != "unchecked"));
+    // Removed (the baseline had it, with its replacement) versus unknown.
+    let v = json_of(&flags(&[
+        "audit",
+        "--sglang",
+        &wheel("0.5.20"),
+        "--baseline",
+        &wheel("0.5.19"),
+        "--format",
+        "json",
+        "--",
+        "--stream-output",
+        "--no-such-flag",
+    ]));
+    assert_eq!(v["flags"][0]["status"], "removed");
+    assert_eq!(
+        v["flags"][0]["replacement"],
+        "--incremental-streaming-output"
+    );
+    assert_eq!(v["flags"][1]["status"], "unknown");
+    // Without a baseline, a flag 0.5.20 lost is just unknown.
+    let v = json_of(&flags(&[
+        "audit",
+        "--sglang",
+        &wheel("0.5.20"),
+        "--format",
+        "json",
+        "--",
+        "--stream-output",
+    ]));
+    assert_eq!(v["flags"][0]["status"], "unknown");
+}
+
+#[test]
+fn environment_variables_are_checked_against_environ_py() {
+    let dir = std::env::temp_dir().join(format!("sglsup-env-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let r = dir.join("r.sh");
+    std::fs::write(
+        &r,
+        "export SGLANG_ENABLE_TORCH_INFERENCE_MODE=1\nexport SGLANG_GC_LOG=1\nexport SGLANG_NO_SUCH_VARIABLE=1\npython3 -m sglang.launch_server --model-path m\n",
+    )
+    .unwrap();
+    let out = flags(&[
+        "audit",
+        "--sglang",
+        &wheel("0.5.19"),
+        "--format",
+        "json",
+        r.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the launch parses; a variable is ignored"
+    );
+    let v = json_of(&out);
+    let st: Vec<(&str, &str)> = v["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), e["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        st,
+        [
+            ("SGLANG_ENABLE_TORCH_INFERENCE_MODE", "ok"),
+            ("SGLANG_GC_LOG", "deprecated"),
+            ("SGLANG_NO_SUCH_VARIABLE", "unknown")
+        ]
+    );
+    assert_eq!(v["env"][1]["replacement"], "SGLANG_LOG_GC");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn diff_0_5_19_to_0_5_20_from_the_wheels() {
+    let v = json_of(&flags(&[
+        "diff",
+        "--from",
+        &wheel("0.5.19"),
+        "--to",
+        &wheel("0.5.20"),
+        "--format",
+        "json",
+    ]));
+    let removed: Vec<&str> = v["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap())
+        .collect();
+    assert_eq!(removed.len(), 23, "{removed:?}");
+    for f in ["--cuda-graph-max-bs", "--cuda-graph-bs", "--stream-output"] {
+        assert!(removed.contains(&f), "{f}");
+    }
+    assert_eq!(v["added"].as_array().unwrap().len(), 15);
+    // Nothing unresolved is reported as a change.
+    assert!(
+        !v["changed"].to_string().contains("unresolved"),
+        "{}",
+        v["changed"]
+    );
+}
+
+#[test]
+fn bad_sources_and_recipes_are_one_line_errors() {
+    let dir = std::env::temp_dir().join(format!("sglsup-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let junk = dir.join("sglang-9.9.9-py3-none-any.whl");
+    std::fs::write(&junk, "not a zip").unwrap();
+    let no_launch = dir.join("no-launch.sh");
+    std::fs::write(&no_launch, "#!/bin/bash\necho hello\n").unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "--sglang".into(),
+                junk.to_string_lossy().into(),
+                "--".into(),
+                "--tp".into(),
+                "2".into(),
+            ],
+            "not a readable wheel",
+        ),
+        (
+            vec![
+                "--sglang".into(),
+                "/nonexistent/bin/python3".into(),
+                "--".into(),
+                "--tp".into(),
+                "2".into(),
+            ],
+            "cannot run it",
+        ),
+        (
+            vec![
+                "--sglang".into(),
+                "python3".into(),
+                "--".into(),
+                "--tp".into(),
+                "2".into(),
+            ],
+            "cannot import SGLang",
+        ),
+        (
+            vec![
+                "--sglang".into(),
+                dir.to_string_lossy().into(),
+                "--".into(),
+                "--tp".into(),
+                "2".into(),
+            ],
+            "neither a virtual environment",
+        ),
+        (
+            vec![
+                "--sglang".into(),
+                wheel("0.5.20"),
+                no_launch.to_string_lossy().into(),
+            ],
+            "no SGLang launch in the recipe",
+        ),
+    ];
+    for (args, want) in cases {
+        let mut a = vec!["audit".to_string()];
+        a.extend(args);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let out = Command::new(supervisor_bin())
+            .arg("flags")
+            .args(&a)
+            .env("RUST_LOG", "off")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{a:?}: {err}");
+        assert!(err.contains(want), "{a:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{a:?}: one line: {err}");
+        assert!(
+            !err.contains("Traceback") && !err.contains("panicked"),
+            "{err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Import mode on a venv where SGLang 0.5.23 really imports (torch and all): in-process through
+/// the embedded interpreter (the venv is Python 3.11 like it) and through a subprocess; both must
+/// equal the static read of the same wheel and the real parser dump.
+#[test]
+fn import_mode_on_a_real_sglang_install_equals_static_mode_and_the_dump() {
+    let py = venv_python();
+    let out = flags(&["dump", "--sglang", &py, "--raw"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("embedded Python 3.11"), "in-process: {err}");
+    let imported = json_of(&out);
+    assert_eq!(imported["method"], "import");
+    assert_eq!(imported["sglang_version"], "0.5.23");
+    let stat = static_dump(&wheel("0.5.23"));
+    assert_eq!(
+        shape(imported["actions"].as_array().unwrap()),
+        shape(stat["actions"].as_array().unwrap())
+    );
+    assert_eq!(
+        shape(imported["actions"].as_array().unwrap()),
+        shape(dump_fixture("0.5.23")["actions"].as_array().unwrap())
+    );
+    assert_eq!(imported["env"], stat["env"]);
+    // Forced into a subprocess (what `run`'s pre-flight does with an interpreter as SOURCE).
+    let out = Command::new(supervisor_bin())
+        .args(["flags", "dump", "--raw", "--subprocess", "--sglang", &py])
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("subprocess of"));
+    assert_eq!(json_of(&out)["actions"], imported["actions"]);
+    // Timings of the split: interpreter start, import, parser build.
+    let t = &imported["timings"];
+    assert!(
+        t["import_s"].as_f64().unwrap() > 0.0 && t["parser_s"].as_f64().unwrap() > 0.0,
+        "{t}"
+    );
+}
+
+/// `run`'s default pre-flight: a static read of the SGLang the launch's interpreter would import.
+#[test]
+fn run_preflight_reads_the_launch_interpreters_sglang_by_default() {
+    let py = venv_python();
+    let dir = std::env::temp_dir().join(format!("sglsup-pre-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ev = dir.join("events.jsonl");
+    let t = std::time::Instant::now();
+    let out = Command::new(supervisor_bin())
+        .args(["run", "--metrics-addr", "none", "--no-tee", "--events"])
+        .arg(&ev)
+        .args([
+            "--",
+            &py,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            "m",
+            "--cuda-graph-max-bs",
+            "8",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(126), "{err}");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(5),
+        "seconds, not minutes: {:?}",
+        t.elapsed()
+    );
+    assert!(err.contains("ambiguous") && err.contains("0.5.23"), "{err}");
+    let events = std::fs::read_to_string(&ev).unwrap();
+    let first: Value = serde_json::from_str(events.lines().next().unwrap()).unwrap();
+    assert_eq!(first["event"], "preflight");
+    assert_eq!(first["rejected"], true);
+    assert_eq!(first["flags"][0]["status"], "ambiguous");
+    assert!(!events.contains("\"spawned\""), "nothing was launched");
+    let _ = std::fs::remove_dir_all(dir);
+}
