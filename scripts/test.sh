@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 ./scripts/fetch-sglang.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
+# A binary built without the embedded interpreter still does every flags mode, in subprocesses.
+cargo clippy -p sglang-supervisor --no-default-features --release -- -D warnings
 # The integration tests run target/release/sglang-supervisor: build the binaries first.
 cargo build --release --workspace --bins
 cargo test --release --workspace

@@ -104,6 +104,7 @@ fn parse(text: &str, source: &str) -> Result<Schema> {
 }
 
 /// What a target interpreter is: its version, stdlib home and import path.
+#[cfg_attr(not(feature = "embedded-python"), allow(dead_code))] // read to decide on embedding
 struct Interpreter {
     version: [u32; 3],
     base_prefix: String,
