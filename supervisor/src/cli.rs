@@ -75,7 +75,7 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum FlagsCommand {
     /// One verdict per flag: ok, alias, abbrev, deprecated, ambiguous, unknown, removed,
-    /// invalid_choice, missing_value. Exit 0 all fine, 1 deprecations, 2 the launch would fail.
+    /// invalid_choice, missing_value. Exit 0 all fine, 1 deprecations (or SGLANG_* variables the version ignores), 2 the launch would fail.
     Audit(FlagsAuditArgs),
     /// Option strings added and removed, new deprecations, changed defaults/choices/arity/type.
     Diff(FlagsDiffArgs),
@@ -89,7 +89,12 @@ pub struct FlagsAuditArgs {
     /// SGLang is imported and its real parser read), a .whl or an unpacked source /
     /// site-packages tree (static mode: sources read with Python's ast, nothing imported, no
     /// torch needed), or a saved schema .json.
-    #[arg(long, env = "SGLANG_SUPERVISOR_SGLANG", value_name = "SOURCE")]
+    #[arg(
+        long,
+        env = "SGLANG_SUPERVISOR_SGLANG",
+        value_name = "SOURCE",
+        default_value = "python3"
+    )]
     pub sglang: String,
     /// The version the recipe worked with: names removed flags and where they went.
     #[arg(long, value_name = "SOURCE")]
@@ -129,7 +134,12 @@ pub struct FlagsDiffArgs {
 
 #[derive(Debug, Args)]
 pub struct FlagsDumpArgs {
-    #[arg(long, env = "SGLANG_SUPERVISOR_SGLANG", value_name = "SOURCE")]
+    #[arg(
+        long,
+        env = "SGLANG_SUPERVISOR_SGLANG",
+        value_name = "SOURCE",
+        default_value = "python3"
+    )]
     pub sglang: String,
     #[arg(long, value_enum, default_value = "json")]
     pub format: CompareFormat,

@@ -181,7 +181,13 @@ fn an_unpacked_tree_reads_like_its_wheel() {
     let pkg = static_dump(dir.join("sglang").to_str().unwrap());
     assert_eq!(pkg["actions"], from_wheel["actions"]);
     // The same module in a subprocess of python3 (a binary built without embedded-python).
-    let out = flags(&["dump", "--raw", "--subprocess", "--sglang", &wheel("0.5.20")]);
+    let out = flags(&[
+        "dump",
+        "--raw",
+        "--subprocess",
+        "--sglang",
+        &wheel("0.5.20"),
+    ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("subprocess of python3"));
     assert_eq!(json_of(&out)["actions"], from_wheel["actions"]);
     let _ = std::fs::remove_dir_all(dir);
