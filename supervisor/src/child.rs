@@ -169,6 +169,14 @@ pub fn spawn(spec: SpawnSpec<'_>) -> Result<Spawned, SpawnError> {
     if spec.new_process_group {
         cmd.process_group(0);
     }
+    // SAFETY: signal() is async-signal-safe. The supervisor ignores SIGXFSZ (a file-size limit
+    // must fail its log writes, not kill it); the child gets the default back, as it would have.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
+            Ok(())
+        });
+    }
     if spec.die_with_parent {
         // SAFETY: getpid is async-signal-safe.
         let parent = unsafe { libc::getpid() };

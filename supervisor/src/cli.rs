@@ -367,6 +367,13 @@ pub struct RunArgs {
     #[arg(long, env = "SGLANG_SUPERVISOR_NO_TEE")]
     pub no_tee: bool,
 
+    /// Replace secret values (what follows --api-key / --admin-api-key and the like in COMMAND,
+    /// and secret-named environment variables such as HF_TOKEN) with `<redacted>` in the log
+    /// file and the terminal copy too. Without it those are the child's exact bytes; events,
+    /// metrics and reports never carry secrets either way.
+    #[arg(long, env = "SGLANG_SUPERVISOR_REDACT_LOG")]
+    pub redact_log: bool,
+
     /// The server command, run as argv (no shell), e.g. `python3 -m sglang.launch_server --model-path M`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,

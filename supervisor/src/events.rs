@@ -1,5 +1,6 @@
 //! `--events`: one JSON object per line, written and flushed as it happens (a recipe may `tail -f`
 //! it, and `wait --events` reads it). Every line has `ts` (RFC 3339 UTC) and `event` first.
+use crate::redact::Secrets;
 use serde_json::{Map, Value};
 use std::fs::File;
 use std::io::Write;
@@ -12,6 +13,8 @@ pub struct Events {
     t0: Instant,
     /// A copy of every event, kept when a report will be built from them at exit.
     kept: Option<Mutex<Vec<Value>>>,
+    /// Secret values of the run, replaced wherever they appear in an event (a quoted traceback).
+    secrets: Secrets,
 }
 
 impl Events {
@@ -21,7 +24,13 @@ impl Events {
             path,
             t0,
             kept: keep.then(|| Mutex::new(Vec::new())),
+            secrets: Secrets::default(),
         }
+    }
+
+    pub fn with_secrets(mut self, secrets: Secrets) -> Self {
+        self.secrets = secrets;
+        self
     }
 
     /// Every event so far (empty unless created with `keep`).
@@ -48,19 +57,28 @@ impl Events {
             obj.extend(f);
         }
         tracing::trace!(target: "events", event, "event emitted");
-        if let Some(k) = &self.kept {
-            k.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(Value::Object(obj.clone()));
-        }
-        let Some(file) = &self.file else { return };
-        let mut line = match serde_json::to_vec(&obj) {
+        let line = match serde_json::to_vec(&obj) {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!("cannot serialise event {event}: {e}");
                 return;
             }
         };
+        let mut line = match self.secrets.redact(&line) {
+            std::borrow::Cow::Borrowed(_) => line,
+            std::borrow::Cow::Owned(redacted) => {
+                if let Ok(Value::Object(o)) = serde_json::from_slice(&redacted) {
+                    obj = o;
+                }
+                redacted
+            }
+        };
+        if let Some(k) = &self.kept {
+            k.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(Value::Object(obj));
+        }
+        let Some(file) = &self.file else { return };
         line.push(b'\n');
         let mut f = file.lock().unwrap_or_else(|p| p.into_inner());
         // One write per line: a reader never sees half an event unless the disk is full.

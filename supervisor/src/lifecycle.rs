@@ -9,7 +9,7 @@ use crate::cli::{ReadyOn, RunArgs};
 use crate::events::{round_ms, Events};
 use crate::logs::parse::LogEvent;
 use crate::logs::tee::{self, LogFile, Shared, StreamStats, Timed};
-use crate::redact::redact_argv;
+use crate::redact::{redact_argv, Secrets};
 use crate::sentinel::Sentinel;
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
@@ -324,6 +324,10 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
         .map(|p| create(p, "events file"))
         .transpose()?;
     let url = server_url(&args)?;
+    // Past a file-size limit (RLIMIT_FSIZE) a write fails with EFBIG instead of killing us: the
+    // log file reports it and the child's pipes keep being drained.
+    // SAFETY: setting a signal disposition; no handler runs.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     if let Err(e) = child::become_subreaper() {
         tracing::warn!("cannot become a child subreaper ({e}): descendants that call setsid may escape teardown");
     }
@@ -393,22 +397,26 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
         stderr: Stdio::piped(),
     })?;
     let pid = spawned.pid;
-    let events = Arc::new(Events::new(
-        events_file,
-        args.events.as_ref().map(|p| p.display().to_string()),
-        t0,
-        args.report.is_some(),
-    ));
-    if let Some(p) = preflight {
-        events.emit("preflight", p);
-    }
-    let window_events = events.clone();
-    metrics.set_window_sink(Arc::new(move |w| window_events.emit("window", w)));
     let argv_text: Vec<String> = args
         .command
         .iter()
         .map(|a: &OsString| a.to_string_lossy().into_owned())
         .collect();
+    let secrets = Secrets::from_run(&argv_text, std::env::vars());
+    let events = Arc::new(
+        Events::new(
+            events_file,
+            args.events.as_ref().map(|p| p.display().to_string()),
+            t0,
+            args.report.is_some(),
+        )
+        .with_secrets(secrets.clone()),
+    );
+    if let Some(p) = preflight {
+        events.emit("preflight", p);
+    }
+    let window_events = events.clone();
+    metrics.set_window_sink(Arc::new(move |w| window_events.emit("window", w)));
     events.emit(
         "spawned",
         json!({"pid": pid, "argv": redact_argv(&argv_text), "supervisor_pid": std::process::id()}),
@@ -437,10 +445,13 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
     };
     let exclude: Vec<i32> = sentinel.iter().map(|s| s.pid).collect();
 
-    let shared = Shared::new(LogFile::new(
-        log_file,
-        args.log_file.as_ref().map(|p| p.display().to_string()),
-    ));
+    let shared = Shared::new(
+        LogFile::new(
+            log_file,
+            args.log_file.as_ref().map(|p| p.display().to_string()),
+        ),
+        args.redact_log.then_some(secrets),
+    );
     let (log_tx, mut log_rx) = mpsc::unbounded_channel::<Timed>();
     let tee_to = |fd| (!args.no_tee).then(|| tee::terminal(fd));
     let mut readers = Vec::new();

@@ -63,6 +63,131 @@ pub fn redact_argv(argv: &[String]) -> Vec<String> {
     out
 }
 
+/// The secret *values* of a run: what follows a secret flag in the child's argv (`--api-key X`,
+/// `--admin-api-key=X`) and the values of secret-named environment variables (`HF_TOKEN`). Names
+/// are redacted where a key is known (JSON); these values are found and replaced anywhere else a
+/// secret could travel: free text such as a traceback quoted in an event, and with `--redact-log`
+/// the log file and the terminal copy.
+#[derive(Clone, Default)]
+pub struct Secrets {
+    values: Vec<Vec<u8>>,
+    finder: Option<aho_corasick::AhoCorasick>,
+}
+
+/// Shorter values are not treated as secrets: replacing every `1` in a log helps nobody.
+const MIN_SECRET_LEN: usize = 4;
+
+impl Secrets {
+    pub fn from_run(argv: &[String], env: impl Iterator<Item = (String, String)>) -> Secrets {
+        let mut values: Vec<String> = Vec::new();
+        let mut next_is_secret = false;
+        for a in argv {
+            if std::mem::take(&mut next_is_secret) {
+                values.push(a.clone());
+                continue;
+            }
+            if let Some(flag) = a.strip_prefix("--") {
+                match flag.split_once('=') {
+                    Some((n, v)) if is_secret_name(&n.replace('-', "_")) => values.push(v.into()),
+                    None if is_secret_name(&flag.replace('-', "_")) => next_is_secret = true,
+                    _ => {}
+                }
+            }
+        }
+        values.extend(env.filter(|(k, _)| is_secret_name(k)).map(|(_, v)| v));
+        values.retain(|v| v.len() >= MIN_SECRET_LEN);
+        // Also as they appear inside a JSON string.
+        let escaped: Vec<String> = values
+            .iter()
+            .filter_map(|v| {
+                let e = serde_json::to_string(v).ok()?;
+                let e = e[1..e.len() - 1].to_string();
+                (e != *v).then_some(e)
+            })
+            .collect();
+        values.extend(escaped);
+        values.sort();
+        values.dedup();
+        let values: Vec<Vec<u8>> = values.into_iter().map(String::into_bytes).collect();
+        let finder = (!values.is_empty())
+            .then(|| {
+                aho_corasick::AhoCorasick::builder()
+                    .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+                    .build(&values)
+                    .ok()
+            })
+            .flatten();
+        Secrets { values, finder }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.finder.is_none()
+    }
+
+    /// `bytes` with every secret value replaced by `<redacted>` (borrowed when there is none).
+    pub fn redact<'a>(&self, bytes: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
+        let Some(f) = &self.finder else {
+            return bytes.into();
+        };
+        if !f.is_match(bytes) {
+            return bytes.into();
+        }
+        let mut out = Vec::with_capacity(bytes.len());
+        f.replace_all_with_bytes(bytes, &mut out, |_, _, dst| {
+            dst.extend_from_slice(REDACTED.as_bytes());
+            true
+        });
+        out.into()
+    }
+
+    /// The longest tail of `bytes` that could be the start of a secret split across two reads.
+    fn open_prefix(&self, bytes: &[u8]) -> usize {
+        let longest = self.values.iter().map(Vec::len).max().unwrap_or(0);
+        (1..longest.min(bytes.len() + 1))
+            .rev()
+            .find(|&k| {
+                let tail = &bytes[bytes.len() - k..];
+                self.values.iter().any(|v| v.len() > k && v.starts_with(tail))
+            })
+            .unwrap_or(0)
+    }
+}
+
+/// Redaction of a byte stream read in chunks: a secret split across two reads is still found.
+/// Bytes that might begin a secret are held back until the next chunk (or [`finish`]).
+///
+/// [`finish`]: StreamRedactor::finish
+pub struct StreamRedactor {
+    secrets: Secrets,
+    held: Vec<u8>,
+}
+
+impl StreamRedactor {
+    pub fn new(secrets: Secrets) -> Self {
+        StreamRedactor {
+            secrets,
+            held: Vec::new(),
+        }
+    }
+
+    /// The redacted bytes that can be released now.
+    pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
+        let mut buf = std::mem::take(&mut self.held);
+        buf.extend_from_slice(chunk);
+        let out = self.secrets.redact(&buf).into_owned();
+        let keep = self.secrets.open_prefix(&out);
+        self.held = out[out.len() - keep..].to_vec();
+        let mut out = out;
+        out.truncate(out.len() - keep);
+        out
+    }
+
+    /// What is still held, at the end of the stream.
+    pub fn finish(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.held)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +252,44 @@ mod tests {
                 "1"
             ]
         );
+    }
+
+    #[test]
+    fn secret_values_come_from_argv_and_env_and_are_found_in_free_text() {
+        let argv: Vec<String> = ["python3", "--api-key", "sk-live-1", "--admin-api-key=adm\"in99", "--tp", "2"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let env = [("HF_TOKEN".to_string(), "hf_abcdef".to_string()), ("PATH".into(), "/usr/bin".into()), ("X_TOKEN".into(), "1".into())];
+        let s = Secrets::from_run(&argv, env.into_iter());
+        let text = br#"Traceback: api_key='sk-live-1' token hf_abcdef {"k":"adm\"in99"} /usr/bin 1"#;
+        assert_eq!(
+            &*s.redact(text),
+            br#"Traceback: api_key='<redacted>' token <redacted> {"k":"<redacted>"} /usr/bin 1"#
+        );
+        assert!(Secrets::from_run(&[], std::iter::empty()).is_empty());
+    }
+
+    #[test]
+    fn a_secret_split_across_reads_is_still_redacted() {
+        let argv = vec!["--api-key".to_string(), "sk-0123456789".to_string()];
+        let secrets = Secrets::from_run(&argv, std::iter::empty());
+        let input = b"line one\nkey=sk-0123456789 and sk-01234 partial\nsk-0123456789".to_vec();
+        // Every split point, and one byte at a time.
+        for cut in 0..input.len() {
+            let mut r = StreamRedactor::new(secrets.clone());
+            let mut out = r.feed(&input[..cut]);
+            out.extend(r.feed(&input[cut..]));
+            out.extend(r.finish());
+            assert_eq!(
+                out,
+                b"line one\nkey=<redacted> and sk-01234 partial\n<redacted>".to_vec(),
+                "cut at {cut}"
+            );
+        }
+        let mut r = StreamRedactor::new(secrets);
+        let mut out: Vec<u8> = input.iter().flat_map(|b| r.feed(&[*b])).collect();
+        out.extend(r.finish());
+        assert_eq!(out, b"line one\nkey=<redacted> and sk-01234 partial\n<redacted>".to_vec());
     }
 }

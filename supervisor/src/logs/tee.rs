@@ -5,6 +5,7 @@
 //! streams under a lock, so the file keeps arrival order), a non-blocking hand-off to a terminal
 //! writer thread (a bounded queue: when the terminal is slower than the child, the terminal copy
 //! drops chunks and counts them; the log file never does), then line framing and parsing in place.
+use crate::redact::{Secrets, StreamRedactor};
 use super::parse::{batch_fields, BatchKind, LogEvent, LogParser, LogSink, ParseStats};
 use serde_json::{Map, Value};
 use std::fs::File;
@@ -66,9 +67,25 @@ impl LogFile {
             self.lost += bytes.len() as u64;
             return;
         }
-        match f.write_all(bytes) {
-            Ok(()) => self.written += bytes.len() as u64,
-            Err(e) => {
+        // write_all by hand: after a partial write, the bytes that did land are counted as written.
+        let mut rest = bytes;
+        let failed = loop {
+            if rest.is_empty() {
+                break None;
+            }
+            match f.write(rest) {
+                Ok(0) => break Some(std::io::Error::from(std::io::ErrorKind::WriteZero)),
+                Ok(n) => {
+                    self.written += n as u64;
+                    rest = &rest[n..];
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Some(e),
+            }
+        };
+        match failed {
+            None => {}
+            Some(e) => {
                 // Keep draining the child's pipes: a full disk must not freeze the server.
                 let msg = format!(
                     "writing the log file {}: {e}",
@@ -78,7 +95,7 @@ impl LogFile {
                     "{msg}; the child keeps running, further log bytes are counted as lost"
                 );
                 self.error = Some(msg);
-                self.lost += bytes.len() as u64;
+                self.lost += rest.len() as u64;
             }
         }
     }
@@ -171,14 +188,17 @@ impl LogSink for ReaderSink<'_> {
 }
 
 pub struct Shared {
+    /// `--redact-log`: secret values replaced in everything the readers pass on.
+    redact: Option<Secrets>,
     pub log: Mutex<LogFile>,
     pub tail: Mutex<Tail>,
     pub batches: Mutex<Batches>,
 }
 
 impl Shared {
-    pub fn new(log: LogFile) -> Arc<Self> {
+    pub fn new(log: LogFile, redact: Option<Secrets>) -> Arc<Self> {
         Arc::new(Shared {
+            redact: redact.filter(|s| !s.is_empty()),
             log: Mutex::new(log),
             tail: Mutex::new(Tail {
                 buf: Vec::with_capacity(TAIL_BYTES),
@@ -389,6 +409,7 @@ fn read_loop(
         events,
         batches: &shared.batches,
     };
+    let mut redactor = shared.redact.clone().map(StreamRedactor::new);
     loop {
         if parser.capturing() && !readable_within(raw, CAPTURE_IDLE_MS) {
             parser.flush(&mut emit);
@@ -403,16 +424,16 @@ fn read_loop(
                 break;
             }
         };
-        let chunk = &buf[..n];
         bytes += n as u64;
-        lock(&shared.log).write(chunk);
-        if let Some(t) = terminal {
-            t.offer(chunk);
-        }
-        lock(&shared.tail).push(chunk);
-        framer.feed(chunk, |line, truncated| {
-            parser.line(line, truncated, &mut emit)
-        });
+        let chunk = match &mut redactor {
+            None => std::borrow::Cow::Borrowed(&buf[..n]),
+            Some(r) => std::borrow::Cow::Owned(r.feed(&buf[..n])),
+        };
+        pass_on(&chunk, shared, terminal, &mut framer, &mut parser, &mut emit);
+    }
+    if let Some(r) = &mut redactor {
+        let held = r.finish();
+        pass_on(&held, shared, terminal, &mut framer, &mut parser, &mut emit);
     }
     framer.finish(|line, truncated| parser.line(line, truncated, &mut emit));
     parser.flush(&mut emit);
@@ -420,6 +441,26 @@ fn read_loop(
         bytes,
         parse: parser.stats,
     }
+}
+
+/// One chunk, once: to the log file, the terminal copy, the tail, and the parser.
+fn pass_on(
+    chunk: &[u8],
+    shared: &Shared,
+    terminal: Option<&TerminalCopy>,
+    framer: &mut LineFramer,
+    parser: &mut LogParser,
+    emit: &mut ReaderSink<'_>,
+) {
+    if chunk.is_empty() {
+        return;
+    }
+    lock(&shared.log).write(chunk);
+    if let Some(t) = terminal {
+        t.offer(chunk);
+    }
+    lock(&shared.tail).push(chunk);
+    framer.feed(chunk, |line, truncated| parser.line(line, truncated, emit));
 }
 
 fn readable_within(fd: i32, ms: i32) -> bool {

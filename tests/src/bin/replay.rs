@@ -111,6 +111,10 @@ struct Args {
     /// Also write every byte printed (both streams, in order) here, for byte-exact comparisons.
     #[arg(long)]
     record: Option<PathBuf>,
+    /// Streaming answers stop after this many tokens: the connection is closed mid-stream, with
+    /// no terminating chunk (a server dying under load).
+    #[arg(long)]
+    cut_stream_after: Option<u64>,
     /// Internal: run as a worker process that sleeps until killed.
     #[arg(long, hide = true)]
     worker: Option<String>,
@@ -120,6 +124,8 @@ struct Args {
 }
 
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// `--cut-stream-after` (0: never).
+static CUT_STREAM_AFTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static READY: AtomicBool = AtomicBool::new(false);
 static HTTP_UP: AtomicBool = AtomicBool::new(false);
 
@@ -229,6 +235,7 @@ fn sleep_interruptible(d: Duration) {
 
 fn main() {
     let args = Args::parse();
+    CUT_STREAM_AFTER.store(args.cut_stream_after.unwrap_or(0), Ordering::Relaxed);
     if let Some(role) = &args.worker {
         worker_main(role);
     }
@@ -841,6 +848,10 @@ fn generate(native: bool, body: &[u8], w: &mut TcpStream) -> Result<u16> {
             c
         };
         send(&chunk.to_string())?;
+        if CUT_STREAM_AFTER.load(Ordering::Relaxed) == i {
+            w.shutdown(std::net::Shutdown::Both)?;
+            anyhow::bail!("stream cut after {i} tokens (--cut-stream-after)");
+        }
     }
     send("[DONE]")?;
     w.write_all(b"0\r\n\r\n")?;

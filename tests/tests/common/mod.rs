@@ -54,6 +54,8 @@ pub struct Opts<'a> {
     pub env: &'a [(&'a str, &'a str)],
     pub stdout: Stdio,
     pub stderr: Stdio,
+    /// Runs in the supervisor's process before exec (close its stdout, ...).
+    pub pre_exec: Option<fn() -> std::io::Result<()>>,
 }
 
 impl Default for Opts<'_> {
@@ -64,6 +66,7 @@ impl Default for Opts<'_> {
             env: &[],
             stdout: Stdio::null(),
             stderr: Stdio::null(),
+            pre_exec: None,
         }
     }
 }
@@ -80,11 +83,15 @@ impl Run {
         std::fs::create_dir_all(&dir).unwrap();
         let port = free_port();
         let mut cmd = Command::new(supervisor_bin());
-        cmd.arg("run")
-            .arg("--events")
-            .arg(dir.join("events.jsonl"))
-            .arg("--log-file")
-            .arg(dir.join("server.log"))
+        cmd.arg("run").arg("--events").arg(dir.join("events.jsonl"));
+        if !opts.supervisor.contains(&"--log-file") {
+            cmd.arg("--log-file").arg(dir.join("server.log"));
+        }
+        if let Some(f) = opts.pre_exec {
+            // SAFETY: the test's hook only makes async-signal-safe calls.
+            unsafe { std::os::unix::process::CommandExt::pre_exec(&mut cmd, f) };
+        }
+        cmd
             // `{port}` in a supervisor option stands for the replay server's port.
             .args(
                 opts.supervisor
@@ -204,18 +211,27 @@ impl Run {
 
     /// The log file has exactly the bytes the child wrote (checked by SHA-256 and length).
     pub fn assert_log_is_exact(&self) {
-        let log = std::fs::read(self.dir.join("server.log")).unwrap();
-        let rec = std::fs::read(self.dir.join("record.log")).unwrap();
+        let (log, rec) = (self.dir.join("server.log"), self.dir.join("record.log"));
+        let (a, b) = (file_len(&log), file_len(&rec));
+        assert_eq!(a, b, "log file length differs from what the child wrote");
         assert_eq!(
-            log.len(),
-            rec.len(),
-            "log file length differs from what the child wrote"
-        );
-        assert_eq!(
-            sha256(&log),
-            sha256(&rec),
+            sha256_file(&log, a),
+            sha256_file(&rec, b),
             "log file bytes differ from what the child wrote"
         );
+    }
+
+    /// After a fault at byte N, the log holds exactly the child's first N bytes.
+    pub fn assert_log_is_a_prefix(&self, log: &std::path::Path) -> (u64, u64) {
+        let rec = self.dir.join("record.log");
+        let (n, total) = (file_len(log), file_len(&rec));
+        assert!(n < total, "the fault cut the log: {n} of {total}");
+        assert_eq!(
+            sha256_file(log, n),
+            sha256_file(&rec, n),
+            "the log is the child's first {n} bytes"
+        );
+        (n, total)
     }
 }
 
@@ -234,6 +250,26 @@ impl Drop for Run {
 
 pub fn sha256(b: &[u8]) -> String {
     format!("{:x}", Sha256::digest(b))
+}
+
+pub fn file_len(p: &std::path::Path) -> u64 {
+    std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+}
+
+/// SHA-256 of the first `n` bytes of a file, streamed (logs of a gigabyte stay out of memory).
+pub fn sha256_file(p: &std::path::Path, n: u64) -> String {
+    use std::io::Read;
+    let mut f = std::fs::File::open(p).unwrap().take(n);
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let k = f.read(&mut buf).unwrap();
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+    }
+    format!("{:x}", h.finalize())
 }
 
 /// Every process with the tag in its environment, our own helpers included.
