@@ -26,7 +26,6 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Instant, SystemTime};
-use tokio::net::TcpListener;
 
 /// SGLang's own bucket edges (reference/sglang.md §3), so the two sets of histograms compare.
 pub const TTFT_BUCKETS: &[f64] = &[
@@ -163,16 +162,12 @@ pub async fn start(
     requests_log: Option<std::fs::File>,
     traffic_window: Option<sglang_probes::sampler::SamplerHandle>,
 ) -> Result<SocketAddr, ProxyError> {
-    let listener = TcpListener::bind(addr)
+    let (listener, local) = crate::server::bind(addr)
         .await
         .map_err(|source| ProxyError::Bind {
             addr: addr.to_string(),
             source,
         })?;
-    let local = listener.local_addr().map_err(|source| ProxyError::Bind {
-        addr: addr.to_string(),
-        source,
-    })?;
     let upstream: Uri = upstream.parse().map_err(|e| ProxyError::Bind {
         addr: upstream.to_string(),
         source: std::io::Error::new(

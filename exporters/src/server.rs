@@ -24,19 +24,25 @@ pub enum ServeError {
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// Bind a listener and say where it landed. `:PORT` (no host) means loopback: nothing we serve
+/// is exposed beyond the machine unless a host is named.
+pub async fn bind(addr: &str) -> std::io::Result<(TcpListener, SocketAddr)> {
+    let addr = match addr.strip_prefix(':') {
+        Some(port) => format!("127.0.0.1:{port}"),
+        None => addr.to_string(),
+    };
+    let listener = TcpListener::bind(&addr).await?;
+    let local = listener.local_addr()?;
+    Ok((listener, local))
+}
+
 /// Bind now (so a port in use is an error at start), serve in the background.
 pub async fn start(
     addr: &str,
     registry: Arc<Registry>,
     shared: Arc<Shared>,
 ) -> Result<SocketAddr, ServeError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: addr.to_string(),
-            source,
-        })?;
-    let local = listener.local_addr().map_err(|source| ServeError::Bind {
+    let (listener, local) = bind(addr).await.map_err(|source| ServeError::Bind {
         addr: addr.to_string(),
         source,
     })?;

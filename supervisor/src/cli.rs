@@ -292,7 +292,8 @@ pub struct RunArgs {
     pub on_ready: Option<String>,
 
     /// Serve Prometheus metrics (/metrics, /-/ready, /-/healthy) here; `none` disables.
-    /// Port 0 picks a free port (the `listening` event says which).
+    /// Port 0 picks a free port (the `listening` event says which); `:PORT` is loopback. Name
+    /// a host (0.0.0.0) to expose it beyond the machine.
     #[arg(
         long,
         default_value = "127.0.0.1:9400",
@@ -302,7 +303,8 @@ pub struct RunArgs {
     pub metrics_addr: String,
 
     /// Serve a latency-measuring reverse proxy in front of the server here (off by default);
-    /// point the benchmark client at it. Port 0 picks a free port (see the `listening` event).
+    /// point the benchmark client at it. Port 0 picks a free port (see the `listening` event);
+    /// `:PORT` is loopback.
     #[arg(long, env = "SGLANG_SUPERVISOR_PROXY_ADDR", value_name = "ADDR")]
     pub proxy_addr: Option<String>,
 

@@ -147,7 +147,9 @@ impl Secrets {
             .rev()
             .find(|&k| {
                 let tail = &bytes[bytes.len() - k..];
-                self.values.iter().any(|v| v.len() > k && v.starts_with(tail))
+                self.values
+                    .iter()
+                    .any(|v| v.len() > k && v.starts_with(tail))
             })
             .unwrap_or(0)
     }
@@ -256,13 +258,25 @@ mod tests {
 
     #[test]
     fn secret_values_come_from_argv_and_env_and_are_found_in_free_text() {
-        let argv: Vec<String> = ["python3", "--api-key", "sk-live-1", "--admin-api-key=adm\"in99", "--tp", "2"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let env = [("HF_TOKEN".to_string(), "hf_abcdef".to_string()), ("PATH".into(), "/usr/bin".into()), ("X_TOKEN".into(), "1".into())];
+        let argv: Vec<String> = [
+            "python3",
+            "--api-key",
+            "sk-live-1",
+            "--admin-api-key=adm\"in99",
+            "--tp",
+            "2",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let env = [
+            ("HF_TOKEN".to_string(), "hf_abcdef".to_string()),
+            ("PATH".into(), "/usr/bin".into()),
+            ("X_TOKEN".into(), "1".into()),
+        ];
         let s = Secrets::from_run(&argv, env.into_iter());
-        let text = br#"Traceback: api_key='sk-live-1' token hf_abcdef {"k":"adm\"in99"} /usr/bin 1"#;
+        let text =
+            br#"Traceback: api_key='sk-live-1' token hf_abcdef {"k":"adm\"in99"} /usr/bin 1"#;
         assert_eq!(
             &*s.redact(text),
             br#"Traceback: api_key='<redacted>' token <redacted> {"k":"<redacted>"} /usr/bin 1"#
@@ -290,6 +304,9 @@ mod tests {
         let mut r = StreamRedactor::new(secrets);
         let mut out: Vec<u8> = input.iter().flat_map(|b| r.feed(&[*b])).collect();
         out.extend(r.finish());
-        assert_eq!(out, b"line one\nkey=<redacted> and sk-01234 partial\n<redacted>".to_vec());
+        assert_eq!(
+            out,
+            b"line one\nkey=<redacted> and sk-01234 partial\n<redacted>".to_vec()
+        );
     }
 }

@@ -34,7 +34,14 @@ fn disk_full_at_the_first_byte_is_reported_and_the_child_runs_on() {
         "devfull",
         Opts {
             supervisor: &["--log-file", "/dev/full"],
-            replay: &["--speed", "50", "--flood-bytes", "20000000", "--exit-after-ready", "0:0"],
+            replay: &[
+                "--speed",
+                "50",
+                "--flood-bytes",
+                "20000000",
+                "--exit-after-ready",
+                "0:0",
+            ],
             stderr: Stdio::piped(),
             ..Default::default()
         },
@@ -42,14 +49,26 @@ fn disk_full_at_the_first_byte_is_reported_and_the_child_runs_on() {
     let ex = assert_child_finished_undisturbed(&mut run);
     let log = &ex["log"];
     assert!(
-        log["log_file_error"].as_str().unwrap().contains("No space left on device"),
+        log["log_file_error"]
+            .as_str()
+            .unwrap()
+            .contains("No space left on device"),
         "{log}"
     );
-    assert!(log["log_file_lost_bytes"].as_u64().unwrap() > 20_000_000, "{log}");
-    assert!(log["bytes"].as_u64().unwrap() > 20_000_000, "all read: {log}");
+    assert!(
+        log["log_file_lost_bytes"].as_u64().unwrap() > 20_000_000,
+        "{log}"
+    );
+    assert!(
+        log["bytes"].as_u64().unwrap() > 20_000_000,
+        "all read: {log}"
+    );
     let mut err = String::new();
     std::io::Read::read_to_string(run.child.stderr.as_mut().unwrap(), &mut err).unwrap();
-    assert!(err.contains("writing the log file /dev/full"), "reported: {err}");
+    assert!(
+        err.contains("writing the log file /dev/full"),
+        "reported: {err}"
+    );
 }
 
 #[test]
@@ -57,7 +76,14 @@ fn a_file_size_limit_mid_stream_keeps_an_exact_prefix_and_drains_the_child() {
     let mut run = Run::start(
         "fsize",
         Opts {
-            replay: &["--speed", "20", "--flood-bytes", "200000000", "--exit-after-ready", "0:0"],
+            replay: &[
+                "--speed",
+                "20",
+                "--flood-bytes",
+                "200000000",
+                "--exit-after-ready",
+                "0:0",
+            ],
             ..Default::default()
         },
     );
@@ -88,8 +114,17 @@ fn a_file_size_limit_mid_stream_keeps_an_exact_prefix_and_drains_the_child() {
     let (n, total) = run.assert_log_is_a_prefix(&log);
     assert!(n <= cap, "{n} > {cap}");
     let l = &ex["log"];
-    assert!(l["log_file_error"].as_str().unwrap().contains("File too large"), "{l}");
-    assert_eq!(l["log_file_bytes"], n, "what landed is counted as written: {l}");
+    assert!(
+        l["log_file_error"]
+            .as_str()
+            .unwrap()
+            .contains("File too large"),
+        "{l}"
+    );
+    assert_eq!(
+        l["log_file_bytes"], n,
+        "what landed is counted as written: {l}"
+    );
     assert_eq!(
         n + l["log_file_lost_bytes"].as_u64().unwrap(),
         total,
@@ -109,7 +144,14 @@ fn closed_stdout_and_stderr_change_nothing() {
     let mut run = Run::start(
         "closed-stdio",
         Opts {
-            replay: &["--speed", "50", "--flood-bytes", "5000000", "--exit-after-ready", "3:0"],
+            replay: &[
+                "--speed",
+                "50",
+                "--flood-bytes",
+                "5000000",
+                "--exit-after-ready",
+                "3:0",
+            ],
             pre_exec: Some(close_stdio),
             ..Default::default()
         },
@@ -127,7 +169,14 @@ fn a_terminal_reader_that_goes_away_changes_nothing() {
     let mut run = Run::start(
         "epipe",
         Opts {
-            replay: &["--speed", "50", "--flood-bytes", "20000000", "--exit-after-ready", "0:0"],
+            replay: &[
+                "--speed",
+                "50",
+                "--flood-bytes",
+                "20000000",
+                "--exit-after-ready",
+                "0:0",
+            ],
             stdout: Stdio::piped(),
             stderr: Stdio::piped(),
             ..Default::default()
@@ -150,7 +199,14 @@ fn a_gigabyte_of_log_is_copied_byte_for_byte() {
         "gigabyte",
         Opts {
             supervisor: &["--no-tee"],
-            replay: &["--speed", "50", "--flood-bytes", "1073741824", "--exit-after-ready", "0:0"],
+            replay: &[
+                "--speed",
+                "50",
+                "--flood-bytes",
+                "1073741824",
+                "--exit-after-ready",
+                "0:0",
+            ],
             ..Default::default()
         },
     );
@@ -174,7 +230,10 @@ fn an_upstream_that_dies_mid_stream_is_an_error_record_and_the_proxy_survives() 
             ..Default::default()
         },
     );
-    let proxy = run.wait_event("listening", T)["proxy"].as_str().unwrap().to_string();
+    let proxy = run.wait_event("listening", T)["proxy"]
+        .as_str()
+        .unwrap()
+        .to_string();
     run.wait_event("ready", T);
     for _ in 0..3 {
         // The client sees the stream end early (a broken chunked body), never a hang.
@@ -192,7 +251,10 @@ fn an_upstream_that_dies_mid_stream_is_an_error_record_and_the_proxy_survives() 
     let end = Instant::now() + Duration::from_secs(20);
     let recs = loop {
         let text = std::fs::read_to_string(&reqlog).unwrap_or_default();
-        let recs: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let recs: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
         if recs.len() >= 3 || Instant::now() > end {
             break recs;
         }
@@ -200,11 +262,19 @@ fn an_upstream_that_dies_mid_stream_is_an_error_record_and_the_proxy_survives() 
     };
     assert_eq!(recs.len(), 3);
     for r in &recs {
-        assert!(r["error"].is_string(), "an upstream failure is recorded as one: {r}");
+        assert!(
+            r["error"].is_string(),
+            "an upstream failure is recorded as one: {r}"
+        );
         assert_eq!(r["completion_tokens"], 5, "tokens seen before the cut: {r}");
     }
     // The proxy still serves: a non-streamed request goes through.
-    let ok = post_timed(&proxy, "/generate", r#"{"text":"x","sampling_params":{"max_new_tokens":3}}"#).unwrap();
+    let ok = post_timed(
+        &proxy,
+        "/generate",
+        r#"{"text":"x","sampling_params":{"max_new_tokens":3}}"#,
+    )
+    .unwrap();
     assert!(ok.status.contains("200"), "{}", ok.status);
     run.signal(libc::SIGTERM);
     assert_eq!(run.wait(T), 143);

@@ -5,8 +5,8 @@
 //! streams under a lock, so the file keeps arrival order), a non-blocking hand-off to a terminal
 //! writer thread (a bounded queue: when the terminal is slower than the child, the terminal copy
 //! drops chunks and counts them; the log file never does), then line framing and parsing in place.
-use crate::redact::{Secrets, StreamRedactor};
 use super::parse::{batch_fields, BatchKind, LogEvent, LogParser, LogSink, ParseStats};
+use crate::redact::{Secrets, StreamRedactor};
 use serde_json::{Map, Value};
 use std::fs::File;
 use std::io::{Read, Write};
@@ -429,7 +429,14 @@ fn read_loop(
             None => std::borrow::Cow::Borrowed(&buf[..n]),
             Some(r) => std::borrow::Cow::Owned(r.feed(&buf[..n])),
         };
-        pass_on(&chunk, shared, terminal, &mut framer, &mut parser, &mut emit);
+        pass_on(
+            &chunk,
+            shared,
+            terminal,
+            &mut framer,
+            &mut parser,
+            &mut emit,
+        );
     }
     if let Some(r) = &mut redactor {
         let held = r.finish();
