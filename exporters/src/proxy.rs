@@ -415,13 +415,10 @@ struct Recorder {
     status: u16,
     stream: bool,
     sent: Instant,
-    pending: Vec<u8>,
+    sse: SseTokens,
     first_token: Option<Instant>,
     last_chunk: Option<Instant>,
     last_token_at: Option<Instant>,
-    tokens_seen: u64,
-    completion_tokens: Option<u64>,
-    prompt_tokens: Option<u64>,
     itl: Vec<f64>,
     body: Vec<u8>,
     body_truncated: bool,
@@ -441,13 +438,10 @@ impl Recorder {
             status,
             stream,
             sent,
-            pending: Vec::new(),
+            sse: SseTokens::default(),
             first_token: None,
             last_chunk: None,
             last_token_at: None,
-            tokens_seen: 0,
-            completion_tokens: None,
-            prompt_tokens: None,
             itl: Vec::new(),
             body: Vec::new(),
             body_truncated: false,
@@ -463,66 +457,29 @@ impl Recorder {
             self.last_chunk = Some(now);
             return;
         }
-        self.pending.extend_from_slice(data);
-        // SSE events end with a blank line; a chunk may hold several events or part of one.
-        while let Some(end) = find_event_end(&self.pending) {
-            let event: Vec<u8> = self.pending.drain(..end.0 + end.1).collect();
-            self.on_event(&event[..end.0], now);
-        }
-        if self.pending.len() > MAX_EVENT {
-            self.pending.clear();
-        }
-    }
-
-    fn on_event(&mut self, event: &[u8], now: Instant) {
-        let text = String::from_utf8_lossy(event);
-        for line in text.lines() {
-            let Some(data) = line.strip_prefix("data:") else {
-                continue;
-            };
-            let data = data.trim();
-            if data == "[DONE]" || data.is_empty() {
-                continue;
-            }
-            let Ok(v) = serde_json::from_str::<Value>(data) else {
-                continue;
-            };
-            self.take_usage(&v);
-            // Tokens this chunk carries: the growth of the reported completion count, else one
-            // per chunk with generated text (OpenAI streams one token per chunk).
-            let reported = v["meta_info"]["completion_tokens"].as_u64();
-            let has_text = chunk_text(&v).is_some_and(|t| !t.is_empty());
-            let new_tokens = match reported {
-                Some(n) => n.saturating_sub(self.tokens_seen),
-                None => u64::from(has_text),
-            };
-            if new_tokens == 0 && !has_text {
-                continue;
-            }
-            self.last_chunk = Some(now);
-            if self.first_token.is_none() {
-                self.first_token = Some(now);
-            } else if let Some(prev) = self.last_token_at {
+        let Recorder {
+            sse,
+            first_token,
+            last_chunk,
+            last_token_at,
+            itl,
+            ..
+        } = self;
+        sse.feed(data, |tokens| {
+            *last_chunk = Some(now);
+            if first_token.is_none() {
+                *first_token = Some(now);
+            } else if let Some(prev) = *last_token_at {
                 // bench_serving: the chunk gap divided by the tokens it carries, once per token.
-                let gap = now.duration_since(prev).as_secs_f64() / new_tokens.max(1) as f64;
-                for _ in 0..new_tokens.max(1) {
-                    if self.itl.len() < MAX_ITL_KEPT {
-                        self.itl.push(gap);
+                let gap = now.duration_since(prev).as_secs_f64() / tokens as f64;
+                for _ in 0..tokens {
+                    if itl.len() < MAX_ITL_KEPT {
+                        itl.push(gap);
                     }
                 }
             }
-            self.last_token_at = Some(now);
-            self.tokens_seen += new_tokens.max(1);
-        }
-    }
-
-    fn take_usage(&mut self, v: &Value) {
-        if let Some(n) = completion_of(v) {
-            self.completion_tokens = Some(n);
-        }
-        if let Some(n) = prompt_of(v) {
-            self.prompt_tokens = Some(n);
-        }
+            *last_token_at = Some(now);
+        });
     }
 
     fn finish(mut self, error: Option<String>) {
@@ -536,16 +493,14 @@ impl Recorder {
                     .map_or_else(|| vec![&v], |a| a.iter().collect());
                 let add =
                     |acc: Option<u64>, n: Option<u64>| n.map(|n| acc.unwrap_or(0) + n).or(acc);
-                self.completion_tokens = items
+                self.sse.completion_tokens = items
                     .iter()
                     .fold(None, |acc, it| add(acc, completion_of(it)));
-                self.prompt_tokens = items.iter().fold(None, |acc, it| add(acc, prompt_of(it)));
+                self.sse.prompt_tokens = items.iter().fold(None, |acc, it| add(acc, prompt_of(it)));
             }
         }
         // Streams report their counts cumulatively; the last one is the total.
-        let completion = self
-            .completion_tokens
-            .or((self.tokens_seen > 0).then_some(self.tokens_seen));
+        let completion = self.sse.completion();
         let ttft = if self.stream {
             self.first_token
                 .map(|t| t.duration_since(self.sent).as_secs_f64())
@@ -579,7 +534,7 @@ impl Recorder {
             for g in &self.itl {
                 h.observe(*g);
             }
-            if let Some(n) = self.prompt_tokens {
+            if let Some(n) = self.sse.prompt_tokens {
                 m.prompt_tokens.get_or_create(&labels).inc_by(n);
             }
             if let Some(n) = completion {
@@ -595,12 +550,79 @@ impl Recorder {
             tpot_s: tpot,
             e2e_s: e2e,
             itl_s: std::mem::take(&mut self.itl),
-            prompt_tokens: self.prompt_tokens,
+            prompt_tokens: self.sse.prompt_tokens,
             completion_tokens: completion,
             error,
         };
         self.proxy.log(&rec);
         self.proxy.leave();
+    }
+}
+
+/// The token accounting of a streamed (SSE) response, fed its bytes as they arrive, in pieces of
+/// any size: events end at a blank line; each `data:` JSON chunk that carries generated tokens is
+/// reported with how many (the growth of `meta_info.completion_tokens`, else one per chunk with
+/// text, as OpenAI streams one token per chunk). Reported counts (`usage`) are kept.
+#[derive(Debug, Default)]
+pub struct SseTokens {
+    pending: Vec<u8>,
+    /// Tokens seen in chunks so far.
+    pub tokens_seen: u64,
+    /// The server's own counts, when it reported them.
+    pub completion_tokens: Option<u64>,
+    pub prompt_tokens: Option<u64>,
+}
+
+impl SseTokens {
+    /// Feed bytes; `on_chunk(tokens)` for every event that carries tokens (`tokens` ≥ 1).
+    pub fn feed(&mut self, data: &[u8], mut on_chunk: impl FnMut(u64)) {
+        self.pending.extend_from_slice(data);
+        while let Some(end) = find_event_end(&self.pending) {
+            let event: Vec<u8> = self.pending.drain(..end.0 + end.1).collect();
+            self.on_event(&event[..end.0], &mut on_chunk);
+        }
+        if self.pending.len() > MAX_EVENT {
+            self.pending.clear();
+        }
+    }
+
+    fn on_event(&mut self, event: &[u8], on_chunk: &mut impl FnMut(u64)) {
+        let text = String::from_utf8_lossy(event);
+        for line in text.lines() {
+            let Some(data) = line.strip_prefix("data:") else {
+                continue;
+            };
+            let data = data.trim();
+            if data == "[DONE]" || data.is_empty() {
+                continue;
+            }
+            let Ok(v) = serde_json::from_str::<Value>(data) else {
+                continue;
+            };
+            if let Some(n) = completion_of(&v) {
+                self.completion_tokens = Some(n);
+            }
+            if let Some(n) = prompt_of(&v) {
+                self.prompt_tokens = Some(n);
+            }
+            let reported = v["meta_info"]["completion_tokens"].as_u64();
+            let has_text = chunk_text(&v).is_some_and(|t| !t.is_empty());
+            let new_tokens = match reported {
+                Some(n) => n.saturating_sub(self.tokens_seen),
+                None => u64::from(has_text),
+            };
+            if new_tokens == 0 && !has_text {
+                continue;
+            }
+            self.tokens_seen += new_tokens.max(1);
+            on_chunk(new_tokens.max(1));
+        }
+    }
+
+    /// Streams report their counts cumulatively; the last one is the total.
+    pub fn completion(&self) -> Option<u64> {
+        self.completion_tokens
+            .or((self.tokens_seen > 0).then_some(self.tokens_seen))
     }
 }
 

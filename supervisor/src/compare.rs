@@ -87,18 +87,19 @@ fn result_metrics(o: &Map<String, Value>, gpus: Option<f64>) -> BTreeMap<String,
 fn load(path: &Path) -> Result<RunData> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let v: Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    parse_run(&text).with_context(|| path.display().to_string())
+}
+
+/// A run from the text of a report of ours, an InferenceX result, or an array of those.
+pub fn parse_run(text: &str) -> Result<RunData> {
+    let v: Value = serde_json::from_str(text).context("not JSON")?;
     if v.get("schema_version").is_some() && v.get("windows").is_some() {
         return Ok(from_report(&v));
     }
     let items: Vec<&Value> = match &v {
         Value::Array(a) => a.iter().collect(),
         Value::Object(_) => vec![&v],
-        _ => anyhow::bail!(
-            "{}: expected a report, an InferenceX result or an array of them",
-            path.display()
-        ),
+        _ => anyhow::bail!("expected a report, an InferenceX result or an array of them"),
     };
     let mut run = RunData::default();
     for it in items {

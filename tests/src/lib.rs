@@ -1,6 +1,8 @@
 //! Test-side helpers shared by the integration tests and the benchmark programs: a plain HTTP/1.1
 //! client that times a streamed response the way bench_serving does.
 #![allow(clippy::disallowed_methods)]
+pub mod fuzzing;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
