@@ -19,12 +19,24 @@ pub enum ProbeError {
     BadResponse { url: String, line: String },
 }
 
-/// `http://host:port/path` split into what a request needs.
+/// `http://host:port/path` split into what a request needs, with the server's API key when it
+/// has one (SGLang's `--api-key` guards every path but /health* and /metrics).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpUrl {
     pub host: String,
     pub port: u16,
     pub path: String,
+    pub bearer: Option<Bearer>,
+}
+
+/// A secret sent as `Authorization: Bearer ...`; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Bearer(pub String);
+
+impl std::fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Bearer(<redacted>)")
+    }
 }
 
 impl HttpUrl {
@@ -60,6 +72,7 @@ impl HttpUrl {
             host,
             port,
             path: path.to_string(),
+            bearer: None,
         })
     }
 
@@ -94,6 +107,19 @@ pub async fn get_status(url: &HttpUrl, timeout: Duration) -> Result<u16, ProbeEr
     }
 }
 
+/// The one GET every probe sends, with the server's key when it has one.
+fn get_request(url: &HttpUrl, extra_headers: &str) -> String {
+    let auth = url
+        .bearer
+        .as_ref()
+        .map(|b| format!("Authorization: Bearer {}\r\n", b.0))
+        .unwrap_or_default();
+    format!(
+        "GET {} HTTP/1.1\r\nHost: {}:{}\r\nUser-Agent: sglang-supervisor\r\n{extra_headers}{auth}Connection: close\r\n\r\n",
+        url.path, url.host, url.port
+    )
+}
+
 enum Inner {
     Io(std::io::Error),
     Bad(String),
@@ -105,11 +131,10 @@ async fn get_status_inner(url: &HttpUrl) -> Result<u16, Inner> {
         .await
         .map_err(Inner::Io)?;
     stream.set_nodelay(true).map_err(Inner::Io)?;
-    let req = format!(
-        "GET {} HTTP/1.1\r\nHost: {}:{}\r\nUser-Agent: sglang-supervisor\r\nConnection: close\r\n\r\n",
-        url.path, url.host, url.port
-    );
-    stream.write_all(req.as_bytes()).await.map_err(Inner::Io)?;
+    stream
+        .write_all(get_request(url, "").as_bytes())
+        .await
+        .map_err(Inner::Io)?;
     // The status line fits in the first read in practice; keep reading until it is complete.
     let mut buf = Vec::with_capacity(256);
     let mut chunk = [0u8; 512];
@@ -142,11 +167,10 @@ pub async fn get_body(
         let mut stream = TcpStream::connect((host, url.port))
             .await
             .map_err(Inner::Io)?;
-        let req = format!(
-            "GET {} HTTP/1.1\r\nHost: {}:{}\r\nUser-Agent: sglang-supervisor\r\nAccept: text/plain\r\nConnection: close\r\n\r\n",
-            url.path, url.host, url.port
-        );
-        stream.write_all(req.as_bytes()).await.map_err(Inner::Io)?;
+        stream
+            .write_all(get_request(url, "Accept: text/plain\r\n").as_bytes())
+            .await
+            .map_err(Inner::Io)?;
         let mut buf = Vec::new();
         let mut chunk = [0u8; 16 * 1024];
         loop {

@@ -100,11 +100,8 @@ struct Supervision {
 
 /// The server URL: `--health-url`, `--upstream`, else `--host`/`--port` from the server's argv.
 pub fn server_url(args: &RunArgs) -> Result<HttpUrl> {
-    if let Some(u) = args.health_url.as_deref().or(args.upstream.as_deref()) {
-        let base = HttpUrl::parse(u).with_context(|| format!("--health-url/--upstream {u:?}"))?;
-        return Ok(base.with_path("/"));
-    }
     let (mut host, mut port) = ("127.0.0.1".to_string(), 30000u16);
+    let (mut api_key, mut admin_key) = (None, None);
     let argv: Vec<String> = args
         .command
         .iter()
@@ -116,7 +113,7 @@ pub fn server_url(args: &RunArgs) -> Result<HttpUrl> {
             Some((f, v)) => (f, Some(v.to_string())),
             None => (a.as_str(), None),
         };
-        if flag != "--host" && flag != "--port" {
+        if !matches!(flag, "--host" | "--port" | "--api-key" | "--admin-api-key") {
             continue;
         }
         let Some(v) = inline.or_else(|| it.next().cloned()) else {
@@ -124,6 +121,10 @@ pub fn server_url(args: &RunArgs) -> Result<HttpUrl> {
         };
         if flag == "--host" {
             host = v;
+        } else if flag == "--api-key" {
+            api_key = Some(v);
+        } else if flag == "--admin-api-key" {
+            admin_key = Some(v);
         } else {
             port = v.parse().with_context(|| {
                 format!("the server command has --port {v:?}, which is not a port number")
@@ -136,10 +137,20 @@ pub fn server_url(args: &RunArgs) -> Result<HttpUrl> {
         h if h.contains(':') && !h.starts_with('[') => format!("[{h}]"),
         h => h.to_string(),
     };
+    // Our readiness GETs (/ready, /model_info) are guarded when the server has a key.
+    let bearer = api_key.or(admin_key).map(sglang_probes::http::Bearer);
+    if let Some(u) = args.health_url.as_deref().or(args.upstream.as_deref()) {
+        let base = HttpUrl::parse(u).with_context(|| format!("--health-url/--upstream {u:?}"))?;
+        return Ok(HttpUrl {
+            bearer,
+            ..base.with_path("/")
+        });
+    }
     Ok(HttpUrl {
         host,
         port,
         path: "/".into(),
+        bearer,
     })
 }
 

@@ -202,3 +202,27 @@ fn listeners_are_on_loopback_by_default() {
         assert!(l[k].as_str().unwrap().starts_with("127.0.0.1:"), "{k}: {l}");
     }
 }
+
+#[test]
+fn a_server_with_an_api_key_is_confirmed_ready_with_that_key() {
+    // Like SGLang with --api-key: every path but /health* and /metrics answers 401 without it.
+    let run = Run::start(
+        "api-key-ready",
+        Opts {
+            replay: &["--speed", "50", "--api-key", API_KEY],
+            ..Default::default()
+        },
+    );
+    run.wait_event("ready", Duration::from_secs(60));
+    let info = run.wait_event("server_info", Duration::from_secs(10));
+    assert!(
+        !info["max_total_num_tokens"].is_null(),
+        "/server_info read with the key: {info}"
+    );
+    assert!(run
+        .events_named("warning")
+        .iter()
+        .all(|w| !w.to_string().contains("401")));
+    let events = std::fs::read_to_string(run.dir.join("events.jsonl")).unwrap();
+    assert_eq!(contains_secret(&events), None, "{events}");
+}

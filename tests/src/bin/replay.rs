@@ -115,6 +115,10 @@ struct Args {
     /// no terminating chunk (a server dying under load).
     #[arg(long)]
     cut_stream_after: Option<u64>,
+    /// Require `Authorization: Bearer KEY` on every path but /health* and /metrics, answering
+    /// 401 otherwise (SGLang's api-key middleware).
+    #[arg(long)]
+    api_key: Option<String>,
     /// Internal: run as a worker process that sleeps until killed.
     #[arg(long, hide = true)]
     worker: Option<String>,
@@ -348,6 +352,7 @@ fn run(args: Args) -> Result<std::convert::Infallible> {
         has_ready: version_at_least(&args.version, 0, 5, 20),
         access_stdout: args.access_log_stdout,
         log_ms: args.log_ms,
+        api_key: args.api_key.clone(),
     });
 
     let mut workers = vec![spawn_worker("scheduler")?, spawn_worker("detokenizer")?];
@@ -643,6 +648,7 @@ struct HttpFixtures {
     has_ready: bool,
     access_stdout: bool,
     log_ms: bool,
+    api_key: Option<String>,
 }
 
 impl HttpFixtures {
@@ -700,6 +706,7 @@ fn serve(conn: TcpStream, fx: &HttpFixtures) -> Result<()> {
         );
         let mut len = 0usize;
         let mut close = false;
+        let mut bearer = None;
         loop {
             let mut h = String::new();
             if reader.read_line(&mut h)? == 0 {
@@ -716,10 +723,22 @@ fn serve(conn: TcpStream, fx: &HttpFixtures) -> Result<()> {
             if lower == "connection: close" {
                 close = true;
             }
+            if lower.starts_with("authorization: bearer ") {
+                bearer = Some(h["authorization: bearer ".len()..].to_string());
+            }
         }
         let mut body = vec![0u8; len.min(64 << 20)];
         reader.read_exact(&mut body)?;
-        let status = route(&method, &path, &body, fx, &mut w)?;
+        let open = path.starts_with("/health") || path.starts_with("/metrics");
+        let status = match &fx.api_key {
+            Some(k) if !open && bearer.as_deref() != Some(k.as_str()) => respond(
+                &mut w,
+                401,
+                "application/json",
+                r#"{"error":"Unauthorized"}"#,
+            )?,
+            _ => route(&method, &path, &body, fx, &mut w)?,
+        };
         let access = format!(
             "[{}] INFO:     127.0.0.1:{peer} - \"{method} {path} HTTP/1.1\" {status}\n",
             now_ts(fx.log_ms),
@@ -735,6 +754,7 @@ fn serve(conn: TcpStream, fx: &HttpFixtures) -> Result<()> {
 fn status_text(code: u16) -> String {
     let reason = match code {
         200 => "OK",
+        401 => "Unauthorized",
         404 => "Not Found",
         503 => "Service Unavailable",
         _ => "",
