@@ -18,12 +18,45 @@ pub struct LatencyWindow {
     errors: u64,
     input_tokens: u64,
     output_tokens: u64,
-    ttft: Vec<f64>,
-    tpot: Vec<f64>,
-    e2e: Vec<f64>,
-    itl: Vec<f64>,
-    itl_seen: u64,
+    ttft: Reservoir,
+    tpot: Reservoir,
+    e2e: Reservoir,
+    itl: Reservoir,
+}
+
+/// Per-request values kept for percentiles: every one up to `cap`, then a uniform sample of them
+/// (reservoir sampling), so memory stays bounded however long the run. The mean stays exact.
+#[derive(Debug, Default, Clone)]
+struct Reservoir {
+    kept: Vec<f64>,
+    seen: u64,
+    sum: f64,
     rng: u64,
+}
+
+/// Requests kept exactly per series (TTFT, TPOT, E2E): far above a benchmark point's count.
+const MAX_REQUEST_VALUES: usize = 1 << 16;
+
+impl Reservoir {
+    fn push(&mut self, v: f64, cap: usize) {
+        self.seen += 1;
+        self.sum += v;
+        if self.kept.len() < cap {
+            self.kept.push(v);
+            return;
+        }
+        // xorshift: this value takes a slot with probability cap/seen.
+        if self.rng == 0 {
+            self.rng = 0x9E37_79B9_7F4A_7C15;
+        }
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let j = (self.rng % self.seen) as usize;
+        if j < self.kept.len() {
+            self.kept[j] = v;
+        }
+    }
 }
 
 fn unix_now() -> f64 {
@@ -36,7 +69,6 @@ impl LatencyWindow {
     pub fn starting_now() -> Self {
         LatencyWindow {
             start_unix: Some(unix_now()),
-            rng: 0x9E37_79B9_7F4A_7C15,
             ..Default::default()
         }
     }
@@ -52,26 +84,15 @@ impl LatencyWindow {
         self.completed += 1;
         self.input_tokens += r.prompt_tokens.unwrap_or(0);
         self.output_tokens += r.completion_tokens.unwrap_or(0);
-        self.e2e.push(r.e2e_s);
-        self.ttft.extend(r.ttft_s);
-        self.tpot.extend(r.tpot_s);
+        self.e2e.push(r.e2e_s, MAX_REQUEST_VALUES);
+        if let Some(t) = r.ttft_s {
+            self.ttft.push(t, MAX_REQUEST_VALUES);
+        }
+        if let Some(t) = r.tpot_s {
+            self.tpot.push(t, MAX_REQUEST_VALUES);
+        }
         for &g in &r.itl_s {
-            self.itl_seen += 1;
-            if self.itl.len() < MAX_ITL_VALUES {
-                self.itl.push(g);
-            } else {
-                // xorshift: a reservoir slot for this value with probability len/seen.
-                if self.rng == 0 {
-                    self.rng = 0x9E37_79B9_7F4A_7C15;
-                }
-                self.rng ^= self.rng << 13;
-                self.rng ^= self.rng >> 7;
-                self.rng ^= self.rng << 17;
-                let j = self.rng % self.itl_seen;
-                if (j as usize) < self.itl.len() {
-                    self.itl[j as usize] = g;
-                }
-            }
+            self.itl.push(g, MAX_ITL_VALUES);
         }
     }
 
@@ -110,12 +131,12 @@ impl LatencyWindow {
             ("itl", &self.itl),
             ("e2el", &self.e2e),
         ] {
-            if values.is_empty() {
+            if values.kept.is_empty() {
                 continue; // absent, never 0
             }
-            let mut v = values.clone();
+            let mut v = values.kept.clone();
             v.sort_by(f64::total_cmp);
-            let mean = v.iter().sum::<f64>() / v.len() as f64;
+            let mean = values.sum / values.seen as f64;
             let stats = [
                 ("mean", mean),
                 ("median", quantile(&v, 0.5)),
@@ -235,5 +256,21 @@ mod tests {
                 .is_none(),
             "absent, never 0"
         );
+    }
+
+    #[test]
+    fn memory_is_bounded_and_the_mean_exact_past_the_cap() {
+        let mut r = Reservoir::default();
+        let n = 4 * MAX_REQUEST_VALUES as u64;
+        for i in 0..n {
+            r.push(i as f64, MAX_REQUEST_VALUES);
+        }
+        assert_eq!(r.kept.len(), MAX_REQUEST_VALUES);
+        assert_eq!(r.sum / r.seen as f64, (n - 1) as f64 / 2.0);
+        // A uniform sample of 0..n: its median is near n/2.
+        let mut v = r.kept.clone();
+        v.sort_by(f64::total_cmp);
+        let med = quantile(&v, 0.5) / n as f64;
+        assert!((med - 0.5).abs() < 0.02, "{med}");
     }
 }

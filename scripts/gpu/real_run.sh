@@ -5,7 +5,8 @@
 #   BIN     the x86-64 sglang-supervisor binary; BUNDLE the prepared .sgldev; OUTDIR gets the files.
 #   PHASES  default "A C G K": A normal start + checks + SIGTERM; C failing start (fa3);
 #           G main process SIGKILLed during start; K supervisor SIGKILLed after ready;
-#           P probe + a 60 s sampled power window over a matmul load (scripts/gpu/matmul_load.py).
+#           P probe + a 60 s sampled power window over a matmul load (scripts/gpu/matmul_load.py);
+#           S flags (import/static/dump), default pre-flight, --api-key server under --redact-log.
 # Needs dev-device/ (a copy of shared/sglang-device) next to it. Every phase writes
 # OUTDIR/<phase>/{events.jsonl,server.log,supervisor.err,checks.txt} and the summary.
 set -u
@@ -250,6 +251,48 @@ PY
       check no_gpu_memory_held "$([ -z "$g" ] && echo 0 || echo 1)" "$g"
     else
       check ready 1 ""; kill -KILL "$SUP"; wait "$SUP"
+    fi
+    ;;
+  S)
+    say "S: flags of the installed SGLang three ways (import in our binary, static of the installed tree, saved dump); default pre-flight; a real server with --api-key under --redact-log"
+    t0=$(now); "$BIN" flags dump --raw --sglang python3 > "$P/import.json" 2> "$P/import.err"; rc=$?; t1=$(now)
+    check import_mode "$([ "$rc" = 0 ] && echo 0 || echo 1)" "rc=$rc in $(sub "$t1" "$t0") s: $(grep -o 'options, .*' "$P/import.err" | head -1); timings $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("timings"))' "$P/import.json" 2>&1)"
+    site=$(python3 -c 'import importlib.util, os; print(os.path.dirname(list(importlib.util.find_spec("sglang").submodule_search_locations)[0]))')
+    t0=$(now); "$BIN" flags dump --raw --sglang "$site" > "$P/static.json" 2> "$P/static.err"; rc=$?; t1=$(now)
+    check static_mode_installed_tree "$([ "$rc" = 0 ] && echo 0 || echo 1)" "rc=$rc in $(sub "$t1" "$t0") s ($site): $(grep -o 'options, .*' "$P/static.err" | head -1)"
+    python3 - "$P" "$HERE/tests/fixtures/flags/sglang-0.5.14-import-on-h200.json" <<'PY' | tee -a "$P/checks.txt"
+import json, sys
+p, fixture = sys.argv[1], sys.argv[2]
+shape = lambda d: [(a["option_strings"], a["dest"], bool(a.get("deprecated")), a.get("new_flag")) for a in d["actions"] if a["dest"] != "help"]
+imp, st, fx = (json.load(open(f)) for f in (f"{p}/import.json", f"{p}/static.json", fixture))
+for name, other in (("static_of_installed_tree", st), ("saved_h200_dump", fx)):
+    a, b = shape(imp), shape(other)
+    same = [x[0] for x in a] == [x[0] for x in b]
+    dep = [x for x in a if x[2]] == [x for x in b if x[2]] if name != "saved_h200_dump" else sum(x[2] for x in a) >= sum(x[2] for x in b)
+    print(f"{'ok' if same and dep else 'FAIL'}  import_vs_{name}  {len(a)} vs {len(b)} options, option strings in order equal: {same}, deprecations: {dep}")
+PY
+    t0=$(now); "$BIN" run --no-tee --metrics-addr none --events "$P/reject.jsonl" -- "${SERVER[@]}" --no-such-flag 1 2> "$P/reject.err"; rc=$?; t1=$(now)
+    check default_preflight_rejects "$([ "$rc" = 126 ] && echo 0 || echo 1)" "rc=$rc in $(sub "$t1" "$t0") s: $(head -c 400 "$P/reject.jsonl")"
+    SECRET=sk-h200-secret-4f9a2c
+    SUP_EXTRA="--redact-log" HF_TOKEN=hf_h200tokenXYZ start_sup --api-key "$SECRET"
+    if wait_event ready 360; then
+      check ready_with_api_key 0 "after $(sub "$(now)" "$T_START") s; $(grep -o '"event":"preflight"[^}]*' "$P/events.jsonl" | head -c 300)"
+      code=$(python3 -c 'import sys,urllib.request
+r = urllib.request.Request(sys.argv[1], data=b"{\"text\":\"Hi\",\"sampling_params\":{\"max_new_tokens\":8}}", headers={"content-type":"application/json","authorization":"Bearer "+sys.argv[2]})
+print(urllib.request.urlopen(r, timeout=30).status)' "http://127.0.0.1:$PORT/generate" "$SECRET" 2>&1 | tail -1)
+      check generate_with_key "$([ "$code" = 200 ] && echo 0 || echo 1)" "status $code"
+      grep -q '"event":"server_info"' "$P/events.jsonl"; check server_info_read_with_key $? ""
+      kill -TERM "$SUP"; wait "$SUP"; rc=$?
+      check sigterm_exit_143 "$([ "$rc" = 143 ] && echo 0 || echo 1)" "rc=$rc"
+      n_log=$(grep -c -e "$SECRET" -e hf_h200tokenXYZ "$P/server.log"); n_red=$(grep -c '<redacted>' "$P/server.log")
+      check no_secret_in_log "$([ "$n_log" = 0 ] && echo 0 || echo 1)" "$n_log lines with a secret, $n_red with <redacted>"
+      n_ev=$(grep -c -e "$SECRET" -e hf_h200tokenXYZ "$P/events.jsonl" "$P/supervisor.err" | awk -F: '{s+=$2} END {print s}')
+      check no_secret_in_events "$([ "$n_ev" = 0 ] && echo 0 || echo 1)" "$n_ev"
+      sleep 1; left=$(tree_left); g=$(gpu_procs)
+      check no_process_left "$([ -z "$left" ] && echo 0 || echo 1)" "$left"
+      check no_gpu_memory_held "$([ -z "$g" ] && echo 0 || echo 1)" "$g"
+    else
+      check ready_with_api_key 1 "$(tail -5 "$P/supervisor.err")"; kill -KILL "$SUP" 2>/dev/null; wait "$SUP"
     fi
     ;;
   esac
