@@ -2,6 +2,8 @@
 # Log path throughput: `sglang-supervisor run -- cat BIG` (tee to file + terminal copy + full
 # parsing) against `cat BIG | tee FILE >/dev/null`, on a 200 MB+ log made of real SGLang lines.
 # Runs alternate side by side; prints medians and the ratio. Usage: benches/log_path.sh [RUNS] [MB]
+# SUP_EXTRA adds supervisor options, e.g. the cost of scanning for secrets:
+#   HF_TOKEN=hf_0123456789abcdef SUP_EXTRA=--redact-log benches/log_path.sh 9 256
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-7}; mb=${2:-256}
@@ -23,7 +25,8 @@ now() { date +%s.%N; }
 tee_t=(); sup_t=()
 for i in $(seq "$runs"); do
   t0=$(now); cat "$big" | tee "$work/tee.out" >/dev/null; t1=$(now); tee_t+=("$(echo "$t1 - $t0" | bc -l)")
-  t0=$(now); "$bin" run --log-file "$work/sup.out" --events "$work/ev.jsonl" -- cat "$big" >/dev/null 2>"$work/sup.err"; t1=$(now)
+  # shellcheck disable=SC2086
+  t0=$(now); "$bin" run ${SUP_EXTRA:-} --log-file "$work/sup.out" --events "$work/ev.jsonl" -- cat "$big" >/dev/null 2>"$work/sup.err"; t1=$(now)
   sup_t+=("$(echo "$t1 - $t0" | bc -l)")
   cmp -s "$big" "$work/sup.out" || { echo "log file differs from the input" >&2; exit 1; }
 done

@@ -13,10 +13,20 @@ fn metrics_under_scrape_load_with_512_streams_has_no_errors() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.contains("== wrk on /metrics"), "{text}");
-    assert!(!text.contains("Socket errors") && !text.contains("Non-2xx"), "{text}");
-    let streams = text.lines().find(|l| l.starts_with("streams 512:")).unwrap();
+    assert!(
+        !text.contains("Socket errors") && !text.contains("Non-2xx"),
+        "{text}"
+    );
+    let streams = text
+        .lines()
+        .find(|l| l.starts_with("streams 512:"))
+        .unwrap();
     assert!(streams.ends_with(" 0 failed"), "{streams}");
     let done: u64 = streams.split_whitespace().nth(2).unwrap().parse().unwrap();
     assert!(done > 512, "{streams}");
