@@ -200,6 +200,13 @@ class Static:
                 return self.fields[node.attr]  # default=ServerArgs.x: the field's declared default
             if isinstance(node.value, ast.Name) and node.value.id == "argparse":
                 return argparse.SUPPRESS if node.attr == "SUPPRESS" else ActionRef(node.attr)
+            if isinstance(node.value, ast.Name):
+                # A class constant or an enum member (`Backend.DISABLED`): its assigned value,
+                # which is what the dumps hold for enums.
+                m, cls = mod.find_def(node.value.id)
+                for st in cls.body if isinstance(cls, ast.ClassDef) else []:
+                    if isinstance(st, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.attr for t in st.targets):
+                        return self.ev(st.value, m, {})
             raise Unresolved(ast.unparse(node))
         if isinstance(node, ast.BinOp):
             a, b = ev(node.left), ev(node.right)
@@ -453,6 +460,8 @@ def make_action(names, kw, defaults_of):
              "help": help_text if isinstance(help_text, str) else None}
     if isinstance(help_text, dict):
         entry["help_unresolved"] = help_text["unresolved"]
+    if "const_value" in kw:
+        entry["const_value"] = kw["const_value"]
     return mark_deprecated(entry, kw.get("new_flag"))
 
 
@@ -509,6 +518,8 @@ def import_schema():
                  "type": getattr(a.type, "__name__", None) if a.type is not None else None,
                  "action": type(a).__name__, "required": a.required, "const": jsonable(a.const),
                  "help": a.help if isinstance(a.help, str) else None}
+        if hasattr(a, "const_value"):
+            entry["const_value"] = jsonable(a.const_value)
         actions.append(mark_deprecated(entry, getattr(a, "new_flag", None)))
     root = os.path.dirname(os.path.dirname(os.path.abspath(sglang.__file__)))
     env = Static.__new__(Static)

@@ -52,6 +52,10 @@ pub struct Opt {
     pub replacement: Option<String>,
     pub help: Option<String>,
     pub kind: Option<String>,
+    /// The argparse action class (`_StoreAction`, `DeprecatedAliasStoreAction`, ...).
+    pub action: Option<String>,
+    /// What a deprecated store-const flag writes (`const_value`), else argparse's `const`.
+    pub const_value: Value,
     pub default: Value,
     /// Fields a static read left as `{"unresolved": source}` (default, choices, type, help).
     pub unresolved: Vec<String>,
@@ -252,6 +256,11 @@ impl Schema {
                 replacement,
                 help,
                 kind: a["type"].as_str().map(String::from),
+                action: a["action"].as_str().map(String::from),
+                const_value: match &a["const_value"] {
+                    Value::Null => a["const"].clone(),
+                    v => v.clone(),
+                },
                 default: a["default"].clone(),
                 unresolved: ["default", "choices", "type"]
                     .iter()

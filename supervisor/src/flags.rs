@@ -389,6 +389,16 @@ fn diff_command(a: &FlagsDiffArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// How a flag is deprecated, as the contract's `deprecated {kind, replacement, maps_to_dest, const}`.
+fn deprecation(o: &sglang_python::schema::Opt) -> Value {
+    let by_class = o
+        .action
+        .as_deref()
+        .is_some_and(|a| a.starts_with("Deprecated"));
+    json!({"kind": if by_class { "action_class" } else { "help_text" }, "action": o.action,
+           "replacement": o.replacement, "maps_to_dest": o.dest, "const": o.const_value})
+}
+
 fn dump_command(a: &FlagsDumpArgs) -> Result<i32> {
     let (s, raw) = load_raw(&a.sglang, Placement::from(&a.python))?;
     if a.raw {
@@ -402,7 +412,7 @@ fn dump_command(a: &FlagsDumpArgs) -> Result<i32> {
             json!({"option_strings": o.option_strings, "dest": o.dest, "canonical": o.canonical(),
                    "aliases": o.option_strings.iter().filter(|x| x.as_str() != o.canonical()).collect::<Vec<_>>(),
                    "nargs": o.nargs.as_argparse(), "type": o.kind, "default": o.default, "choices": o.choices, "help": o.help,
-                   "deprecated": if o.deprecated { json!({"replacement": o.replacement}) } else { Value::Null }})
+                   "deprecated": if o.deprecated { deprecation(o) } else { Value::Null }})
         })
         .collect();
     println!(

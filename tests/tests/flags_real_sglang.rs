@@ -82,8 +82,8 @@ fn json_of(o: &Output) -> Value {
     })
 }
 
-/// (option strings, dest, deprecated, replacement) of every option, in parser order.
-fn shape(options: &[Value]) -> Vec<(Value, Value, bool, Value)> {
+/// (option strings, dest, deprecated, replacement, const_value) of every option, in parser order.
+fn shape(options: &[Value]) -> Vec<(Value, Value, bool, Value, Value)> {
     options
         .iter()
         .filter(|a| a["dest"] != "help")
@@ -101,6 +101,7 @@ fn shape(options: &[Value]) -> Vec<(Value, Value, bool, Value)> {
                 a["dest"].clone(),
                 deprecated,
                 replacement,
+                a["const_value"].clone(),
             )
         })
         .collect()
@@ -554,4 +555,50 @@ fn run_preflight_reads_the_launch_interpreters_sglang_by_default() {
     assert_eq!(first["flags"][0]["status"], "ambiguous");
     assert!(!events.contains("\"spawned\""), "nothing was launched");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn dump_describes_each_deprecation_as_the_contract_says() {
+    let out = flags(&["dump", "--sglang", &wheel("0.5.19")]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json_of(&out);
+    let opt = |flag: &str| {
+        v["options"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| {
+                o["option_strings"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|s| s == flag)
+            })
+            .unwrap()
+            .clone()
+    };
+    let bs = &opt("--cuda-graph-max-bs")["deprecated"];
+    assert_eq!(bs["kind"], "action_class");
+    assert_eq!(bs["replacement"], "--cuda-graph-max-bs-decode");
+    assert_eq!(bs["maps_to_dest"], "cuda_graph_max_bs_decode");
+    let fusion = &opt("--enable-flashinfer-allreduce-fusion")["deprecated"];
+    assert_eq!(fusion["kind"], "help_text");
+    assert_eq!(
+        fusion["replacement"],
+        "--flashinfer-allreduce-fusion-backend=auto"
+    );
+    let pcg = &opt("--disable-piecewise-cuda-graph")["deprecated"];
+    assert_eq!(
+        (pcg["maps_to_dest"].as_str(), pcg["const"].as_str()),
+        (Some("cuda_graph_backend_prefill"), Some("disabled"))
+    );
+    assert!(opt("--tp-size")["deprecated"].is_null());
+    assert_eq!(
+        opt("--tp-size")["aliases"],
+        serde_json::json!(["--tensor-parallel-size"])
+    );
 }
