@@ -204,9 +204,9 @@ class Static:
                 # A class constant or an enum member (`Backend.DISABLED`): its assigned value,
                 # which is what the dumps hold for enums.
                 m, cls = mod.find_def(node.value.id)
-                for st in cls.body if isinstance(cls, ast.ClassDef) else []:
-                    if isinstance(st, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.attr for t in st.targets):
-                        return self.ev(st.value, m, {})
+                found = self.class_attr(cls, node.attr)
+                if found is not None:
+                    return self.ev(found, m, self.class_scope(cls, m))
             raise Unresolved(ast.unparse(node))
         if isinstance(node, ast.BinOp):
             a, b = ev(node.left), ev(node.right)
@@ -226,15 +226,65 @@ class Static:
                 else:
                     raise Unresolved(ast.unparse(node))
             return "".join(parts)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not node.args
+                and node.func.attr in ("keys", "values", "items")):
+            # `list(ReasoningParser.DetectorMap.keys())`: a registry that is a literal dict; its
+            # keys are enough even when its values (detector classes) are not evaluable.
+            target = node.func.value
+            if node.func.attr == "keys" and isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+                m, cls = mod.find_def(target.value.id)
+                found = self.class_attr(cls, target.attr)
+                if isinstance(found, ast.Dict):
+                    return [self.ev(k, m, {}) for k in found.keys if k is not None]
+            d = ev(target)
+            if isinstance(d, dict):
+                return list(getattr(d, node.func.attr)())
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             f = node.func.id
             if f in ("list", "tuple", "set", "frozenset", "sorted") and len(node.args) == 1 and not node.keywords:
                 return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset, "sorted": sorted}[f](ev(node.args[0]))
+            m, fn = mod.find_def(f)
+            if isinstance(fn, ast.FunctionDef) and not node.args and not fn.args.args:
+                # A no-argument helper (`_reasoning_parser_choices()`): its last `return`, the
+                # path taken when nothing was imported yet, with its own function-level imports.
+                local = {}
+                for st in fn.body:
+                    if isinstance(st, ast.ImportFrom) and st.module and st.module.startswith("sglang"):
+                        src = self.module(st.module)
+                        for al in st.names:
+                            try:
+                                local[al.asname or al.name] = src.lookup(al.name) if src else Unresolved
+                            except Unresolved:
+                                local[al.asname or al.name] = Unresolved
+                last = [st for st in fn.body if isinstance(st, ast.Return) and st.value is not None]
+                if last:
+                    return self.ev(last[-1].value, m, local)
             if f == "_declared_default" and len(node.args) == 1:
                 name = ev(node.args[0])
                 if name in self.fields:
                     return self.fields[name]
         raise Unresolved(ast.unparse(node))
+
+    @staticmethod
+    def class_attr(cls, name):
+        """The expression a class body assigns to `name` (plain or annotated), or None."""
+        for st in cls.body if isinstance(cls, ast.ClassDef) else []:
+            if isinstance(st, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in st.targets):
+                return st.value
+            if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) and st.target.id == name and st.value is not None:
+                return st.value
+        return None
+
+    def class_scope(self, cls, mod):
+        """The class body's earlier constants, for one that names them (`ALL = (FULL, ...)`)."""
+        scope = {}
+        for st in cls.body:
+            if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
+                try:
+                    scope[st.targets[0].id] = self.ev(st.value, mod, scope)
+                except (Unresolved, TypeError, ValueError, KeyError, RecursionError):
+                    scope[st.targets[0].id] = Unresolved
+        return scope
 
     def value(self, node, mod, scope=None):
         """A JSON-safe value, or {"unresolved": source} when it cannot be evaluated here."""

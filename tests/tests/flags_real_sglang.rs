@@ -602,3 +602,35 @@ fn dump_describes_each_deprecation_as_the_contract_says() {
         serde_json::json!(["--tensor-parallel-size"])
     );
 }
+
+#[test]
+fn parser_registries_are_read_statically_so_choices_are_checked() {
+    // --reasoning-parser / --tool-call-parser choices come from registries (a dict's keys, or a
+    // helper function from 0.5.23 on): static mode reads them, so a typo is caught without torch.
+    for v in VERSIONS {
+        let out = flags(&[
+            "audit",
+            "--sglang",
+            &wheel(v),
+            "--format",
+            "json",
+            "--",
+            "--reasoning-parser",
+            "qwen3",
+            "--tool-call-parser",
+            "qwen3-coder-typo",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{v}");
+        let j = json_of(&out);
+        assert_eq!(j["flags"][0]["status"], "ok", "{v}");
+        assert_eq!(j["flags"][1]["status"], "invalid_choice", "{v}");
+        assert!(
+            j["flags"][1]["message"]
+                .as_str()
+                .unwrap()
+                .contains("'qwen3_coder'"),
+            "{v}: {}",
+            j["flags"][1]
+        );
+    }
+}
