@@ -1200,6 +1200,43 @@ mod tests {
     }
 
     #[test]
+    fn the_launch_interpreter_is_found_for_both_launch_forms() {
+        let os = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(
+            launch_args(&os(&[
+                "/opt/venv/bin/python3",
+                "-u",
+                "-m",
+                "sglang.launch_server",
+                "--tp",
+                "2"
+            ])),
+            Some((
+                "/opt/venv/bin/python3".to_string(),
+                vec!["--tp".to_string(), "2".to_string()]
+            ))
+        );
+        let dir = std::env::temp_dir().join(format!("sglsup-shebang-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (shebang, want) in [
+            ("#!/opt/venv/bin/python3.12\n", "/opt/venv/bin/python3.12"),
+            ("#!/usr/bin/env python3\n", "python3"),
+        ] {
+            let script = dir.join("sglang");
+            std::fs::write(&script, format!("{shebang}import sys\n")).unwrap();
+            let got = launch_args(&os(&[
+                script.to_str().unwrap(),
+                "serve",
+                "--model-path",
+                "m",
+            ]));
+            assert_eq!(got.map(|g| g.0), Some(want.to_string()), "{shebang}");
+        }
+        let _ = std::fs::remove_dir_all(dir);
+        assert_eq!(launch_args(&os(&["sglang-replay", "--port", "1"])), None);
+    }
+
+    #[test]
     fn server_url_comes_from_the_command_with_sglang_defaults() {
         assert_eq!(
             server_url(&run_args(&["python3", "-m", "sglang.launch_server"]))
