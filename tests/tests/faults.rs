@@ -278,6 +278,7 @@ fn an_upstream_that_dies_mid_stream_is_an_error_record_and_the_proxy_survives() 
     assert!(ok.status.contains("200"), "{}", ok.status);
     run.signal(libc::SIGTERM);
     assert_eq!(run.wait(T), 143);
+    run.assert_log_is_exact();
     run.assert_no_survivors();
     let _ = std::fs::remove_file(reqlog);
 }
