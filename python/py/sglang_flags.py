@@ -571,12 +571,10 @@ def import_schema():
         if hasattr(a, "const_value"):
             entry["const_value"] = jsonable(a.const_value)
         actions.append(mark_deprecated(entry, getattr(a, "new_flag", None)))
+    # environ.py is read the same way in both modes: statically, from the tree just imported.
     root = os.path.dirname(os.path.dirname(os.path.abspath(sglang.__file__)))
-    env = Static.__new__(Static)
-    env.src, env.modules = Sources.__new__(Sources), {}
-    env.src.path, env.src.zip, env.src.root = root, None, root
     return {"sglang_version": getattr(sglang, "__version__", None), "method": "import",
-            "python": sys.version.split()[0], "actions": actions, "env": env.env_vars(),
+            "python": sys.version.split()[0], "actions": actions, "env": Static(root).env_vars(),
             "timings": {"import_s": round(t1 - t0, 3), "parser_s": round(t2 - t1, 3)}}
 
 

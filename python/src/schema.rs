@@ -5,11 +5,6 @@ use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SchemaError {
-    #[error("reading the flag schema {path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
     #[error("{path} is not a flag schema: {why}")]
     Format { path: String, why: String },
     #[error("--sglang {given}: {why}")]
@@ -155,39 +150,16 @@ pub struct EnvVar {
 }
 
 impl Schema {
-    /// Parse the JSON the introspection module printed.
-    pub fn from_introspection(stdout: &[u8], interpreter: &str) -> Result<Schema, SchemaError> {
-        let v: Value = serde_json::from_slice(stdout).map_err(|e| SchemaError::Format {
-            path: format!("the output of {interpreter}"),
-            why: e.to_string(),
-        })?;
-        Self::from_json(&v).map_err(|why| SchemaError::Format {
-            path: interpreter.into(),
-            why,
-        })
-    }
-
-    /// Read a saved schema (`.json`).
-    pub fn load(source: &str) -> Result<Schema, SchemaError> {
-        if !source.ends_with(".json") {
-            return Err(SchemaError::BadSource {
-                given: source.to_string(),
-                why: "a saved schema must be a .json file".into(),
-            });
-        }
-        let path = Path::new(source);
-        let text = std::fs::read_to_string(path).map_err(|e| SchemaError::Io {
-            path: source.into(),
-            source: e,
-        })?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| SchemaError::Format {
-            path: source.into(),
-            why: e.to_string(),
-        })?;
-        Self::from_json(&v).map_err(|why| SchemaError::Format {
+    /// A schema from its JSON text (the flags module's output, or a saved dump), with the JSON
+    /// itself; `source` names it in errors.
+    pub fn parse(text: &str, source: &str) -> Result<(Schema, Value), SchemaError> {
+        let format = |why: String| SchemaError::Format {
             path: source.into(),
             why,
-        })
+        };
+        let v: Value = serde_json::from_str(text).map_err(|e| format(e.to_string()))?;
+        let schema = Self::from_json(&v).map_err(format)?;
+        Ok((schema, v))
     }
 
     pub fn from_json(v: &Value) -> Result<Schema, String> {

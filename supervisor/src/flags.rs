@@ -7,7 +7,7 @@ use crate::cli::{
 use crate::redact::{is_secret_name, REDACTED};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
-use sglang_python::audit::{audit, audit_env, exit_status, Verdict};
+use sglang_python::audit::{audit, audit_env, exit_status, EnvVerdict, Verdict};
 use sglang_python::schema::{Schema, Source, FLAGS_PY};
 use std::io::Read;
 use std::process::Stdio;
@@ -64,10 +64,27 @@ pub fn load_raw(source: &str, placement: Placement) -> Result<(Schema, Value)> {
             run_module(placement, Some((&py, &target)), "import", None)?
         }
     };
-    let mut raw: Value = serde_json::from_str(&text)
-        .with_context(|| format!("{source}: the flag schema is not JSON"))?;
-    let schema = Schema::from_json(&raw)
-        .map_err(|why| anyhow::anyhow!("{source} is not a flag schema: {why}"))?;
+    parsed(&text, source, &how, t, started)
+}
+
+/// The flags of the SGLang `python` would import, read statically (in a subprocess of it: the
+/// same `sys.path`, `PYTHONPATH` included, and nothing imported): what `run`'s pre-flight uses.
+pub fn load_installed(python: &str) -> Result<Schema> {
+    let t = std::time::Instant::now();
+    let out = python_subprocess(python, &["-c", FLAGS_PY, "installed"])?;
+    let how = "the package it imports, read statically in a subprocess";
+    Ok(parsed(&String::from_utf8_lossy(&out), python, how, t, None)?.0)
+}
+
+/// The schema in `text`, with the whole read's timings added to the module's, logged once.
+fn parsed(
+    text: &str,
+    source: &str,
+    how: &str,
+    t: std::time::Instant,
+    started: Option<std::time::Duration>,
+) -> Result<(Schema, Value)> {
+    let (schema, mut raw) = Schema::parse(text, source)?;
     if let Some(timings) = raw.get_mut("timings").and_then(Value::as_object_mut) {
         let s = |d: std::time::Duration| json!(crate::events::round_ms(d.as_secs_f64()));
         timings.insert("total_s".into(), s(t.elapsed()));
@@ -82,25 +99,6 @@ pub fn load_raw(source: &str, placement: Placement) -> Result<(Schema, Value)> {
         t.elapsed()
     );
     Ok((schema, raw))
-}
-
-/// The flags of the SGLang `python` would import, read statically (in a subprocess of it: the
-/// same `sys.path`, `PYTHONPATH` included, and nothing imported): what `run`'s pre-flight uses.
-pub fn load_installed(python: &str) -> Result<Schema> {
-    let t = std::time::Instant::now();
-    let out = python_subprocess(python, &["-c", FLAGS_PY, "installed"])?;
-    let schema = parse(&String::from_utf8_lossy(&out), python)?;
-    tracing::info!(
-        "SGLang {} flags read from the package {python} imports: {} options, {:?}",
-        schema.version.as_deref().unwrap_or("?"),
-        schema.options.len(),
-        t.elapsed()
-    );
-    Ok(schema)
-}
-
-fn parse(text: &str, source: &str) -> Result<Schema> {
-    Ok(Schema::from_introspection(text.as_bytes(), source)?)
 }
 
 /// What a target interpreter is: its version, stdlib home and import path.
@@ -238,13 +236,17 @@ fn python_subprocess(python: &str, args: &[&str]) -> Result<Vec<u8>> {
 }
 
 /// Secret values (`--api-key sk-...`) never reach the output.
-pub fn redact(mut v: Vec<Verdict>) -> Vec<Verdict> {
-    for x in &mut v {
+pub fn redact(verdicts: &mut [Verdict], env: &mut [EnvVerdict]) {
+    for x in verdicts {
         if is_secret_name(&x.flag.trim_start_matches('-').replace('-', "_")) && x.value.is_some() {
             x.value = Some(REDACTED.into());
         }
     }
-    v
+    for e in env {
+        if is_secret_name(&e.name) {
+            e.value = REDACTED.into();
+        }
+    }
 }
 
 fn audit_command(a: &FlagsAuditArgs) -> Result<i32> {
@@ -267,13 +269,9 @@ fn audit_command(a: &FlagsAuditArgs) -> Result<i32> {
         None => anyhow::bail!("give a recipe file or the launch arguments after `--`"),
     };
     let result = audit(&schema, baseline.as_ref(), &args);
-    let verdicts = redact(result.verdicts);
+    let mut verdicts = result.verdicts;
     let mut env = audit_env(&schema, baseline.as_ref(), &env);
-    for e in &mut env {
-        if is_secret_name(&e.name) {
-            e.value = REDACTED.into();
-        }
-    }
+    redact(&mut verdicts, &mut env);
     let status = exit_status(&verdicts, &env);
     match a.format {
         CompareFormat::Json => {

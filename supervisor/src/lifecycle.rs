@@ -248,13 +248,21 @@ pub fn preflight(args: &RunArgs) -> Result<Option<Preflight>> {
     let env: Vec<(String, String)> = std::env::vars()
         .filter(|(k, _)| k.starts_with("SGLANG_") && !k.starts_with("SGLANG_SUPERVISOR_"))
         .collect();
-    let env = sglang_python::audit::audit_env(&schema, None, &env);
     let status = sglang_python::audit::exit_status(&audit.verdicts, &[]);
-    for v in audit
+    // What is worth saying, once: logged here and recorded in the event.
+    let mut flags: Vec<_> = audit
         .verdicts
         .iter()
         .filter(|v| v.status != sglang_python::audit::Status::Ok)
-    {
+        .cloned()
+        .collect();
+    let mut env: Vec<_> = sglang_python::audit::audit_env(&schema, None, &env)
+        .into_iter()
+        .filter(|e| e.status != "ok")
+        .collect();
+    crate::flags::redact(&mut flags, &mut env);
+    let version = schema.version.as_deref().unwrap_or("?");
+    for v in &flags {
         let (what, note) = (v.status.as_str(), v.note());
         if v.status.fails() {
             tracing::error!("pre-flight: {what} {} ({note})", v.flag);
@@ -262,20 +270,16 @@ pub fn preflight(args: &RunArgs) -> Result<Option<Preflight>> {
             tracing::warn!("pre-flight: {what} {} ({note})", v.flag);
         }
     }
-    for e in env
-        .iter()
-        .filter(|e| !matches!(e.status, "ok" | "unchecked"))
-    {
+    for e in env.iter().filter(|e| e.status != "unchecked") {
         let to = e
             .replacement
             .as_deref()
             .map(|r| format!(" (use {r})"))
             .unwrap_or_default();
         tracing::warn!(
-            "pre-flight: environment variable {} is {} in SGLang {}{to}: SGLang ignores it",
+            "pre-flight: environment variable {} is {} in SGLang {version}{to}: SGLang ignores it",
             e.name,
-            e.status,
-            schema.version.as_deref().unwrap_or("?")
+            e.status
         );
     }
     for u in &audit.unexpanded {
@@ -284,27 +288,30 @@ pub fn preflight(args: &RunArgs) -> Result<Option<Preflight>> {
         );
     }
     tracing::info!(
-        "pre-flight: {} flags checked against SGLang {} in {:?}",
+        "pre-flight: {} flags checked against SGLang {version} in {:?}",
         audit.verdicts.len(),
-        schema.version.as_deref().unwrap_or("?"),
         t.elapsed()
     );
-    let noteworthy: Vec<&sglang_python::audit::Verdict> = audit
-        .verdicts
-        .iter()
-        .filter(|v| v.status != sglang_python::audit::Status::Ok)
-        .collect();
     let event = json!({
         "sglang_version": schema.version, "method": schema.method, "checked": audit.verdicts.len(),
-        "flags": crate::flags::redact(noteworthy.into_iter().cloned().collect()),
-        "env": env.iter().filter(|e| e.status != "ok").collect::<Vec<_>>(),
-        "unexpanded": audit.unexpanded, "rejected": status == 2,
+        "flags": flags, "env": env, "unexpanded": audit.unexpanded, "rejected": status == 2,
         "duration_s": crate::events::round_ms(t.elapsed().as_secs_f64()),
     });
     Ok(Some(Preflight {
         reject: status == 2,
         event,
     }))
+}
+
+/// COMMAND as text, and the secret values its events must never carry (from it and our env).
+fn command_and_secrets(args: &RunArgs) -> (Vec<String>, Secrets) {
+    let argv: Vec<String> = args
+        .command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let secrets = Secrets::from_run(&argv, std::env::vars());
+    (argv, secrets)
 }
 
 /// A refused launch still leaves its `preflight` event where `--events` points.
@@ -317,6 +324,7 @@ pub fn record_rejection(args: &RunArgs, event: Value) {
                 Instant::now(),
                 false,
             )
+            .with_secrets(command_and_secrets(args).1)
             .emit("preflight", event),
             Err(e) => tracing::error!("cannot write the events file {}: {e}", path.display()),
         }
@@ -408,12 +416,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
         stderr: Stdio::piped(),
     })?;
     let pid = spawned.pid;
-    let argv_text: Vec<String> = args
-        .command
-        .iter()
-        .map(|a: &OsString| a.to_string_lossy().into_owned())
-        .collect();
-    let secrets = Secrets::from_run(&argv_text, std::env::vars());
+    let (argv_text, secrets) = command_and_secrets(&args);
     let events = Arc::new(
         Events::new(
             events_file,

@@ -3,8 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)] // test code: a panic is the failure report
 mod common;
 use common::*;
-use serde_json::Value;
-use std::process::{Command, Output};
+use std::process::Command;
 
 fn schema(v: &str) -> String {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -12,19 +11,6 @@ fn schema(v: &str) -> String {
         .to_str()
         .unwrap()
         .to_string()
-}
-
-fn flags(args: &[&str]) -> Output {
-    Command::new(supervisor_bin())
-        .arg("flags")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn json_of(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
 }
 
 #[test]

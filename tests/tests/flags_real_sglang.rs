@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use serde_json::Value;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 
 const VERSIONS: [&str; 4] = ["0.5.14", "0.5.19", "0.5.20", "0.5.23"];
 
@@ -61,25 +61,6 @@ fn dump_fixture(v: &str) -> Value {
     let p =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/flags/sglang-{v}.json"));
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-fn flags(args: &[&str]) -> Output {
-    Command::new(supervisor_bin())
-        .arg("flags")
-        .args(args)
-        .env("RUST_LOG", "info")
-        .output()
-        .unwrap()
-}
-
-fn json_of(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {} / {}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    })
 }
 
 /// (option strings, dest, deprecated, replacement, const_value) of every option, in parser order.

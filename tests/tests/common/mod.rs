@@ -328,3 +328,24 @@ pub fn humantime_to_ns(ts: &str) -> u128 {
     let frac_ns: u128 = format!("{frac:0<9}")[..9].parse().unwrap();
     secs as u128 * 1_000_000_000 + frac_ns
 }
+
+/// `sglang-supervisor flags ARGS`, with its info messages on stderr (which way the module ran).
+pub fn flags(args: &[&str]) -> std::process::Output {
+    Command::new(supervisor_bin())
+        .arg("flags")
+        .args(args)
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap()
+}
+
+/// The JSON a command printed; a failure shows both of its streams.
+pub fn json_of(o: &std::process::Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {} / {}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
