@@ -33,34 +33,44 @@ pub fn redact_value(v: &mut Value) {
     }
 }
 
+/// What a word of an argv is to secrets: the value after `--api-key`, or `--api-key=VALUE`.
+enum Word<'a> {
+    Plain,
+    /// `--NAME=VALUE` with a secret NAME.
+    Inline(&'a str, &'a str),
+    /// The word after a bare secret flag.
+    Value,
+}
+
+/// Each word of `argv` with what it is: the one reading of secret flags in an argv.
+fn words(argv: &[String]) -> impl Iterator<Item = (&String, Word<'_>)> {
+    let mut next_is_value = false;
+    argv.iter().map(move |a| {
+        if std::mem::take(&mut next_is_value) {
+            return (a, Word::Value);
+        }
+        let secret = |name: &str| is_secret_name(&name.replace('-', "_"));
+        let word = match a.strip_prefix("--").map(|f| f.split_once('=').ok_or(f)) {
+            Some(Ok((name, value))) if secret(name) => Word::Inline(name, value),
+            Some(Err(name)) if secret(name) => {
+                next_is_value = true;
+                Word::Plain
+            }
+            _ => Word::Plain,
+        };
+        (a, word)
+    })
+}
+
 /// Redact `--api-key VALUE` / `--api-key=VALUE` style secrets in an argv (for the `spawned` event).
 pub fn redact_argv(argv: &[String]) -> Vec<String> {
-    let mut out = Vec::with_capacity(argv.len());
-    let mut hide_next = false;
-    for a in argv {
-        if hide_next {
-            out.push(REDACTED.to_string());
-            hide_next = false;
-            continue;
-        }
-        if let Some(flag) = a.strip_prefix("--") {
-            let (name, has_value) = match flag.split_once('=') {
-                Some((n, _)) => (n, true),
-                None => (flag, false),
-            };
-            if is_secret_name(&name.replace('-', "_")) {
-                if has_value {
-                    out.push(format!("--{name}={REDACTED}"));
-                } else {
-                    out.push(a.clone());
-                    hide_next = true;
-                }
-                continue;
-            }
-        }
-        out.push(a.clone());
-    }
-    out
+    words(argv)
+        .map(|(a, w)| match w {
+            Word::Plain => a.clone(),
+            Word::Inline(name, _) => format!("--{name}={REDACTED}"),
+            Word::Value => REDACTED.to_string(),
+        })
+        .collect()
 }
 
 /// The secret *values* of a run: what follows a secret flag in the child's argv (`--api-key X`,
@@ -79,21 +89,13 @@ const MIN_SECRET_LEN: usize = 4;
 
 impl Secrets {
     pub fn from_run(argv: &[String], env: impl Iterator<Item = (String, String)>) -> Secrets {
-        let mut values: Vec<String> = Vec::new();
-        let mut next_is_secret = false;
-        for a in argv {
-            if std::mem::take(&mut next_is_secret) {
-                values.push(a.clone());
-                continue;
-            }
-            if let Some(flag) = a.strip_prefix("--") {
-                match flag.split_once('=') {
-                    Some((n, v)) if is_secret_name(&n.replace('-', "_")) => values.push(v.into()),
-                    None if is_secret_name(&flag.replace('-', "_")) => next_is_secret = true,
-                    _ => {}
-                }
-            }
-        }
+        let mut values: Vec<String> = words(argv)
+            .filter_map(|(a, w)| match w {
+                Word::Plain => None,
+                Word::Inline(_, v) => Some(v.to_string()),
+                Word::Value => Some(a.clone()),
+            })
+            .collect();
         values.extend(env.filter(|(k, _)| is_secret_name(k)).map(|(_, v)| v));
         values.retain(|v| v.len() >= MIN_SECRET_LEN);
         // Also as they appear inside a JSON string.
