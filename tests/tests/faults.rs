@@ -87,7 +87,7 @@ fn a_file_size_limit_mid_stream_keeps_an_exact_prefix_and_drains_the_child() {
             ..Default::default()
         },
     );
-    // Once the child is writing, cap the supervisor's file size just past what the log holds:
+    // Once the child is writing, cap the supervisor's file size ahead of what the log holds:
     // RLIMIT_FSIZE makes its next writes fail with EFBIG (SIGXFSZ is ignored), mid-stream. The
     // child's own limit is untouched (limits are per process).
     let log = run.dir.join("server.log");
@@ -96,7 +96,9 @@ fn a_file_size_limit_mid_stream_keeps_an_exact_prefix_and_drains_the_child() {
         assert!(Instant::now() < end, "no output");
         std::thread::sleep(Duration::from_millis(5));
     }
-    let cap = file_len(&log) + 100_000;
+    // The margin outlasts a descheduled test thread (the flood writes ~0.5 GB/s): the cap must
+    // lie ahead of the log when it takes effect, yet well inside the 200 MB.
+    let cap = file_len(&log) + 20_000_000;
     let lim = libc::rlimit {
         rlim_cur: cap,
         rlim_max: libc::RLIM_INFINITY,
