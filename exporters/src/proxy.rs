@@ -122,9 +122,12 @@ impl ProxyMetrics {
 }
 
 /// One completed request, as the requests log and the report see it.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RequestRecord {
+    /// When the request completed (RFC 3339).
     pub ts: String,
+    /// When the proxy received it (unix seconds): with `e2e_s`, the request's span.
+    pub start_unix: f64,
     pub endpoint: String,
     pub status: u16,
     pub stream: bool,
@@ -133,6 +136,7 @@ pub struct RequestRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tpot_s: Option<f64>,
     pub e2e_s: f64,
+    #[serde(default)]
     pub itl_s: Vec<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_tokens: Option<u64>,
@@ -361,6 +365,7 @@ impl Proxy {
             self.leave();
             self.log(&RequestRecord {
                 ts: now_rfc3339(),
+                start_unix: crate::report::unix_now() - e2e,
                 endpoint: ep.into(),
                 status: 502,
                 stream: false,
@@ -543,6 +548,7 @@ impl Recorder {
         }
         let rec = RequestRecord {
             ts: now_rfc3339(),
+            start_unix: crate::report::unix_now() - e2e,
             endpoint: self.endpoint.into(),
             status: self.status,
             stream: self.stream,

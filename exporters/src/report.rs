@@ -10,14 +10,25 @@ use std::time::SystemTime;
 /// on runs of millions of tokens; percentiles stay unbiased).
 const MAX_ITL_VALUES: usize = 1 << 20;
 
+/// The requests of one window (or of the whole run). A window counts the requests that *started*
+/// inside it; its `duration` runs from the first of those requests' start to the last one's end,
+/// bench_serving's benchmark duration, and every throughput divides by it. The window's own wall
+/// length is `window_duration_s`.
 #[derive(Debug, Default, Clone)]
 pub struct LatencyWindow {
-    start_unix: Option<f64>,
-    end_unix: Option<f64>,
+    /// When the window was opened (None: the whole run, every request counts).
+    opened_unix: Option<f64>,
+    closed_unix: Option<f64>,
+    /// The traffic span: first counted request's start, last one's end.
+    first_start: Option<f64>,
+    last_end: Option<f64>,
     completed: u64,
     errors: u64,
     input_tokens: u64,
     output_tokens: u64,
+    /// Completed requests whose count the server did not give: totals are then unknown.
+    input_unknown: u64,
+    output_unknown: u64,
     ttft: Reservoir,
     tpot: Reservoir,
     e2e: Reservoir,
@@ -59,7 +70,7 @@ impl Reservoir {
     }
 }
 
-fn unix_now() -> f64 {
+pub(crate) fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
@@ -67,23 +78,44 @@ fn unix_now() -> f64 {
 
 impl LatencyWindow {
     pub fn starting_now() -> Self {
+        Self::opened_at(unix_now())
+    }
+
+    pub fn opened_at(unix_s: f64) -> Self {
         LatencyWindow {
-            start_unix: Some(unix_now()),
+            opened_unix: Some(unix_s),
             ..Default::default()
         }
     }
 
+    pub fn close_at(&mut self, unix_s: f64) {
+        self.closed_unix = Some(unix_s);
+    }
+
+    /// Count a finished request, if it started inside the window.
     pub fn record(&mut self, r: &RequestRecord) {
-        let now = unix_now();
-        self.start_unix.get_or_insert(now - r.e2e_s);
-        self.end_unix = Some(now);
+        if self.opened_unix.is_some_and(|o| r.start_unix < o) {
+            return;
+        }
+        let end = r.start_unix + r.e2e_s;
+        self.first_start = Some(
+            self.first_start
+                .map_or(r.start_unix, |s| s.min(r.start_unix)),
+        );
+        self.last_end = Some(self.last_end.map_or(end, |e| e.max(end)));
         if r.error.is_some() || r.status >= 400 {
             self.errors += 1;
             return;
         }
         self.completed += 1;
-        self.input_tokens += r.prompt_tokens.unwrap_or(0);
-        self.output_tokens += r.completion_tokens.unwrap_or(0);
+        match r.prompt_tokens {
+            Some(n) => self.input_tokens += n,
+            None => self.input_unknown += 1,
+        }
+        match r.completion_tokens {
+            Some(n) => self.output_tokens += n,
+            None => self.output_unknown += 1,
+        }
         self.e2e.push(r.e2e_s, MAX_REQUEST_VALUES);
         if let Some(t) = r.ttft_s {
             self.ttft.push(t, MAX_REQUEST_VALUES);
@@ -96,33 +128,65 @@ impl LatencyWindow {
         }
     }
 
-    /// The summary, with throughput per GPU when the GPU count is known.
+    /// The traffic span (first start, last end) of the requests counted, if any.
+    pub fn traffic_span(&self) -> Option<(f64, f64)> {
+        Some((self.first_start?, self.last_end?))
+    }
+
+    /// The summary, with throughput per GPU when the GPU count is known. Token totals and the
+    /// throughputs built on them are absent when any completed request's count is unknown.
     pub fn summary(&self, gpus: Option<usize>) -> Value {
         let mut m = Map::new();
-        let start = self.start_unix.unwrap_or_else(unix_now);
-        let end = self.end_unix.unwrap_or_else(unix_now).max(start);
-        let duration = end - start;
         m.insert("completed".into(), self.completed.into());
         m.insert("errors".into(), self.errors.into());
-        m.insert("duration".into(), duration.into());
-        m.insert("benchmark_start_time_unix".into(), start.into());
-        m.insert("benchmark_end_time_unix".into(), end.into());
-        m.insert("total_input_tokens".into(), self.input_tokens.into());
-        m.insert("total_output_tokens".into(), self.output_tokens.into());
-        if duration > 0.0 {
-            let out = self.output_tokens as f64 / duration;
-            let total = (self.input_tokens + self.output_tokens) as f64 / duration;
-            let input = self.input_tokens as f64 / duration;
-            m.insert(
-                "request_throughput".into(),
-                (self.completed as f64 / duration).into(),
-            );
-            m.insert("output_throughput".into(), out.into());
-            m.insert("total_token_throughput".into(), total.into());
-            if let Some(g) = gpus.filter(|g| *g > 0) {
-                m.insert("tput_per_gpu".into(), (total / g as f64).into());
-                m.insert("output_tput_per_gpu".into(), (out / g as f64).into());
-                m.insert("input_tput_per_gpu".into(), (input / g as f64).into());
+        if let (Some(o), Some(c)) = (self.opened_unix, self.closed_unix) {
+            m.insert("window_duration_s".into(), (c - o).max(0.0).into());
+        }
+        let input = (self.input_unknown == 0).then_some(self.input_tokens);
+        let output = (self.output_unknown == 0).then_some(self.output_tokens);
+        for (k, v) in [
+            ("total_input_tokens", input),
+            ("total_output_tokens", output),
+        ] {
+            if let Some(v) = v {
+                m.insert(k.into(), v.into());
+            }
+        }
+        for (k, n) in [
+            ("requests_without_prompt_tokens", self.input_unknown),
+            ("requests_without_completion_tokens", self.output_unknown),
+        ] {
+            if n > 0 {
+                m.insert(k.into(), n.into());
+            }
+        }
+        if let Some((start, end)) = self.traffic_span() {
+            let duration = end - start;
+            m.insert("duration".into(), duration.into());
+            m.insert("benchmark_start_time_unix".into(), start.into());
+            m.insert("benchmark_end_time_unix".into(), end.into());
+            if duration > 0.0 {
+                let per_s = |n: u64| n as f64 / duration;
+                m.insert("request_throughput".into(), per_s(self.completed).into());
+                let per_gpu = gpus.filter(|g| *g > 0).map(|g| g as f64);
+                let rates = [
+                    ("input_throughput", "input_tput_per_gpu", input),
+                    ("output_throughput", "output_tput_per_gpu", output),
+                    (
+                        "total_token_throughput",
+                        "tput_per_gpu",
+                        input.zip(output).map(|(i, o)| i + o),
+                    ),
+                ];
+                for (name, per_gpu_name, tokens) in rates {
+                    let Some(rate) = tokens.map(per_s) else {
+                        continue;
+                    };
+                    m.insert(name.into(), rate.into());
+                    if let Some(g) = per_gpu {
+                        m.insert(per_gpu_name.into(), (rate / g).into());
+                    }
+                }
             }
         }
         for (name, values) in [
@@ -166,6 +230,21 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
 }
 
+/// The figures of the requests that started inside `[start, end]` (unix seconds), e.g. a
+/// benchmark's own span read back from a requests log.
+pub fn summary_over_span<'a>(
+    records: impl IntoIterator<Item = &'a RequestRecord>,
+    (start, end): (f64, f64),
+    gpus: Option<usize>,
+) -> Value {
+    let mut w = LatencyWindow::opened_at(start);
+    for r in records.into_iter().filter(|r| r.start_unix <= end) {
+        w.record(r);
+    }
+    w.close_at(end);
+    w.summary(gpus)
+}
+
 /// The proxy's request statistics: the whole run, and the named window in progress.
 #[derive(Debug, Default)]
 pub struct RequestStats {
@@ -191,7 +270,7 @@ impl RequestStats {
 
     pub fn window_stop(&self, gpus: Option<usize>) -> Option<(String, Value)> {
         let (name, mut w) = lock(&self.window).take()?;
-        w.end_unix = Some(unix_now());
+        w.close_at(unix_now());
         Some((name, w.summary(gpus)))
     }
 
@@ -206,9 +285,11 @@ impl RequestStats {
 mod tests {
     use super::*;
 
-    fn rec(ttft: f64, e2e: f64, n: u64) -> RequestRecord {
+    /// A request received at `start` (unix seconds).
+    fn rec(start: f64, ttft: f64, e2e: f64, n: u64) -> RequestRecord {
         RequestRecord {
             ts: String::new(),
+            start_unix: start,
             endpoint: "/generate".into(),
             status: 200,
             stream: true,
@@ -224,15 +305,15 @@ mod tests {
 
     #[test]
     fn summary_has_bench_serving_and_inferencex_names() {
-        let mut w = LatencyWindow::starting_now();
+        let mut w = LatencyWindow::opened_at(1000.0);
         for i in 1..=9 {
-            w.record(&rec(0.01 * i as f64, 1.0, 11));
+            w.record(&rec(1000.0 + i as f64, 0.01 * i as f64, 1.0, 11));
         }
         w.record(&RequestRecord {
             error: Some("client disconnected".into()),
-            ..rec(0.1, 0.2, 2)
+            ..rec(1000.5, 0.1, 0.2, 2)
         });
-        w.end_unix = w.start_unix.map(|s| s + 10.0);
+        w.close_at(1030.0);
         let s = w.summary(Some(8));
         assert_eq!(s["completed"], 9);
         assert_eq!(s["errors"], 1);
@@ -246,8 +327,11 @@ mod tests {
             (s["p90_ttft_ms"].as_f64().unwrap() - 82.0).abs() < 1e-9,
             "numpy-style interpolation"
         );
-        assert!((s["total_token_throughput"].as_f64().unwrap() - 99.9).abs() < 1e-6);
-        assert!((s["tput_per_gpu"].as_f64().unwrap() - 99.9 / 8.0).abs() < 1e-6);
+        // Traffic from 1000.5 (first start) to 1010.0 (last end): 9.5 s, not the 30 s window.
+        assert_eq!(s["duration"], 9.5);
+        assert_eq!(s["window_duration_s"], 30.0);
+        assert!((s["total_token_throughput"].as_f64().unwrap() - 999.0 / 9.5).abs() < 1e-9);
+        assert!((s["tput_per_gpu"].as_f64().unwrap() - 999.0 / 9.5 / 8.0).abs() < 1e-9);
         assert!(s["median_intvty"].as_f64().unwrap() > 0.0);
         assert!(
             LatencyWindow::default()
@@ -256,6 +340,50 @@ mod tests {
                 .is_none(),
             "absent, never 0"
         );
+    }
+
+    #[test]
+    fn a_window_counts_only_the_requests_that_started_inside_it() {
+        let mut w = LatencyWindow::opened_at(100.0);
+        w.record(&rec(99.0, 0.1, 5.0, 11)); // started before, ended inside: not this window's
+        w.record(&rec(101.0, 0.1, 2.0, 11));
+        w.record(&rec(102.0, 0.1, 2.0, 11));
+        let s = w.summary(None);
+        assert_eq!(s["completed"], 2);
+        assert_eq!(s["benchmark_start_time_unix"], 101.0);
+        assert_eq!(s["benchmark_end_time_unix"], 104.0);
+        assert_eq!(s["duration"], 3.0);
+        assert_eq!(s["output_throughput"], 22.0 / 3.0);
+    }
+
+    #[test]
+    fn unknown_token_counts_make_totals_absent_never_zero() {
+        let mut w = LatencyWindow::opened_at(0.0);
+        w.record(&rec(1.0, 0.1, 1.0, 11));
+        w.record(&RequestRecord {
+            prompt_tokens: None,
+            ..rec(1.5, 0.1, 1.0, 11)
+        });
+        let s = w.summary(Some(1));
+        assert_eq!(s["total_output_tokens"], 22);
+        assert!(s.get("total_input_tokens").is_none(), "{s}");
+        assert!(s.get("total_token_throughput").is_none(), "{s}");
+        assert!(s.get("tput_per_gpu").is_none(), "{s}");
+        assert_eq!(s["requests_without_prompt_tokens"], 1);
+        assert!(s["output_tput_per_gpu"].as_f64().unwrap() > 0.0);
+    }
+
+    #[test]
+    fn a_span_read_back_from_a_requests_log_selects_by_start() {
+        let recs = [
+            rec(9.0, 0.1, 1.0, 3),
+            rec(10.0, 0.1, 1.0, 3),
+            rec(12.0, 0.1, 3.0, 3),
+        ];
+        let s = summary_over_span(&recs, (10.0, 12.0), None);
+        assert_eq!(s["completed"], 2);
+        assert_eq!(s["duration"], 5.0);
+        assert_eq!(s["window_duration_s"], 2.0);
     }
 
     #[test]
