@@ -2,7 +2,7 @@
 //! them in CI for a fixed budget (tests/tests/fuzz.rs). The same harnesses are the libFuzzer
 //! targets in `fuzz/` (`cargo fuzz run NAME`, by hand, for longer). Each harness checks a
 //! property beyond "does not panic" where the parser has one.
-use sglang_exporters::proxy::SseTokens;
+use sglang_exporters::proxy::{Api, Bytes, EventStream};
 use sglang_python::audit::audit;
 use sglang_python::recipe;
 use sglang_python::schema::Schema;
@@ -72,27 +72,44 @@ pub fn recipe_launch(data: &[u8]) {
     assert!(a.verdicts.len() <= launch.args.len());
 }
 
-/// SSE token accounting: the same bytes fed whole or cut anywhere give the same counts.
+/// SSE reading: the same bytes cut anywhere give the same events and the same bytes to the
+/// client; without a cut-out event the client gets every byte, with it every byte but that event.
 pub fn sse(data: &[u8]) {
-    let mut whole = SseTokens::default();
-    let mut chunks_whole = Vec::new();
-    whole.feed(data, |n| chunks_whole.push(n));
-    let mut cut = SseTokens::default();
-    let mut chunks_cut = Vec::new();
-    let mut at = 0;
-    let mut step = 1 + data.first().copied().unwrap_or(0) as usize % 13;
-    while at < data.len() {
-        let end = (at + step).min(data.len());
-        cut.feed(&data[at..end], |n| chunks_cut.push(n));
-        at = end;
-        step = step * 3 % 17 + 1;
+    let api = [Api::Generate, Api::Completions, Api::Chat][data.len() % 3];
+    for drop_usage in [false, true] {
+        let feed = |cuts: &mut dyn FnMut(usize) -> usize| {
+            let mut s = EventStream::new(api, drop_usage);
+            let (mut events, mut out) = (Vec::new(), Vec::new());
+            let mut at = 0;
+            while at < data.len() {
+                let end = (at + cuts(at)).min(data.len());
+                let fwd = s.pass(Bytes::copy_from_slice(&data[at..end]), |e| events.push(e));
+                out.extend_from_slice(&fwd);
+                at = end;
+            }
+            if let Some(t) = s.finish(|e| events.push(e)) {
+                out.extend_from_slice(&t);
+            }
+            (events, out)
+        };
+        let (whole_events, whole_out) = feed(&mut |_| usize::MAX);
+        let mut step = 1 + data.first().copied().unwrap_or(0) as usize % 13;
+        let (cut_events, cut_out) = feed(&mut |_| {
+            step = step * 3 % 17 + 1;
+            step
+        });
+        assert_eq!(
+            whole_events, cut_events,
+            "events depend on how the bytes were cut"
+        );
+        assert_eq!(whole_out, cut_out, "forwarded bytes depend on the cuts");
+        let cut_out_events = whole_events.iter().filter(|e| e.usage_only).count();
+        if !drop_usage || cut_out_events == 0 {
+            assert_eq!(whole_out, data, "bytes lost or changed on their way");
+        } else {
+            assert!(whole_out.len() < data.len());
+        }
     }
-    assert_eq!(
-        chunks_whole, chunks_cut,
-        "token chunks depend on how the bytes were cut"
-    );
-    assert_eq!(whole.tokens_seen, chunks_whole.iter().sum::<u64>());
-    assert_eq!(whole.completion(), cut.completion());
 }
 
 /// The readers of our reports and InferenceX results, then compare and every rendering.

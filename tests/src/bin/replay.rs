@@ -119,6 +119,12 @@ struct Args {
     /// 401 otherwise (SGLang's api-key middleware).
     #[arg(long)]
     api_key: Option<String>,
+    /// Every Nth streamed event carries two tokens, as a busy SGLang merges them (0: never).
+    #[arg(long, default_value_t = 0)]
+    merge_every: u64,
+    /// A chat answer's first N tokens are `reasoning_content` (a reasoning parser's output).
+    #[arg(long, default_value_t = 0)]
+    reasoning_tokens: u64,
     /// Internal: run as a worker process that sleeps until killed.
     #[arg(long, hide = true)]
     worker: Option<String>,
@@ -240,6 +246,8 @@ fn sleep_interruptible(d: Duration) {
 fn main() {
     let args = Args::parse();
     CUT_STREAM_AFTER.store(args.cut_stream_after.unwrap_or(0), Ordering::Relaxed);
+    MERGE_EVERY.store(args.merge_every, Ordering::Relaxed);
+    REASONING_TOKENS.store(args.reasoning_tokens, Ordering::Relaxed);
     if let Some(role) = &args.worker {
         worker_main(role);
     }
@@ -807,8 +815,8 @@ fn route(
             "application/json",
             r#"{"object":"list","data":[{"id":"/models/tiny-llama","object":"model","owned_by":"sglang","max_model_len":4096}]}"#,
         ),
-        ("POST", "/generate" | "/v1/completions") if ready => {
-            generate(path == "/generate", body, w)
+        ("POST", "/generate" | "/v1/completions" | "/v1/chat/completions") if ready => {
+            generate(path, body, w)
         }
         ("POST", _) => respond(
             w,
@@ -820,9 +828,17 @@ fn route(
     }
 }
 
-/// Token-by-token answers with SGLang's shapes (`meta_info` for /generate, `usage` for OpenAI).
-fn generate(native: bool, body: &[u8], w: &mut TcpStream) -> Result<u16> {
+/// Answers with SGLang 0.5.14's shapes, byte for byte as recorded (fixtures/http): `/generate`
+/// streams cumulative text, `output_ids` and `meta_info`; OpenAI streams carry `usage` only when
+/// asked (a last event with `"choices":[]`, or in every event with `continuous_usage_stats`); a
+/// chat stream opens with a role delta. Like a real server, some events carry several tokens
+/// (`--merge-every`), and with `--reasoning-tokens N` a chat answer's first N tokens are
+/// `reasoning_content`. Ids and timestamps derive from the request, so the same request gives
+/// the same bytes.
+fn generate(path: &str, body: &[u8], w: &mut TcpStream) -> Result<u16> {
     let req: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let native = path == "/generate";
+    let chat = path == "/v1/chat/completions";
     let stream = req["stream"].as_bool().unwrap_or(false);
     let n = if native {
         req["sampling_params"]["max_new_tokens"].as_u64()
@@ -831,24 +847,41 @@ fn generate(native: bool, body: &[u8], w: &mut TcpStream) -> Result<u16> {
     }
     .unwrap_or(8)
     .clamp(1, 4096);
-    let prompt_tokens = req["text"]
-        .as_str()
-        .or(req["prompt"].as_str())
-        .map_or(1, |t| t.split_whitespace().count().max(1));
+    let prompt_text = if chat {
+        req["messages"][0]["content"].as_str().unwrap_or("")
+    } else {
+        req["text"]
+            .as_str()
+            .or(req["prompt"].as_str())
+            .unwrap_or("")
+    };
+    let prompt = prompt_text.split_whitespace().count().max(1) as u64;
+    let g = Gen {
+        id: format!("{:032x}", fnv(body)),
+        created: 1_796_228_819,
+        chat,
+        prompt,
+        n,
+        reasoning: if chat {
+            REASONING_TOKENS.load(Ordering::Relaxed).min(n)
+        } else {
+            0
+        },
+    };
+    let usage = req["stream_options"]["include_usage"].as_bool() == Some(true);
+    let continuous = req["stream_options"]["continuous_usage_stats"].as_bool() == Some(true);
     let token_gap = Duration::from_millis(2);
     if !stream {
         std::thread::sleep(token_gap * n as u32);
-        let text = " tok".repeat(n as usize);
         let body = if native {
-            serde_json::json!({"text": text, "meta_info": {"prompt_tokens": prompt_tokens, "completion_tokens": n, "finish_reason": {"type": "length", "length": n}}})
+            g.native(n)
         } else {
-            serde_json::json!({"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
-                               "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens as u64 + n}})
+            g.openai_whole()
         };
-        return respond(w, 200, "application/json", &body.to_string());
+        return respond(w, 200, "application/json", &body);
     }
     w.write_all(
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n",
     )?;
     let mut send = |data: &str| -> Result<()> {
         let frame = format!("data: {data}\n\n");
@@ -856,24 +889,213 @@ fn generate(native: bool, body: &[u8], w: &mut TcpStream) -> Result<u16> {
         w.flush()?;
         Ok(())
     };
-    for i in 1..=n {
-        std::thread::sleep(token_gap);
-        let chunk = if native {
-            serde_json::json!({"text": " tok".repeat(i as usize), "meta_info": {"prompt_tokens": prompt_tokens, "completion_tokens": i}})
+    if chat {
+        send(&g.chat_role())?;
+    }
+    let merge = MERGE_EVERY.load(Ordering::Relaxed);
+    let (mut done, mut chunk) = (0u64, 0u64);
+    while done < n {
+        chunk += 1;
+        let take = if merge > 0 && chunk % merge == 0 {
+            2
         } else {
-            let mut c = serde_json::json!({"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": " tok", "finish_reason": null}]});
-            if i == n {
-                c["usage"] = serde_json::json!({"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens as u64 + n});
-            }
-            c
-        };
-        send(&chunk.to_string())?;
-        if CUT_STREAM_AFTER.load(Ordering::Relaxed) == i {
-            w.shutdown(std::net::Shutdown::Both)?;
-            anyhow::bail!("stream cut after {i} tokens (--cut-stream-after)");
+            1
         }
+        .min(n - done);
+        std::thread::sleep(token_gap * take as u32);
+        let from = done;
+        done += take;
+        let event = if native {
+            g.native(done)
+        } else {
+            g.openai_chunk(from, done, continuous)
+        };
+        send(&event)?;
+        let cut = CUT_STREAM_AFTER.load(Ordering::Relaxed);
+        if cut > 0 && (from..done).contains(&(cut - 1)) {
+            w.shutdown(std::net::Shutdown::Both)?;
+            anyhow::bail!("stream cut after {cut} tokens (--cut-stream-after)");
+        }
+    }
+    if chat {
+        send(&g.chat_finish())?;
+    }
+    if usage && !native {
+        send(&g.usage_only())?;
     }
     send("[DONE]")?;
     w.write_all(b"0\r\n\r\n")?;
     Ok(200)
+}
+
+/// `--merge-every` (0: one token per event) and `--reasoning-tokens`.
+static MERGE_EVERY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static REASONING_TOKENS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn fnv(b: &[u8]) -> u128 {
+    b.iter()
+        .fold(0x6c62272e07bb014262b821756295c58du128, |h, &c| {
+            (h ^ c as u128).wrapping_mul(0x0000000001000000000000000000013b)
+        })
+}
+
+/// One answer's parts in SGLang's JSON layout (fields in its order).
+struct Gen {
+    id: String,
+    created: u64,
+    chat: bool,
+    prompt: u64,
+    n: u64,
+    reasoning: u64,
+}
+
+fn token(i: u64) -> String {
+    const SYL: [&str; 8] = [
+        " tok",
+        "ou",
+        " zai",
+        "bi",
+        " Grap",
+        "\\\"q\\\"",
+        " 29",
+        "na",
+    ];
+    SYL[(i % 8) as usize].to_string()
+}
+
+fn tokens(from: u64, to: u64) -> String {
+    (from..to).map(token).collect()
+}
+
+impl Gen {
+    fn native(&self, upto: u64) -> String {
+        let ids: Vec<String> = (0..upto).map(|i| (100 + i).to_string()).collect();
+        let finish = if upto == self.n {
+            format!(r#"{{"type":"length","length":{}}}"#, self.n)
+        } else {
+            "null".into()
+        };
+        let tail = if upto == self.n {
+            r#","e2e_latency":0.134"#
+        } else {
+            ""
+        };
+        format!(
+            r#"{{"text":"{}","output_ids":[{}],"meta_info":{{"id":"{}","finish_reason":{finish},"prompt_tokens":{},"weight_version":"default","num_retractions":0,"reasoning_tokens":0,"completion_tokens":{upto},"cached_tokens":0,"cached_tokens_details":{{"device":0,"host":0}},"dp_rank":null{tail}}}}}"#,
+            tokens(0, upto),
+            ids.join(","),
+            self.id,
+            self.prompt
+        )
+    }
+
+    fn head(&self) -> String {
+        let object = if self.chat {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        };
+        format!(
+            r#"{{"id":"{}","object":"{object}","created":{},"model":"model","choices":"#,
+            self.id, self.created
+        )
+    }
+
+    fn usage(&self, completion: u64, details: bool) -> String {
+        let d = if details {
+            r#","prompt_tokens_details":null"#
+        } else {
+            ""
+        };
+        format!(
+            r#"{{"prompt_tokens":{},"total_tokens":{},"completion_tokens":{completion}{d},"reasoning_tokens":{}}}"#,
+            self.prompt,
+            self.prompt + completion,
+            completion.min(self.reasoning)
+        )
+    }
+
+    fn chat_role(&self) -> String {
+        format!(
+            r#"{}[{{"index":0,"delta":{{"reasoning_content":null,"role":"assistant","content":""}},"logprobs":null,"finish_reason":null,"matched_stop":null}}]}}"#,
+            self.head()
+        )
+    }
+
+    fn openai_chunk(&self, from: u64, to: u64, continuous: bool) -> String {
+        let last = to == self.n;
+        let finish = if last && !self.chat {
+            r#""length""#
+        } else {
+            "null"
+        };
+        let choice = if self.chat {
+            let delta = if to <= self.reasoning {
+                format!(
+                    r#"{{"reasoning_content":"{}","content":null}}"#,
+                    tokens(from, to)
+                )
+            } else {
+                let from = from.max(self.reasoning);
+                format!(
+                    r#"{{"reasoning_content":null,"content":"{}"}}"#,
+                    tokens(from, to)
+                )
+            };
+            format!(
+                r#"{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":{finish},"matched_stop":null}}"#
+            )
+        } else {
+            format!(
+                r#"{{"index":0,"text":"{}","logprobs":null,"finish_reason":{finish},"matched_stop":null}}"#,
+                tokens(from, to)
+            )
+        };
+        let usage = if continuous {
+            self.usage(to, true)
+        } else {
+            "null".into()
+        };
+        if self.chat && !continuous {
+            format!("{}[{choice}]}}", self.head())
+        } else {
+            format!(r#"{}[{choice}],"usage":{usage}}}"#, self.head())
+        }
+    }
+
+    fn chat_finish(&self) -> String {
+        format!(
+            r#"{}[{{"index":0,"delta":{{"reasoning_content":null}},"logprobs":null,"finish_reason":"length","matched_stop":null}}]}}"#,
+            self.head()
+        )
+    }
+
+    fn usage_only(&self) -> String {
+        format!(
+            r#"{}[],"usage":{}}}"#,
+            self.head(),
+            self.usage(self.n, false)
+        )
+    }
+
+    fn openai_whole(&self) -> String {
+        let text = tokens(self.reasoning, self.n);
+        let usage = self.usage(self.n, true);
+        if self.chat {
+            let reasoning = if self.reasoning > 0 {
+                format!(r#""{}""#, tokens(0, self.reasoning))
+            } else {
+                "null".into()
+            };
+            format!(
+                r#"{{"id":"{}","object":"chat.completion","created":{},"model":"model","choices":[{{"index":0,"message":{{"role":"assistant","content":"{text}","reasoning_content":{reasoning},"tool_calls":null}},"logprobs":null,"finish_reason":"length","matched_stop":null}}],"usage":{usage},"metadata":{{"weight_version":"default"}}}}"#,
+                self.id, self.created
+            )
+        } else {
+            format!(
+                r#"{{"id":"{}","object":"text_completion","created":{},"model":"model","choices":[{{"index":0,"text":"{text}","logprobs":null,"finish_reason":"length","matched_stop":null}}],"usage":{usage},"metadata":{{"weight_version":"default"}}}}"#,
+                self.id, self.created
+            )
+        }
+    }
 }

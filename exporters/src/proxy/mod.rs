@@ -1,0 +1,424 @@
+//! A streaming-transparent reverse proxy in front of the server that measures each generation
+//! request itself, whatever the benchmark client: TTFT, inter-token latency, TPOT and E2E with
+//! bench_serving's definitions, and the server's exact token counts (DESIGN.md, Definitions).
+//!
+//! Every response frame is forwarded the moment it arrives, without copying (hyper's
+//! backpressure holds the upstream read while the client is slow); events are read with a byte
+//! scan ([`sse`]), per-request state stays in the response's body ([`record::Recorder`]) and
+//! touches shared state once, when the request ends. An OpenAI stream whose client did not ask
+//! for usage is sent upstream with `stream_options.include_usage` so the server's counts are
+//! known, and the usage-only event it adds is cut from the client's copy ([`stream::Measured`]):
+//! the client receives the same bytes as over a direct connection. A client that goes away drops
+//! the response body, which closes the upstream request.
+mod record;
+mod sse;
+mod stream;
+pub use hyper::body::Bytes;
+pub use record::{ProxyMetrics, ReqLabels, RequestRecord, E2E_BUCKETS, LATENCY_BUCKETS};
+pub use sse::{event_end, scan_event, Api, EventInfo};
+pub use stream::EventStream;
+
+use http_body_util::{combinators::BoxBody, BodyExt, Either, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode, Uri};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use record::{Recorder, Sink, Started};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+/// Largest OpenAI request body read whole to ask for usage; larger ones pass through unread
+/// (their token counts may then be unknown).
+const MAX_REWRITTEN_BODY: u64 = 16 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("cannot listen on {addr} for the proxy: {source} (pass another --proxy-addr)")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+}
+
+type UpstreamBody = Either<Incoming, Full<Bytes>>;
+type ProxyBody = BoxBody<Bytes, hyper::Error>;
+
+pub struct Proxy {
+    upstream: Uri,
+    client: Client<HttpConnector, UpstreamBody>,
+    metrics: Arc<ProxyMetrics>,
+    stats: Arc<crate::report::RequestStats>,
+    log: Option<Mutex<std::fs::File>>,
+    /// Measured requests in flight, and where busy/idle transitions go (`--window-from-proxy`).
+    in_flight: AtomicUsize,
+    traffic: Option<Mutex<std::sync::mpsc::Sender<bool>>>,
+}
+
+/// Bind now, serve in the background; `upstream` like `http://127.0.0.1:30000`.
+pub async fn start(
+    addr: &str,
+    upstream: &str,
+    metrics: Arc<ProxyMetrics>,
+    stats: Arc<crate::report::RequestStats>,
+    requests_log: Option<std::fs::File>,
+    traffic_window: Option<sglang_probes::sampler::SamplerHandle>,
+) -> Result<SocketAddr, ProxyError> {
+    let (listener, local) = crate::server::bind(addr)
+        .await
+        .map_err(|source| ProxyError::Bind {
+            addr: addr.to_string(),
+            source,
+        })?;
+    let upstream: Uri = upstream.parse().map_err(|e| ProxyError::Bind {
+        addr: upstream.to_string(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("bad upstream URL: {e}"),
+        ),
+    })?;
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(4096)
+        .build(connector);
+    let proxy = Arc::new(Proxy {
+        upstream,
+        client,
+        metrics,
+        stats,
+        log: requests_log.map(Mutex::new),
+        in_flight: AtomicUsize::new(0),
+        traffic: traffic_window.and_then(traffic_thread),
+    });
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let p = proxy.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| p.clone().forward(req));
+                if let Err(e) = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await
+                {
+                    tracing::debug!("proxy connection: {e}");
+                }
+            });
+        }
+    });
+    Ok(local)
+}
+
+/// Busy/idle transitions are handled in order on one thread: each reads energy counters
+/// (milliseconds per GPU), which must never delay a request.
+fn traffic_thread(
+    sampler: sglang_probes::sampler::SamplerHandle,
+) -> Option<Mutex<std::sync::mpsc::Sender<bool>>> {
+    let (tx, rx) = std::sync::mpsc::channel::<bool>();
+    std::thread::Builder::new()
+        .name("traffic-window".into())
+        .spawn(move || {
+            for busy in rx {
+                if busy {
+                    sampler.traffic_busy();
+                } else {
+                    sampler.traffic_idle();
+                }
+            }
+        })
+        .ok()
+        .map(|_| Mutex::new(tx))
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) are the proxy's own business on each side.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "transfer-encoding",
+];
+
+fn measured_endpoint(path: &str) -> Option<(&'static str, Api)> {
+    match path {
+        "/generate" => Some(("/generate", Api::Generate)),
+        "/v1/completions" => Some(("/v1/completions", Api::Completions)),
+        "/v1/chat/completions" => Some(("/v1/chat/completions", Api::Chat)),
+        _ => None,
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+impl Proxy {
+    async fn forward(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+    ) -> Result<Response<ProxyBody>, hyper::Error> {
+        let started = measured_endpoint(req.uri().path()).map(|(endpoint, api)| Started {
+            endpoint,
+            api,
+            sent: Instant::now(),
+            sent_unix: unix_now(),
+        });
+        if started.is_some() {
+            self.enter();
+        }
+        let (mut parts, body) = req.into_parts();
+        let path_q = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut uri = self.upstream.clone().into_parts();
+        uri.path_and_query = path_q.parse().ok();
+        parts.uri = match Uri::from_parts(uri) {
+            Ok(u) => u,
+            Err(e) => {
+                let why = format!("bad request path {path_q:?}: {e}");
+                return Ok(self.error_response(started, why));
+            }
+        };
+        for h in HOP_BY_HOP {
+            parts.headers.remove(*h);
+        }
+        if let Some(auth) = self.upstream.authority() {
+            if let Ok(v) = hyper::header::HeaderValue::from_str(auth.as_str()) {
+                parts.headers.insert(hyper::header::HOST, v);
+            }
+        }
+        let (body, asked_usage) = match started.as_ref().map(|s| s.api) {
+            Some(Api::Completions | Api::Chat) => match ask_for_usage(&mut parts, body).await {
+                Ok(b) => b,
+                Err(why) => return Ok(self.error_response(started, why)),
+            },
+            _ => (Either::Left(body), false),
+        };
+        let resp = match self.client.request(Request::from_parts(parts, body)).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                let why = format!("upstream {}: {e}", self.upstream);
+                return Ok(self.error_response(started, why));
+            }
+        };
+        let (mut parts, body) = resp.into_parts();
+        for h in HOP_BY_HOP {
+            parts.headers.remove(*h);
+        }
+        let Some(started) = started else {
+            return Ok(Response::from_parts(parts, body.boxed()));
+        };
+        let stream = parts
+            .headers
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if asked_usage && stream {
+            parts.headers.remove(hyper::header::CONTENT_LENGTH);
+        }
+        let sink: Arc<dyn Sink> = self.clone();
+        let rec = Recorder::new(
+            sink,
+            self.metrics.clone(),
+            started,
+            parts.status.as_u16(),
+            stream,
+        );
+        let body = stream::Measured::new(body, rec, stream, asked_usage);
+        Ok(Response::from_parts(parts, body.boxed()))
+    }
+
+    fn enter(&self) {
+        if self.in_flight.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.signal_traffic(true);
+        }
+    }
+
+    fn leave(&self) {
+        if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.signal_traffic(false);
+        }
+    }
+
+    fn signal_traffic(&self, busy: bool) {
+        if let Some(tx) = &self.traffic {
+            let _ = tx.lock().unwrap_or_else(|p| p.into_inner()).send(busy);
+        }
+    }
+
+    /// The request could not be forwarded: a clear 502 for the client, counted, and the proxy
+    /// carries on.
+    fn error_response(&self, started: Option<Started>, why: String) -> Response<ProxyBody> {
+        tracing::warn!("proxy: {why}");
+        if let Some(s) = started {
+            let e2e = s.sent.elapsed().as_secs_f64();
+            let rec = RequestRecord {
+                ts: humantime::format_rfc3339_micros(SystemTime::now()).to_string(),
+                start_unix: s.sent_unix,
+                endpoint: s.endpoint.into(),
+                status: 502,
+                stream: false,
+                ttft_s: None,
+                tpot_s: None,
+                e2e_s: e2e,
+                itl_s: Vec::new(),
+                prompt_tokens: None,
+                completion_tokens: None,
+                error: Some(why.clone()),
+            };
+            self.metrics.observe(&rec);
+            self.finished(rec);
+        }
+        let body =
+            serde_json::json!({"error": {"message": why, "type": "bad_gateway", "code": 502}})
+                .to_string();
+        let mut r = Response::new(
+            Full::new(Bytes::from(body))
+                .map_err(|never| match never {})
+                .boxed(),
+        );
+        *r.status_mut() = StatusCode::BAD_GATEWAY;
+        r.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static("application/json"),
+        );
+        r
+    }
+}
+
+impl Sink for Proxy {
+    /// Count a finished request in the report windows and write its requests-log line.
+    fn finished(&self, r: RequestRecord) {
+        self.stats.record(&r);
+        if let Some(f) = &self.log {
+            if let Ok(mut line) = serde_json::to_vec(&r) {
+                line.push(b'\n');
+                let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
+                if let Err(e) = f.write_all(&line) {
+                    tracing::error!("writing the requests log: {e}");
+                }
+            }
+        }
+        self.leave();
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct StreamFlags {
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(serde::Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+/// An OpenAI request: when it streams without asking for usage, ask for it (the answer's
+/// usage-only event is then cut from the client's copy). Returns the body to send upstream and
+/// whether usage was asked on the client's behalf.
+async fn ask_for_usage(
+    parts: &mut hyper::http::request::Parts,
+    body: Incoming,
+) -> Result<(UpstreamBody, bool), String> {
+    let len = parts
+        .headers
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if !len.is_some_and(|n| n <= MAX_REWRITTEN_BODY) {
+        return Ok((Either::Left(body), false));
+    }
+    let bytes = body
+        .collect()
+        .await
+        .map_err(|e| format!("reading the client's request body: {e}"))?
+        .to_bytes();
+    let Some(rewritten) = with_usage_asked(&bytes) else {
+        return Ok((Either::Right(Full::new(bytes)), false));
+    };
+    parts
+        .headers
+        .insert(hyper::header::CONTENT_LENGTH, rewritten.len().into());
+    Ok((Either::Right(Full::new(rewritten)), true))
+}
+
+/// The request body with `stream_options.include_usage: true`, if it streams without it.
+pub fn with_usage_asked(body: &[u8]) -> Option<Bytes> {
+    let flags: StreamFlags = serde_json::from_slice(body).ok()?;
+    if flags.stream != Some(true)
+        || flags.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true)
+    {
+        return None;
+    }
+    if memchr::memmem::find(body, b"\"stream_options\"").is_none() {
+        // Inserted as the first key: the client's bytes stay as they are.
+        let open = body.iter().position(|&c| c == b'{')?;
+        let mut v = Vec::with_capacity(body.len() + 40);
+        v.extend_from_slice(&body[..=open]);
+        v.extend_from_slice(br#""stream_options":{"include_usage":true}"#);
+        let rest = &body[open + 1..];
+        if rest.trim_ascii_start().first() != Some(&b'}') {
+            v.push(b',');
+        }
+        v.extend_from_slice(rest);
+        return Some(Bytes::from(v));
+    }
+    // stream_options is there (null, or without include_usage): set it in the parsed object.
+    let mut obj: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body).ok()?;
+    let opts = obj
+        .entry("stream_options")
+        .or_insert_with(|| serde_json::json!({}));
+    if !opts.is_object() {
+        *opts = serde_json::json!({});
+    }
+    opts["include_usage"] = true.into();
+    serde_json::to_vec(&obj).ok().map(Bytes::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_is_asked_only_for_streams_that_did_not_ask() {
+        let b = with_usage_asked(br#"{"model":"m","prompt":"hi","stream":true}"#).unwrap();
+        assert_eq!(
+            &b[..],
+            br#"{"stream_options":{"include_usage":true},"model":"m","prompt":"hi","stream":true}"#
+        );
+        assert!(
+            with_usage_asked(br#"{"prompt":"hi"}"#).is_none(),
+            "not streamed"
+        );
+        assert!(
+            with_usage_asked(br#"{"stream":true,"stream_options":{"include_usage":true}}"#)
+                .is_none(),
+            "already asked"
+        );
+        let kept = with_usage_asked(
+            br#"{"stream":true,"stream_options":{"continuous_usage_stats":true}}"#,
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&kept).unwrap();
+        assert_eq!(
+            v["stream_options"],
+            serde_json::json!({"continuous_usage_stats": true, "include_usage": true})
+        );
+        let null = with_usage_asked(br#"{"stream":true,"stream_options":null}"#).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&null).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert!(with_usage_asked(b"not json").is_none());
+    }
+}

@@ -1,0 +1,336 @@
+//! Per-request measurement: the timing of the frames and events that pass, turned into one
+//! [`RequestRecord`] when the response ends, with bench_serving's definitions (DESIGN.md,
+//! Definitions). State stays local to the request; the shared histograms, counters and windows
+//! are touched once, at the end.
+use super::sse::{Api, EventInfo};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Latency bucket edges, 1 ms to 60 s at ten per decade (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8):
+/// an H200's TTFT (tens of ms) and ITL (a few ms) fall across many buckets, so quantiles from
+/// them are within about 12 % instead of bucket artefacts. Same names as SGLang's series.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.00125, 0.0015, 0.002, 0.0025, 0.003, 0.004, 0.005, 0.006, 0.008, 0.01, 0.0125, 0.015,
+    0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6,
+    0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.5, 15.0, 20.0, 25.0, 30.0,
+    40.0, 50.0, 60.0,
+];
+/// End-to-end requests run longer: the latency edges, then SGLang's long tail up to 40 minutes.
+pub const E2E_BUCKETS: &[f64] = &[
+    0.001, 0.00125, 0.0015, 0.002, 0.0025, 0.003, 0.004, 0.005, 0.006, 0.008, 0.01, 0.0125, 0.015,
+    0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6,
+    0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.5, 15.0, 20.0, 25.0, 30.0,
+    40.0, 50.0, 60.0, 80.0, 100.0, 200.0, 400.0, 600.0, 1200.0, 1800.0, 2400.0,
+];
+/// Largest non-streamed body kept for its token counts (it is forwarded whole regardless).
+const MAX_BODY_KEPT: usize = 8 << 20;
+/// Inter-token gaps kept per request for the requests log.
+const MAX_ITL_KEPT: usize = 65_536;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReqLabels {
+    pub endpoint: String,
+    pub status: String,
+}
+
+/// The proxy's series, registered in the supervisor's registry.
+#[derive(Clone, Debug)]
+pub struct ProxyMetrics {
+    pub ttft: Family<ReqLabels, Histogram>,
+    pub itl: Family<ReqLabels, Histogram>,
+    pub tpot: Family<ReqLabels, Histogram>,
+    pub e2e: Family<ReqLabels, Histogram>,
+    pub prompt_tokens: Family<ReqLabels, Counter>,
+    pub completion_tokens: Family<ReqLabels, Counter>,
+    pub requests: Family<ReqLabels, Counter>,
+}
+
+impl ProxyMetrics {
+    pub fn register(registry: &mut Registry) -> Arc<ProxyMetrics> {
+        let latency = || Histogram::new(LATENCY_BUCKETS.iter().copied());
+        let m = ProxyMetrics {
+            ttft: Family::new_with_constructor(latency),
+            itl: Family::new_with_constructor(latency),
+            tpot: Family::new_with_constructor(latency),
+            e2e: Family::new_with_constructor(|| Histogram::new(E2E_BUCKETS.iter().copied())),
+            prompt_tokens: Family::default(),
+            completion_tokens: Family::default(),
+            requests: Family::default(),
+        };
+        let r = registry;
+        let ttft_help = "Time to first token, measured by the proxy";
+        r.register("request_ttft_seconds", ttft_help, m.ttft.clone());
+        let itl_help = "Inter-token latency as bench_serving records it";
+        r.register("request_inter_token_seconds", itl_help, m.itl.clone());
+        let tpot_help = "Time per output token after the first";
+        r.register("request_tpot_seconds", tpot_help, m.tpot.clone());
+        r.register(
+            "request_e2e_seconds",
+            "End-to-end request latency",
+            m.e2e.clone(),
+        );
+        let prompt_help = "Prompt tokens reported by the server";
+        r.register(
+            "request_prompt_tokens",
+            prompt_help,
+            m.prompt_tokens.clone(),
+        );
+        let completion_help = "Completion tokens reported by the server";
+        r.register(
+            "request_completion_tokens",
+            completion_help,
+            m.completion_tokens.clone(),
+        );
+        r.register("requests", "Requests through the proxy", m.requests.clone());
+        Arc::new(m)
+    }
+
+    /// One finished request into the series: the only time a request touches shared state here.
+    /// A request that failed after the server answered is `aborted`; one the proxy answered
+    /// itself keeps its status (502).
+    pub(super) fn observe(&self, r: &RequestRecord) {
+        let labels = ReqLabels {
+            endpoint: r.endpoint.clone(),
+            status: if r.error.is_some() && r.status < 400 {
+                "aborted".into()
+            } else {
+                r.status.to_string()
+            },
+        };
+        self.requests.get_or_create(&labels).inc();
+        if r.error.is_some() {
+            return;
+        }
+        self.e2e.get_or_create(&labels).observe(r.e2e_s);
+        if let Some(t) = r.ttft_s {
+            self.ttft.get_or_create(&labels).observe(t);
+        }
+        if let Some(t) = r.tpot_s {
+            self.tpot.get_or_create(&labels).observe(t);
+        }
+        if !r.itl_s.is_empty() {
+            let h = self.itl.get_or_create(&labels);
+            for g in &r.itl_s {
+                h.observe(*g);
+            }
+        }
+        if let Some(n) = r.prompt_tokens {
+            self.prompt_tokens.get_or_create(&labels).inc_by(n);
+        }
+        if let Some(n) = r.completion_tokens {
+            self.completion_tokens.get_or_create(&labels).inc_by(n);
+        }
+    }
+}
+
+/// One completed request, as the requests log and the report see it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct RequestRecord {
+    /// When the request completed (RFC 3339).
+    pub ts: String,
+    /// When the proxy received it (unix seconds): with `e2e_s`, the request's span.
+    pub start_unix: f64,
+    pub endpoint: String,
+    pub status: u16,
+    pub stream: bool,
+    /// Absent where it does not apply (not streamed, fewer than two tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpot_s: Option<f64>,
+    pub e2e_s: f64,
+    #[serde(default)]
+    pub itl_s: Vec<f64>,
+    /// The server's own counts; null when it did not give them (never guessed, never 0).
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Where a finished request goes: the series, the windows, the requests log.
+pub trait Sink: Send + Sync {
+    fn finished(&self, r: RequestRecord);
+}
+
+/// Follows one measured response as its frames pass.
+pub struct Recorder {
+    sink: Arc<dyn Sink>,
+    metrics: Arc<ProxyMetrics>,
+    endpoint: &'static str,
+    api: Api,
+    status: u16,
+    stream: bool,
+    sent: Instant,
+    sent_unix: f64,
+    first_output: Option<Instant>,
+    last_output: Option<Instant>,
+    last_frame: Option<Instant>,
+    /// The server's completion count at the last output event (bench_serving's ITL split).
+    tokens_at_last_output: u64,
+    completion_tokens: Option<u64>,
+    prompt_tokens: Option<u64>,
+    server_error: bool,
+    itl: Vec<f64>,
+    body: Vec<u8>,
+    body_truncated: bool,
+}
+
+pub struct Started {
+    pub endpoint: &'static str,
+    pub api: Api,
+    pub sent: Instant,
+    pub sent_unix: f64,
+}
+
+impl Recorder {
+    pub fn new(
+        sink: Arc<dyn Sink>,
+        metrics: Arc<ProxyMetrics>,
+        started: Started,
+        status: u16,
+        stream: bool,
+    ) -> Self {
+        Recorder {
+            sink,
+            metrics,
+            endpoint: started.endpoint,
+            api: started.api,
+            status,
+            stream,
+            sent: started.sent,
+            sent_unix: started.sent_unix,
+            first_output: None,
+            last_output: None,
+            last_frame: None,
+            tokens_at_last_output: 0,
+            completion_tokens: None,
+            prompt_tokens: None,
+            server_error: false,
+            itl: Vec::new(),
+            body: Vec::new(),
+            body_truncated: false,
+        }
+    }
+
+    pub fn api(&self) -> Api {
+        self.api
+    }
+
+    /// A frame arrived at `now` (streams: its events follow through [`Recorder::on_event`]).
+    pub fn on_frame(&mut self, data: &[u8], now: Instant) {
+        self.last_frame = Some(now);
+        if !self.stream {
+            let room = MAX_BODY_KEPT.saturating_sub(self.body.len());
+            self.body_truncated |= data.len() > room;
+            self.body.extend_from_slice(&data[..data.len().min(room)]);
+        }
+    }
+
+    /// One SSE event, received at `now`: bench_serving's TTFT and ITL, the server's counts.
+    pub fn on_event(&mut self, e: EventInfo, now: Instant) {
+        self.server_error |= e.error;
+        if e.prompt_tokens.is_some() {
+            self.prompt_tokens = e.prompt_tokens;
+        }
+        if e.completion_tokens.is_some() {
+            self.completion_tokens = e.completion_tokens;
+        }
+        if !e.output {
+            return;
+        }
+        let Some(prev) = self.last_output else {
+            self.first_output = Some(now);
+            self.last_output = Some(now);
+            self.tokens_at_last_output = e.completion_tokens.unwrap_or(1);
+            return;
+        };
+        let gap = now.duration_since(prev).as_secs_f64();
+        match (self.api, e.completion_tokens) {
+            // Native: the gap split over the new tokens, once per token; no new token, no gap.
+            (Api::Generate, Some(n)) => {
+                let new = n.saturating_sub(self.tokens_at_last_output);
+                if new == 0 {
+                    return;
+                }
+                let each = gap / new as f64;
+                let room = MAX_ITL_KEPT.saturating_sub(self.itl.len());
+                self.itl
+                    .extend(std::iter::repeat_n(each, (new as usize).min(room)));
+                self.tokens_at_last_output = n;
+            }
+            // OpenAI: the raw gap between chunks carrying output.
+            _ => {
+                if self.itl.len() < MAX_ITL_KEPT {
+                    self.itl.push(gap);
+                }
+            }
+        }
+        self.last_output = Some(now);
+    }
+
+    /// The response ended (`error`: how it did not end well).
+    pub fn finish(mut self, error: Option<String>) {
+        let end = self.last_frame.unwrap_or_else(Instant::now);
+        let e2e = end.duration_since(self.sent).as_secs_f64();
+        if !self.stream {
+            self.read_body_counts();
+        }
+        let ttft = self
+            .first_output
+            .map(|t| t.duration_since(self.sent).as_secs_f64());
+        let tpot = match (ttft, self.completion_tokens) {
+            (Some(t), Some(n)) if n > 1 => Some((e2e - t) / (n - 1) as f64),
+            _ => None,
+        };
+        let error = error.or_else(|| {
+            self.server_error
+                .then(|| "the server reported an error in the stream".to_string())
+        });
+        let rec = RequestRecord {
+            ts: humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string(),
+            start_unix: self.sent_unix,
+            endpoint: self.endpoint.into(),
+            status: self.status,
+            stream: self.stream,
+            ttft_s: ttft,
+            tpot_s: tpot,
+            e2e_s: e2e,
+            itl_s: std::mem::take(&mut self.itl),
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            error,
+        };
+        self.metrics.observe(&rec);
+        self.sink.finished(rec);
+    }
+
+    /// A whole JSON answer: `meta_info` (native; a list for a batch, counts added) or `usage`.
+    fn read_body_counts(&mut self) {
+        if self.body.is_empty() || self.body_truncated {
+            return;
+        }
+        let Ok(v) = serde_json::from_slice::<Value>(&self.body) else {
+            return;
+        };
+        let items: Vec<&Value> = v
+            .as_array()
+            .map_or_else(|| vec![&v], |a| a.iter().collect());
+        let sum = |key: &str| {
+            items.iter().try_fold(0u64, |acc, it| {
+                let n = it["meta_info"][key]
+                    .as_u64()
+                    .or_else(|| it["usage"][key].as_u64())?;
+                Some(acc + n)
+            })
+        };
+        self.completion_tokens = sum("completion_tokens");
+        self.prompt_tokens = sum("prompt_tokens");
+    }
+}

@@ -1,0 +1,186 @@
+//! SGLang's streamed answers read at the byte level, without parsing every event as JSON: the
+//! proxy only needs a few facts per event (does it carry output, the server's token counts, is it
+//! the usage-only event), and in server-generated JSON a key pattern such as `"text":` can only
+//! be a key (a quote inside a string value is escaped, so `s":` never occurs inside one).
+use memchr::{memchr_iter, memmem};
+
+/// Which API a stream answers: they differ in where output and counts are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// `/generate`: `text` (cumulative by default), `meta_info.completion_tokens` (cumulative).
+    Generate,
+    /// `/v1/completions`: `choices[].text`, `usage` when asked.
+    Completions,
+    /// `/v1/chat/completions`: `choices[].delta.content` or `.reasoning_content`, `usage` when asked.
+    Chat,
+}
+
+/// What one SSE event says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventInfo {
+    /// It carries generated output (non-empty text, content or reasoning content).
+    pub output: bool,
+    /// The server's completion count so far (cumulative in SGLang's streams).
+    pub completion_tokens: Option<u64>,
+    pub prompt_tokens: Option<u64>,
+    /// An OpenAI usage-only event (`"choices":[]` with `usage`).
+    pub usage_only: bool,
+    /// `data: [DONE]`.
+    pub done: bool,
+    /// The server reported an error in the stream.
+    pub error: bool,
+}
+
+impl EventInfo {
+    fn merge(&mut self, o: EventInfo) {
+        self.output |= o.output;
+        self.completion_tokens = o.completion_tokens.or(self.completion_tokens);
+        self.prompt_tokens = o.prompt_tokens.or(self.prompt_tokens);
+        self.usage_only |= o.usage_only;
+        self.done |= o.done;
+        self.error |= o.error;
+    }
+}
+
+/// The end of the first event in `b`: (end of its content, start of what follows). Events end at
+/// a blank line, `\n\n` or `\r\n\r\n`.
+pub fn event_end(b: &[u8]) -> Option<(usize, usize)> {
+    for i in memchr_iter(b'\n', b) {
+        match b.get(i + 1) {
+            Some(b'\n') => return Some((i, i + 2)),
+            Some(b'\r') if b.get(i + 2) == Some(&b'\n') => return Some((i, i + 3)),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Read one event (its bytes without the blank line).
+pub fn scan_event(api: Api, event: &[u8]) -> EventInfo {
+    let mut info = EventInfo::default();
+    let mut rest = event;
+    loop {
+        let (line, next) = match memchr::memchr(b'\n', rest) {
+            Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+            None => (rest, None),
+        };
+        if let Some(data) = line.strip_prefix(b"data:") {
+            info.merge(scan_data(api, data.trim_ascii()));
+        }
+        match next {
+            Some(n) => rest = n,
+            None => return info,
+        }
+    }
+}
+
+fn scan_data(api: Api, data: &[u8]) -> EventInfo {
+    let mut info = EventInfo::default();
+    if data == b"[DONE]" {
+        info.done = true;
+        return info;
+    }
+    if data.first() != Some(&b'{') {
+        return info;
+    }
+    let body = data[1..].trim_ascii_start();
+    info.error = body.starts_with(b"\"error\"") || body.starts_with(b"\"object\":\"error\"");
+    info.output = match api {
+        Api::Generate | Api::Completions => nonempty_string(data, b"\"text\":"),
+        Api::Chat => {
+            nonempty_string(data, b"\"content\":")
+                || nonempty_string(data, b"\"reasoning_content\":")
+        }
+    };
+    // Counts sit at the end (meta_info, usage): search backwards.
+    info.completion_tokens = number_after_last(data, b"\"completion_tokens\":");
+    info.prompt_tokens = number_after_last(data, b"\"prompt_tokens\":");
+    if api != Api::Generate && info.completion_tokens.is_some() {
+        info.usage_only = after(data, b"\"choices\":").is_some_and(|v| v.starts_with(b"[]"));
+    }
+    info
+}
+
+/// The bytes after the first `key` and any whitespace.
+fn after<'a>(data: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
+    let at = memmem::find(data, key)?;
+    Some(data[at + key.len()..].trim_ascii_start())
+}
+
+fn nonempty_string(data: &[u8], key: &[u8]) -> bool {
+    after(data, key).is_some_and(|v| v.len() >= 2 && v[0] == b'"' && v[1] != b'"')
+}
+
+fn number_after_last(data: &[u8], key: &[u8]) -> Option<u64> {
+    let at = memmem::rfind(data, key)?;
+    let v = data[at + key.len()..].trim_ascii_start();
+    let digits = v.iter().take_while(|c| c.is_ascii_digit()).count();
+    std::str::from_utf8(&v[..digits]).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_end_at_blank_lines_of_either_kind() {
+        assert_eq!(event_end(b"data: x\n\ndata: y"), Some((7, 9)));
+        assert_eq!(event_end(b"data: x\r\n\r\n"), Some((8, 11)));
+        assert_eq!(event_end(b"data: x\n"), None);
+    }
+
+    #[test]
+    fn generate_events_give_output_and_cumulative_counts() {
+        let e = br#"data: {"text":" bof voufaiti","output_ids":[1577,4010],"meta_info":{"id":"7d","finish_reason":null,"prompt_tokens":36,"completion_tokens":2,"cached_tokens":35}}"#;
+        let i = scan_event(Api::Generate, e);
+        assert!(i.output && !i.usage_only && !i.done);
+        assert_eq!((i.completion_tokens, i.prompt_tokens), (Some(2), Some(36)));
+        let empty = br#"data: {"text":"","output_ids":[100],"meta_info":{"completion_tokens":3}}"#;
+        assert!(!scan_event(Api::Generate, empty).output);
+        assert!(scan_event(Api::Generate, b"data: [DONE]").done);
+    }
+
+    #[test]
+    fn a_key_quoted_inside_generated_text_is_not_a_key() {
+        let e = br#"data: {"text":"say \"completion_tokens\": 99","meta_info":{"completion_tokens":4}}"#;
+        assert_eq!(scan_event(Api::Generate, e).completion_tokens, Some(4));
+        let c = br#"data: {"choices":[{"index":0,"text":"","logprobs":{"x":"\"text\":\"a"}}],"usage":null}"#;
+        assert!(!scan_event(Api::Completions, c).output);
+    }
+
+    #[test]
+    fn openai_events_output_and_the_usage_only_event() {
+        let text = br#"data: {"id":"fc","object":"text_completion","choices":[{"index":0,"text":" piv","logprobs":null,"finish_reason":null}],"usage":null}"#;
+        let i = scan_event(Api::Completions, text);
+        assert!(i.output && i.completion_tokens.is_none());
+        let usage = br#"data: {"id":"89","object":"text_completion","created":1,"model":"model","choices":[],"usage":{"prompt_tokens":36,"total_tokens":100,"completion_tokens":64,"reasoning_tokens":0}}"#;
+        let u = scan_event(Api::Completions, usage);
+        assert!(u.usage_only && !u.output);
+        assert_eq!((u.completion_tokens, u.prompt_tokens), (Some(64), Some(36)));
+        let continuous = br#"data: {"choices":[{"index":0,"text":"x"}],"usage":{"prompt_tokens":36,"completion_tokens":2,"prompt_tokens_details":null}}"#;
+        let c = scan_event(Api::Completions, continuous);
+        assert!(c.output && !c.usage_only);
+        assert_eq!(c.completion_tokens, Some(2));
+    }
+
+    #[test]
+    fn chat_reasoning_deltas_are_output_and_the_role_delta_is_not() {
+        let role = br#"data: {"choices":[{"index":0,"delta":{"reasoning_content":null,"role":"assistant","content":""},"finish_reason":null}]}"#;
+        let reasoning = br#"data: {"choices":[{"index":0,"delta":{"reasoning_content":"Let me","content":null}}]}"#;
+        let content = br#"data: {"choices":[{"index":0,"delta":{"reasoning_content":null,"content":" This"}}]}"#;
+        let finish = br#"data: {"choices":[{"index":0,"delta":{"reasoning_content":null},"finish_reason":"length"}]}"#;
+        let out: Vec<bool> = [&role[..], reasoning, content, finish]
+            .iter()
+            .map(|e| scan_event(Api::Chat, e).output)
+            .collect();
+        assert_eq!(out, [false, true, true, false]);
+    }
+
+    #[test]
+    fn errors_in_the_stream_are_seen() {
+        let e = br#"data: {"error": {"message": "aborted", "code": 503}}"#;
+        assert!(scan_event(Api::Completions, e).error);
+        let o = br#"data: {"object":"error","message":"x"}"#;
+        assert!(scan_event(Api::Chat, o).error);
+    }
+}
