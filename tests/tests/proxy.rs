@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use serde_json::Value;
+use sglang_exporters::proxy::Api;
 use sglang_supervisor_tests::{http, post_timed, Timed};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -16,6 +17,14 @@ fn post(addr: &str, path: &str, body: &str) -> Timed {
 }
 
 fn start(name: &str, extra: &[&str]) -> (Run, String, String, std::path::PathBuf) {
+    start_with(name, extra, &[])
+}
+
+fn start_with(
+    name: &str,
+    extra: &[&str],
+    replay_extra: &[&str],
+) -> (Run, String, String, std::path::PathBuf) {
     let dir = std::env::temp_dir();
     let log = dir.join(format!(
         "sglsup-{name}-{}-requests.jsonl",
@@ -28,7 +37,7 @@ fn start(name: &str, extra: &[&str]) -> (Run, String, String, std::path::PathBuf
         name,
         Opts {
             supervisor: &sup,
-            replay: &["--speed", "50"],
+            replay: &[&["--speed", "50"], replay_extra].concat(),
             ..Default::default()
         },
     );
@@ -64,6 +73,118 @@ fn wait_records(log: &std::path::Path, n: usize) -> Vec<Value> {
 fn stop(mut run: Run) {
     run.signal(libc::SIGTERM);
     assert_eq!(run.wait(T), 143);
+}
+
+/// The payload of an HTTP/1.1 body, chunked or not.
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            return body.to_string(); // not chunked
+        };
+        if n == 0 {
+            return out;
+        }
+        out.push_str(&after[..n]);
+        rest = &after[n + 2..];
+    }
+    body.to_string()
+}
+
+/// Events carrying output in a stream of `n` tokens where every `merge`th event holds two.
+fn output_events(n: u64, merge: u64) -> u64 {
+    let (mut done, mut events) = (0, 0);
+    while done < n {
+        events += 1;
+        done += if events % merge == 0 { 2 } else { 1 }.min(n - done);
+    }
+    events
+}
+
+#[test]
+fn every_endpoint_streamed_or_not_usage_asked_or_not_gets_exact_tokens_and_identical_bytes() {
+    // Like a busy SGLang, every third event carries two tokens; chat answers start with four
+    // reasoning tokens.
+    let (run, proxy, _, log) = start_with(
+        "proxy-matrix",
+        &[],
+        &["--merge-every", "3", "--reasoning-tokens", "4"],
+    );
+    let direct = format!("127.0.0.1:{}", run.port);
+    let n = 10u64;
+    let gen = |stream: bool| {
+        format!(
+            r#"{{"text":"a b c d","sampling_params":{{"max_new_tokens":{n}}},"stream":{stream}}}"#
+        )
+    };
+    let cmpl =
+        |extra: &str| format!(r#"{{"model":"m","prompt":"a b c d","max_tokens":{n}{extra}}}"#);
+    let chat = |extra: &str| {
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"a b c d"}}],"max_tokens":{n}{extra}}}"#
+        )
+    };
+    let stream = r#","stream":true"#;
+    let usage = r#","stream":true,"stream_options":{"include_usage":true}"#;
+    let continuous =
+        r#","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}"#;
+    let cases = [
+        ("/generate", gen(true), true),
+        ("/generate", gen(false), false),
+        ("/v1/completions", cmpl(stream), true),
+        ("/v1/completions", cmpl(usage), true),
+        ("/v1/completions", cmpl(continuous), true),
+        ("/v1/completions", cmpl(""), false),
+        ("/v1/chat/completions", chat(stream), true),
+        ("/v1/chat/completions", chat(usage), true),
+        ("/v1/chat/completions", chat(""), false),
+    ];
+    for (i, (path, body, streamed)) in cases.iter().enumerate() {
+        let via = post(&proxy, path, body);
+        let straight = post(&direct, path, body);
+        assert!(via.status.contains("200"), "{path} {body}: {}", via.status);
+        assert_eq!(
+            dechunk(&via.body),
+            dechunk(&straight.body),
+            "{path} {body}: the client must get the bytes a direct connection gives"
+        );
+        let asked = body.contains("include_usage");
+        assert_eq!(
+            via.body.contains(r#""choices":[],"usage""#),
+            asked && *path != "/generate",
+            "{path} {body}: a usage-only event exactly when the client asked"
+        );
+        let rec = wait_records(&log, i + 1).pop().unwrap();
+        let what = format!("{path} {body}: {rec}");
+        assert_eq!(rec["status"], 200, "{what}");
+        assert!(rec.get("error").is_none(), "{what}");
+        assert_eq!(rec["stream"], *streamed, "{what}");
+        assert_eq!(rec["completion_tokens"], n, "{what}");
+        assert_eq!(rec["prompt_tokens"], 4, "{what}");
+        assert!(rec["e2e_s"].as_f64().unwrap() > 0.0, "{what}");
+        assert!(rec["start_unix"].as_f64().unwrap() > 1e9, "{what}");
+        if !streamed {
+            assert!(rec.get("ttft_s").is_none(), "{what}");
+            continue;
+        }
+        let ttft = rec["ttft_s"].as_f64().unwrap();
+        let tpot = rec["tpot_s"].as_f64().unwrap();
+        let e2e = rec["e2e_s"].as_f64().unwrap();
+        assert!(
+            (tpot - (e2e - ttft) / (n - 1) as f64).abs() < 1e-9,
+            "{what}"
+        );
+        let itl = rec["itl_s"].as_array().unwrap().len() as u64;
+        let expected = if *path == "/generate" {
+            n - 1 // bench_serving's native split: one gap per token after the first event's
+        } else {
+            output_events(n, 3) - 1 // one per event with output; reasoning events count
+        };
+        assert_eq!(itl, expected, "{what}");
+    }
+    stop(run);
+    let _ = std::fs::remove_file(log);
 }
 
 #[test]
@@ -426,4 +547,95 @@ fn compare_two_reports_gives_the_image_bump_table() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("model differs"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// bench_serving's reading of one event, through a full JSON parse: the oracle for the byte scan.
+fn json_output(api: Api, data: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<Value>(data) else {
+        return false;
+    };
+    let nonempty = |v: &Value| v.as_str().is_some_and(|s| !s.is_empty());
+    match api {
+        Api::Generate => nonempty(&v["text"]),
+        Api::Completions => nonempty(&v["choices"][0]["text"]),
+        Api::Chat => {
+            let d = &v["choices"][0]["delta"];
+            nonempty(&d["content"]) || nonempty(&d["reasoning_content"])
+        }
+    }
+}
+
+#[test]
+fn real_sglang_answers_are_read_exactly_however_they_are_cut() {
+    use sglang_exporters::proxy::{Bytes, EventStream};
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/sglang-0.5.14-h200/http");
+    // (recording, API, completion tokens the server reported, prompt tokens)
+    let cases = [
+        ("default-completions_stream", Api::Completions, None, None),
+        (
+            "default-completions_stream_usage",
+            Api::Completions,
+            Some(64),
+            Some(36),
+        ),
+        ("default-chat_stream", Api::Chat, None, None),
+        ("default-chat_stream_usage", Api::Chat, Some(64), Some(49)),
+        ("default-generate_stream", Api::Generate, Some(64), Some(36)),
+        (
+            "incremental-generate_stream",
+            Api::Generate,
+            Some(64),
+            Some(36),
+        ),
+        (
+            "incremental-load_completions_stream_3",
+            Api::Completions,
+            None,
+            None,
+        ),
+    ];
+    for (name, api, completion, prompt) in cases {
+        let body = std::fs::read(dir.join(format!("{name}.body"))).unwrap();
+        let text = String::from_utf8_lossy(&body).to_string();
+        let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+        let expected_output: Vec<bool> = events
+            .iter()
+            .map(|e| json_output(api, e.strip_prefix("data: ").unwrap_or(e)))
+            .collect();
+        let usage_event = events.iter().find(|e| e.contains(r#""choices":[]"#));
+        for cut in [1, 7, 100, 4096, usize::MAX] {
+            for drop_usage in [false, true] {
+                let mut s = EventStream::new(api, drop_usage);
+                let (mut infos, mut out) = (Vec::new(), Vec::new());
+                for piece in body.chunks(cut.min(body.len())) {
+                    out.extend_from_slice(
+                        &s.pass(Bytes::copy_from_slice(piece), |e| infos.push(e)),
+                    );
+                }
+                if let Some(t) = s.finish(|e| infos.push(e)) {
+                    out.extend_from_slice(&t);
+                }
+                let what = format!("{name}, cut {cut}, drop_usage {drop_usage}");
+                let output: Vec<bool> = infos.iter().map(|e| e.output).collect();
+                assert_eq!(output, expected_output, "{what}: output events");
+                assert_eq!(
+                    infos.iter().rev().find_map(|e| e.completion_tokens),
+                    completion,
+                    "{what}"
+                );
+                assert_eq!(infos.iter().find_map(|e| e.prompt_tokens), prompt, "{what}");
+                assert!(infos.last().unwrap().done, "{what}");
+                let expected = match (drop_usage, usage_event) {
+                    (true, Some(u)) => text.replace(&format!("{u}\n\n"), "").into_bytes(),
+                    _ => body.clone(),
+                };
+                assert_eq!(out, expected, "{what}: forwarded bytes");
+            }
+        }
+        if name == "default-chat_stream" {
+            // SGLang merged tokens: 64 tokens in fewer output events. Never count by events.
+            assert!(expected_output.iter().filter(|o| **o).count() < 64);
+        }
+    }
 }

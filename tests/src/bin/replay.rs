@@ -833,7 +833,7 @@ fn route(
 /// asked (a last event with `"choices":[]`, or in every event with `continuous_usage_stats`); a
 /// chat stream opens with a role delta. Like a real server, some events carry several tokens
 /// (`--merge-every`), and with `--reasoning-tokens N` a chat answer's first N tokens are
-/// `reasoning_content`. Ids and timestamps derive from the request, so the same request gives
+/// `reasoning_content`. Ids and timestamps derive from the prompt, so the same request gives
 /// the same bytes.
 fn generate(path: &str, body: &[u8], w: &mut TcpStream) -> Result<u16> {
     let req: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
@@ -857,7 +857,7 @@ fn generate(path: &str, body: &[u8], w: &mut TcpStream) -> Result<u16> {
     };
     let prompt = prompt_text.split_whitespace().count().max(1) as u64;
     let g = Gen {
-        id: format!("{:032x}", fnv(body)),
+        id: format!("{:032x}", fnv(format!("{path}{prompt_text}{n}").as_bytes())),
         created: 1_796_228_819,
         chat,
         prompt,
