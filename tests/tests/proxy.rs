@@ -401,10 +401,10 @@ fn compare_two_reports_gives_the_image_bump_table() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("### c1") && text.contains("| Median TTFT (s) |"),
+        text.contains("### c1") && text.contains("| Median TTFT (ms) |"),
         "{text}"
     );
-    assert!(text.contains("- `tp_size` 1 → 2"), "{text}");
+    assert!(text.contains("- `tp_size`: 1 → 2"), "{text}");
     assert!(
         text.contains("'--cuda-graph-max-bs' is deprecated"),
         "a new deprecation warning: {text}"
