@@ -172,11 +172,15 @@ pub enum CompareFormat {
 
 #[derive(Debug, Args)]
 pub struct CompareArgs {
+    /// A bench_serving result file (.jsonl), an InferenceX result or aggregate (.json), or a
+    /// --report of ours.
     pub baseline: PathBuf,
+    /// The same kinds as BASELINE, in any pairing with it.
     pub candidate: PathBuf,
     #[arg(long, value_enum, default_value = "text")]
     pub format: CompareFormat,
-    /// Compare even when model, GPU count, ISL/OSL or precision differ.
+    /// Compare even when model, GPU count, ISL/OSL or precision differ. Models are matched by
+    /// their last path component (`/models/X` and `org/X` are the same model).
     #[arg(long)]
     pub force: bool,
     /// The noise band in percent: a change whose size is within it prints ≈, not better/worse.

@@ -194,6 +194,15 @@ pub fn parse_run(text: &str) -> Result<RunData> {
     Ok(run)
 }
 
+/// A count as JSON: `8`, not `8.0`, in the refusal and the output.
+fn count(x: f64) -> Value {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        json!(x as i64)
+    } else {
+        json!(x)
+    }
+}
+
 /// GPUs a server uses, from its resolved args (a report's server_args, bench_serving's
 /// server_info): TP × PP, × DP unless DP attention runs inside the TP group.
 fn gpus_of_args(args: &Map<String, Value>) -> Option<f64> {
@@ -231,7 +240,7 @@ fn add_result(run: &mut RunData, o: &Map<String, Value>) {
         })
         .or_else(|| info.and_then(gpus_of_args));
     if let Some(g) = gpus {
-        run.identity.insert("gpu_count".into(), json!(g));
+        run.identity.insert("gpu_count".into(), count(g));
     }
     let model = field("model").or_else(|| field("model_id")).or_else(|| {
         info.and_then(|i| i.get("model_path"))
@@ -330,7 +339,7 @@ fn from_report(v: &Value) -> RunData {
     }
     if !run.identity.contains_key("gpu_count") {
         if let Some(g) = gpus_of_args(&run.args) {
-            run.identity.insert("gpu_count".into(), json!(g));
+            run.identity.insert("gpu_count".into(), count(g));
         }
     }
     run.deprecations = v["deprecations"]
