@@ -390,7 +390,7 @@ fn compare_two_reports_gives_the_image_bump_table() {
         .arg("compare")
         .arg(&b)
         .arg(&c)
-        .args(["--format", "markdown"])
+        .args(["--format", "markdown", "--force"])
         .output()
         .unwrap();
     assert_eq!(
@@ -410,8 +410,10 @@ fn compare_two_reports_gives_the_image_bump_table() {
         "a new deprecation warning: {text}"
     );
     assert!(text.contains("Startup (spawn → ready)"), "{text}");
+    // TP 1 → 2 is another GPU count: compared only with --force, and said.
+    assert!(text.contains("gpu_count: 1 → 2\n"), "{text}");
     // Another model: refused in one line naming the field, exit 2.
-    let mut other = cand.clone();
+    let mut other = base.clone();
     other["identity"]["model"] = Value::from("/models/other");
     std::fs::write(&c, other.to_string()).unwrap();
     #[allow(clippy::disallowed_methods)]
