@@ -58,10 +58,22 @@ pub enum Command {
     /// Not ready within --timeout: 124.
     Wait(WaitArgs),
 
-    /// Compare two runs (our --report files or InferenceX result JSON, single or aggregated):
-    /// per window/concurrency the metric, baseline, candidate, signed delta and better/worse;
-    /// then changed resolved args, new/gone deprecations, startup time. Different model, GPU
-    /// count, ISL/OSL or precision is refused (exit 2) unless --force.
+    /// Compare two runs, in any pairing of: bench_serving result files as written (JSON lines,
+    /// `Infinity`/`NaN`, with or without --output-details), InferenceX raw or aggregated result
+    /// JSON (one result or the array), our --report files.
+    ///
+    /// Each bench_serving line is a window named by its --max-concurrency (c32, c64; `rps4` by
+    /// request rate without one); a rerun at the same concurrency appended later replaces the
+    /// earlier line (the last line is the run). InferenceX results are windows by `conc`, a
+    /// report's windows by name. Windows are matched by name; those on one side only are listed;
+    /// one window against one window is compared whatever their names.
+    ///
+    /// Per matched window: metric, baseline, candidate, signed delta, better/worse, or ≈ inside
+    /// the --noise band; latencies in ms (seconds inputs converted). Then identity changes
+    /// (SGLang version, image), resolved args that changed, by path for nested ones
+    /// (`cuda_graph_config.decode.backend: full → disabled`; a bench_serving file carries them
+    /// in server_info), new/gone deprecations, startup time. A different model, GPU count,
+    /// ISL/OSL or precision is refused (one line naming the field, exit 2) unless --force.
     Compare(CompareArgs),
 
     /// Internal: the watchdog that kills the server's process group if the supervisor dies.
@@ -160,13 +172,29 @@ pub enum CompareFormat {
 
 #[derive(Debug, Args)]
 pub struct CompareArgs {
+    /// A bench_serving result file (.jsonl), an InferenceX result or aggregate (.json), or a
+    /// --report of ours.
     pub baseline: PathBuf,
+    /// The same kinds as BASELINE, in any pairing with it.
     pub candidate: PathBuf,
     #[arg(long, value_enum, default_value = "text")]
     pub format: CompareFormat,
-    /// Compare even when model, GPU count, ISL/OSL or precision differ.
+    /// Compare even when model, GPU count, ISL/OSL or precision differ. Models are matched by
+    /// their last path component (`/models/X` and `org/X` are the same model).
     #[arg(long)]
     pub force: bool,
+    /// The noise band in percent: a change whose size is within it prints ≈, not better/worse.
+    #[arg(long, value_name = "PCT", default_value_t = 1.0, value_parser = parse_noise)]
+    pub noise: f64,
+}
+
+fn parse_noise(s: &str) -> Result<f64, String> {
+    match s.trim_end_matches('%').parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        _ => Err(format!(
+            "expected a percentage >= 0 such as 1 or 2.5, got {s:?}"
+        )),
+    }
 }
 
 #[derive(Debug, Args)]

@@ -1,24 +1,29 @@
-//! `compare BASELINE CANDIDATE`: the image-bump table without hand work. Inputs are our
-//! `--report` files or InferenceX result JSON (one result, or the aggregated array); windows are
-//! matched by name / concurrency; mismatched identities are refused unless `--force`.
+//! `compare BASELINE CANDIDATE`: the image-bump table without hand work. Inputs, in any pairing:
+//! bench_serving result files as it writes them (JSON lines, Python's `Infinity`/`NaN`, with or
+//! without `--output-details`), InferenceX raw and aggregated result JSON (one result or the
+//! array), and our `--report` files. Windows are matched by name / concurrency; latencies are
+//! kept and printed in ms whatever the input's unit; mismatched identities are refused unless
+//! `--force`.
 use crate::cli::{CompareArgs, CompareFormat};
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// (field, label, higher is better)
+/// (field, label, higher is better). Latencies are ms, as bench_serving prints them.
 const METRICS: &[(&str, &str, bool)] = &[
     ("tput_per_gpu", "Total tok/s/GPU", true),
     ("output_tput_per_gpu", "Output tok/s/GPU", true),
     ("total_token_throughput", "Total tok/s", true),
     ("output_throughput", "Output tok/s", true),
-    ("median_ttft", "Median TTFT (s)", false),
-    ("p99_ttft", "P99 TTFT (s)", false),
-    ("median_tpot", "Median TPOT (s)", false),
-    ("median_itl", "Median ITL (s)", false),
-    ("median_e2el", "Median E2E (s)", false),
-    ("p99_e2el", "P99 E2E (s)", false),
+    ("request_throughput", "Requests/s", true),
+    ("median_ttft_ms", "Median TTFT (ms)", false),
+    ("p99_ttft_ms", "P99 TTFT (ms)", false),
+    ("median_tpot_ms", "Median TPOT (ms)", false),
+    ("median_itl_ms", "Median ITL (ms)", false),
+    ("median_e2el_ms", "Median E2E (ms)", false),
+    ("p99_e2el_ms", "P99 E2E (ms)", false),
     ("median_intvty", "Median interactivity (tok/s/user)", true),
     (
         "energy_per_output_token_j",
@@ -30,7 +35,8 @@ const METRICS: &[(&str, &str, bool)] = &[
 /// Identity fields that must agree (unless --force).
 const IDENTITY: &[&str] = &["model", "gpu_count", "isl", "osl", "precision"];
 
-/// Resolved args whose change says nothing about the image (ports, seeds, paths of this run).
+/// Resolved args whose change says nothing about the image (ports, seeds, paths of this run), and
+/// the parts of bench_serving's `server_info` that are state, not configuration.
 const NOISY_ARGS: &[&str] = &[
     "host",
     "port",
@@ -38,98 +44,286 @@ const NOISY_ARGS: &[&str] = &[
     "nccl_port",
     "dist_init_addr",
     "file_storage_path",
+    "internal_states",
+    "version",
 ];
+
+/// Latency statistics as bench_serving / InferenceX name them (`p99.9_ttft`).
+const STATS: &[&str] = &["mean", "median", "std", "p90", "p95", "p99", "p99.9"];
+const LATENCIES: &[&str] = &["ttft", "tpot", "itl", "e2el"];
 
 /// One input, normalised.
 #[derive(Debug, Default)]
 pub struct RunData {
     pub identity: Map<String, Value>,
-    /// window key ("c8", or a report's window name) → metric → value
-    pub windows: BTreeMap<String, BTreeMap<String, f64>>,
+    /// (window key: "c8", "rps4", or a report's window name; metric → value), in file order.
+    pub windows: Vec<(String, BTreeMap<String, f64>)>,
     pub args: Map<String, Value>,
     pub deprecations: Vec<String>,
     pub startup_s: Option<f64>,
 }
 
-fn num(v: &Value) -> Option<f64> {
-    v.as_f64()
-        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+impl RunData {
+    /// A later result for the same key replaces the earlier one: bench_serving appends reruns to
+    /// the same file, and the last line is the run.
+    fn put_window(&mut self, key: String, metrics: BTreeMap<String, f64>) {
+        match self.windows.iter_mut().find(|(k, _)| *k == key) {
+            Some(w) => w.1 = metrics,
+            None => self.windows.push((key, metrics)),
+        }
+    }
+
+    fn window(&self, key: &str) -> Option<&BTreeMap<String, f64>> {
+        self.windows.iter().find(|(k, _)| k == key).map(|(_, m)| m)
+    }
 }
 
-/// A bench_serving / InferenceX result object as one window's metrics (seconds, per GPU).
-fn result_metrics(o: &Map<String, Value>, gpus: Option<f64>) -> BTreeMap<String, f64> {
-    let mut m = BTreeMap::new();
-    for (k, v) in o {
-        let Some(x) = num(v) else { continue };
-        // bench_serving's *_ms fields → InferenceX's seconds without the suffix.
-        if let Some(base) = k.strip_suffix("_ms") {
-            m.entry(base.replace("e2e_latency", "e2el"))
-                .or_insert(x / 1000.0);
-        } else {
-            m.insert(k.clone(), x);
-        }
+/// A finite number, from a JSON number or a numeric string (`--metadata tp=8` writes strings).
+/// NaN and infinities are no measurement: absent, never 0.
+fn num(v: &Value) -> Option<f64> {
+    v.as_f64()
+        .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
+        .filter(|x: &f64| x.is_finite())
+}
+
+/// Python's `json.dumps` writes NaN and ±inf as the bare tokens `NaN`, `Infinity`, `-Infinity`,
+/// which strict JSON rejects. Outside strings they become `null` and `"inf"`/`"-inf"` (the way
+/// InferenceX's benchmark_serving writes an infinite request rate); strings are left alone, so a
+/// generated text that says "NaN" stays as it was.
+fn python_json_to_strict(text: &str) -> Cow<'_, str> {
+    if !text.contains("NaN") && !text.contains("Infinity") {
+        return Cow::Borrowed(text);
     }
-    if let Some(g) = gpus.filter(|g| *g > 0.0) {
-        if !m.contains_key("tput_per_gpu") {
-            if let Some(t) = m.get("total_token_throughput").copied() {
-                m.insert("tput_per_gpu".into(), t / g);
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len() + 16);
+    let (mut i, mut copied, mut in_string) = (0, 0, false);
+    while i < b.len() {
+        if in_string {
+            match b[i] {
+                b'\\' => i += 1, // the escaped byte cannot end the string
+                b'"' => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        let rest = &b[i..];
+        let replaced = [
+            (&b"NaN"[..], "null"),
+            (&b"-Infinity"[..], "\"-inf\""),
+            (&b"Infinity"[..], "\"inf\""),
+        ]
+        .into_iter()
+        .find(|(token, _)| rest.starts_with(token));
+        match replaced {
+            Some((token, with)) => {
+                out.push_str(&text[copied..i]);
+                out.push_str(with);
+                i += token.len();
+                copied = i;
+            }
+            None => {
+                in_string = b[i] == b'"';
+                i += 1;
             }
         }
-        if !m.contains_key("output_tput_per_gpu") {
-            if let Some(t) = m.get("output_throughput").copied() {
-                m.insert("output_tput_per_gpu".into(), t / g);
-            }
-        }
     }
-    m
+    out.push_str(&text[copied..]);
+    Cow::Owned(out)
+}
+
+/// The JSON values of a file: one document (a report, an InferenceX result or array) or JSON
+/// lines (bench_serving appends one result per run).
+fn parse_values(text: &str) -> Result<Vec<Value>> {
+    let strict = python_json_to_strict(text);
+    let values = serde_json::Deserializer::from_str(&strict)
+        .into_iter::<Value>()
+        .collect::<Result<Vec<_>, _>>()
+        .context(
+            "not JSON or JSON lines (expected a bench_serving result file, an InferenceX result \
+             or aggregate, or a --report of sglang-supervisor)",
+        )?;
+    if values.is_empty() {
+        bail!("empty: no result in it (did the benchmark finish writing?)");
+    }
+    Ok(values)
 }
 
 fn load(path: &Path) -> Result<RunData> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    parse_run(&text).with_context(|| path.display().to_string())
+    parse_run(&text).with_context(|| format!("reading {}", path.display()))
 }
 
-/// A run from the text of a report of ours, an InferenceX result, or an array of those.
+fn is_report(v: &Value) -> bool {
+    v.get("schema_version").is_some() && v.get("windows").is_some()
+}
+
+/// A run from the text of a report of ours, a bench_serving result file (JSON lines), or an
+/// InferenceX result (raw or aggregated, alone or in an array).
 pub fn parse_run(text: &str) -> Result<RunData> {
-    let v: Value = serde_json::from_str(text).context("not JSON")?;
-    if v.get("schema_version").is_some() && v.get("windows").is_some() {
-        return Ok(from_report(&v));
+    let values = parse_values(text)?;
+    if let [v] = values.as_slice() {
+        if is_report(v) {
+            return Ok(from_report(v));
+        }
     }
-    let items: Vec<&Value> = match &v {
-        Value::Array(a) => a.iter().collect(),
-        Value::Object(_) => vec![&v],
-        _ => anyhow::bail!("expected a report, an InferenceX result or an array of them"),
-    };
     let mut run = RunData::default();
-    for it in items {
-        let Some(o) = it.as_object() else { continue };
-        let conc = o
-            .get("conc")
-            .or_else(|| o.get("max_concurrency"))
-            .and_then(num);
-        let key = conc.map_or_else(|| "all".to_string(), |c| format!("c{c}"));
-        let gpus = ["tp", "tp_size"]
-            .iter()
-            .find_map(|k| o.get(*k).and_then(num));
-        for (k, name) in [
-            ("model", "model"),
-            ("isl", "isl"),
-            ("osl", "osl"),
-            ("precision", "precision"),
-            ("hw", "hw"),
-            ("image", "image"),
-        ] {
-            if let Some(x) = o.get(k).filter(|x| !x.is_null()) {
-                run.identity.insert(name.into(), x.clone());
-            }
+    for (n, v) in values.iter().enumerate() {
+        let items: Vec<&Value> = match v {
+            Value::Array(a) => a.iter().collect(),
+            other => vec![other],
+        };
+        for it in items {
+            let Some(o) = it.as_object().filter(|o| !is_report(it) && !o.is_empty()) else {
+                bail!(
+                    "value {} is not a benchmark result object (a report must be alone in its \
+                     file; results are objects, one per line or in one array)",
+                    n + 1
+                );
+            };
+            add_result(&mut run, o);
         }
-        if let Some(g) = gpus {
-            run.identity.insert("gpu_count".into(), json!(g));
-        }
-        run.windows.insert(key, result_metrics(o, gpus));
+    }
+    if run.windows.iter().all(|(_, m)| m.is_empty()) {
+        bail!(
+            "no benchmark metrics in it (expected fields such as median_ttft_ms, \
+             output_throughput or tput_per_gpu)"
+        );
     }
     Ok(run)
+}
+
+/// A count as JSON: `8`, not `8.0`, in the refusal and the output.
+fn count(x: f64) -> Value {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        json!(x as i64)
+    } else {
+        json!(x)
+    }
+}
+
+/// GPUs a server uses, from its resolved args (a report's server_args, bench_serving's
+/// server_info): TP × PP, × DP unless DP attention runs inside the TP group.
+fn gpus_of_args(args: &Map<String, Value>) -> Option<f64> {
+    let tp = args.get("tp_size").and_then(num)?;
+    let pp = args.get("pp_size").and_then(num).unwrap_or(1.0);
+    let dp_attention = args.get("enable_dp_attention").and_then(Value::as_bool) == Some(true);
+    let dp = match args.get("dp_size").and_then(num) {
+        Some(dp) if !dp_attention => dp,
+        _ => 1.0,
+    };
+    Some(tp * pp * dp)
+}
+
+/// One bench_serving line / InferenceX result into the run: a window and the identity.
+fn add_result(run: &mut RunData, o: &Map<String, Value>) {
+    // bench_serving stores the server's /server_info (its resolved args) in every line.
+    let info = o.get("server_info").and_then(Value::as_object);
+    if let Some(info) = info {
+        run.args = info.clone();
+        if let Some(v) = info.get("version").filter(|v| !v.is_null()) {
+            run.identity.insert("sglang_version".into(), v.clone());
+        }
+    }
+    let field = |k: &str| o.get(k).filter(|v| !v.is_null());
+    // InferenceX multi-node aggregates count prefill and decode GPUs apart.
+    let split = field("num_prefill_gpu")
+        .and_then(num)
+        .zip(field("num_decode_gpu").and_then(num))
+        .map(|(p, d)| p + d);
+    let gpus = split
+        .or_else(|| {
+            ["tp", "tp_size"]
+                .iter()
+                .find_map(|k| field(k).and_then(num))
+        })
+        .or_else(|| info.and_then(gpus_of_args));
+    if let Some(g) = gpus {
+        run.identity.insert("gpu_count".into(), count(g));
+    }
+    let model = field("model").or_else(|| field("model_id")).or_else(|| {
+        info.and_then(|i| i.get("model_path"))
+            .filter(|v| !v.is_null())
+    });
+    if let Some(m) = model {
+        run.identity.insert("model".into(), m.clone());
+    }
+    for k in ["isl", "osl", "precision", "hw", "image"] {
+        if let Some(x) = field(k) {
+            run.identity.insert(k.into(), x.clone());
+        }
+    }
+    // bench_serving's random datasets: the lengths asked for are the ISL/OSL InferenceX records.
+    let random = field("dataset_name")
+        .and_then(Value::as_str)
+        .is_some_and(|d| d.starts_with("random"));
+    if random {
+        for (k, name) in [("random_input_len", "isl"), ("random_output_len", "osl")] {
+            if let Some(x) = field(k) {
+                run.identity.entry(name).or_insert_with(|| x.clone());
+            }
+        }
+    }
+    run.put_window(window_key(o), result_metrics(o, gpus));
+}
+
+/// `c{max concurrency}`; without one `rps{request rate}`; else `all`.
+fn window_key(o: &Map<String, Value>) -> String {
+    if let Some(c) = o
+        .get("conc")
+        .or_else(|| o.get("max_concurrency"))
+        .and_then(num)
+    {
+        format!("c{c}")
+    } else if let Some(r) = o.get("request_rate").and_then(num) {
+        format!("rps{r}")
+    } else {
+        "all".into()
+    }
+}
+
+/// `median_ttft` (InferenceX aggregates: seconds) → Some("median_ttft_ms").
+fn seconds_latency_in_ms(k: &str) -> Option<String> {
+    let (stat, what) = k.rsplit_once('_')?;
+    (STATS.contains(&stat) && LATENCIES.contains(&what)).then(|| format!("{k}_ms"))
+}
+
+/// A result object (bench_serving, InferenceX raw or aggregated, our report's window) as one
+/// window's metrics under one set of names: latencies in ms (`median_e2el_ms`), throughputs as
+/// InferenceX names them, per GPU when the GPU count is known.
+fn result_metrics(o: &Map<String, Value>, gpus: Option<f64>) -> BTreeMap<String, f64> {
+    let mut m = BTreeMap::new();
+    for (k, v) in o {
+        let Some(x) = num(v) else { continue };
+        if let Some(base) = k.strip_suffix("_ms") {
+            // bench_serving says e2e_latency where InferenceX says e2el; the ms value wins.
+            m.insert(format!("{}_ms", base.replace("e2e_latency", "e2el")), x);
+        } else if let Some(ms) = seconds_latency_in_ms(k) {
+            m.entry(ms).or_insert(x * 1000.0);
+        } else {
+            m.insert(k.clone(), x);
+        }
+    }
+    // bench_serving's name for total_token_throughput.
+    if let Some(t) = m.get("total_throughput").copied() {
+        m.entry("total_token_throughput".into()).or_insert(t);
+    }
+    // InferenceX's interactivity: 1000 / TPOT in ms.
+    if let Some(t) = m.get("median_tpot_ms").copied().filter(|t| *t > 0.0) {
+        m.entry("median_intvty".into()).or_insert(1000.0 / t);
+    }
+    if let Some(g) = gpus.filter(|g| *g > 0.0) {
+        for (total, per_gpu) in [
+            ("total_token_throughput", "tput_per_gpu"),
+            ("output_throughput", "output_tput_per_gpu"),
+        ] {
+            if let Some(t) = m.get(total).copied() {
+                m.entry(per_gpu.into()).or_insert(t / g);
+            }
+        }
+    }
+    m
 }
 
 fn from_report(v: &Value) -> RunData {
@@ -141,6 +335,11 @@ fn from_report(v: &Value) -> RunData {
     for k in ["model", "gpu_count", "gpu_name", "sglang_version", "image"] {
         if !id[k].is_null() {
             run.identity.insert(k.into(), id[k].clone());
+        }
+    }
+    if !run.identity.contains_key("gpu_count") {
+        if let Some(g) = gpus_of_args(&run.args) {
+            run.identity.insert("gpu_count".into(), count(g));
         }
     }
     run.deprecations = v["deprecations"]
@@ -166,7 +365,7 @@ fn from_report(v: &Value) -> RunData {
             m.insert("energy_per_output_token_j".into(), e / o);
         }
         if !m.is_empty() {
-            run.windows.insert(name.to_string(), m);
+            run.put_window(name.to_string(), m);
         }
     }
     run
@@ -176,14 +375,19 @@ fn delta(base: f64, cand: f64) -> Option<f64> {
     (base != 0.0).then(|| (cand - base) / base.abs() * 100.0)
 }
 
-fn verdict(d: f64, higher_better: bool) -> &'static str {
-    if d.abs() < 0.05 {
-        "="
+/// Better/worse, or `≈` when the change is inside the noise band (percent).
+fn verdict(d: f64, higher_better: bool, noise: f64) -> &'static str {
+    if d.abs() <= noise {
+        "≈"
     } else if (d > 0.0) == higher_better {
         "↑ better"
     } else {
         "↓ worse"
     }
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
 }
 
 fn fmt_num(x: f64) -> String {
@@ -204,57 +408,149 @@ fn show(v: &Value) -> String {
     }
 }
 
-/// Build the comparison (the JSON form; text and markdown render it).
-pub fn compare(base: &RunData, cand: &RunData, force: bool) -> Result<Value, String> {
-    for k in IDENTITY {
-        if let (Some(a), Some(b)) = (base.identity.get(*k), cand.identity.get(*k)) {
-            let same = match (num(a), num(b)) {
-                (Some(x), Some(y)) => (x - y).abs() < 1e-9,
-                _ => a == b,
+/// One compared figure: both sides (absent stays absent), the signed delta and the verdict.
+fn row(b: Option<f64>, c: Option<f64>, higher_better: bool, noise: f64) -> Map<String, Value> {
+    let d = b.zip(c).and_then(|(b, c)| delta(b, c));
+    let mut r = Map::new();
+    r.insert("baseline".into(), json!(b));
+    r.insert("candidate".into(), json!(c));
+    r.insert("delta_pct".into(), json!(d.map(round1)));
+    r.insert(
+        "verdict".into(),
+        json!(d.map(|d| verdict(d, higher_better, noise))),
+    );
+    r
+}
+
+/// The same model under another directory (`/models/X` vs `org/X`) is the same model.
+fn same_identity(k: &str, a: &Value, b: &Value) -> bool {
+    if let (Some(x), Some(y)) = (num(a), num(b)) {
+        return (x - y).abs() < 1e-9;
+    }
+    match (k, a.as_str(), b.as_str()) {
+        ("model", Some(x), Some(y)) => {
+            let base = |s: &'_ str| {
+                s.trim_end_matches('/')
+                    .rsplit('/')
+                    .next()
+                    .map(str::to_owned)
             };
-            if !same && !force {
-                return Err(format!(
-                    "refusing to compare: {k} differs ({} vs {}); pass --force to compare anyway",
-                    show(a),
-                    show(b)
-                ));
+            base(x) == base(y)
+        }
+        _ => a == b,
+    }
+}
+
+/// Nested args as `path.to.leaf → value` (arrays are leaves), so a change inside
+/// `cuda_graph_config` reads `cuda_graph_config.decode.backend: full → disabled`.
+fn flatten(path: String, v: &Value, out: &mut BTreeMap<String, Value>) {
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            for (k, x) in m {
+                flatten(format!("{path}.{k}"), x, out);
             }
         }
+        _ => {
+            out.insert(path, v.clone());
+        }
     }
-    let mut windows = Vec::new();
-    for (key, bm) in &base.windows {
-        let Some(cm) = cand.windows.get(key) else {
+}
+
+fn flat_args(args: &Map<String, Value>) -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    for (k, v) in args {
+        if !NOISY_ARGS.contains(&k.as_str()) {
+            flatten(k.clone(), v, &mut out);
+        }
+    }
+    out
+}
+
+fn args_changed(base: &Map<String, Value>, cand: &Map<String, Value>) -> Vec<Value> {
+    let (a, b) = (flat_args(base), flat_args(cand));
+    let paths: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    paths
+        .into_iter()
+        .filter(|p| a.get(*p) != b.get(*p))
+        .map(|p| {
+            // A side without the arg has no key at all (not null: None is a value SGLang uses).
+            let mut r = Map::new();
+            r.insert("arg".into(), json!(p));
+            if let Some(v) = a.get(p) {
+                r.insert("baseline".into(), v.clone());
+            }
+            if let Some(v) = b.get(p) {
+                r.insert("candidate".into(), v.clone());
+            }
+            Value::Object(r)
+        })
+        .collect()
+}
+
+fn window_rows(bm: &BTreeMap<String, f64>, cm: &BTreeMap<String, f64>, noise: f64) -> Vec<Value> {
+    METRICS
+        .iter()
+        .filter_map(|(f, label, hb)| {
+            let (b, c) = (bm.get(*f).copied(), cm.get(*f).copied());
+            if b.is_none() && c.is_none() {
+                return None;
+            }
+            let mut r = row(b, c, *hb, noise);
+            r.insert("metric".into(), json!(f));
+            r.insert("label".into(), json!(label));
+            Some(Value::Object(r))
+        })
+        .collect()
+}
+
+/// Build the comparison (the JSON form; text and markdown render it). `noise` is the band in
+/// percent inside which a change prints `≈`.
+pub fn compare(base: &RunData, cand: &RunData, force: bool, noise: f64) -> Result<Value, String> {
+    let mut identity_changed = Vec::new();
+    let keys: BTreeSet<&String> = base.identity.keys().chain(cand.identity.keys()).collect();
+    for k in keys {
+        let (Some(a), Some(b)) = (base.identity.get(k), cand.identity.get(k)) else {
             continue;
         };
-        let rows: Vec<Value> = METRICS
-            .iter()
-            .filter_map(|(f, label, hb)| {
-                let (b, c) = (*bm.get(*f)?, *cm.get(*f)?);
-                let d = delta(b, c);
-                Some(
-                    json!({"metric": f, "label": label, "baseline": b, "candidate": c,
-                            "delta_pct": d.map(|d| (d * 10.0).round() / 10.0),
-                            "verdict": d.map(|d| verdict(d, *hb))}),
-                )
-            })
-            .collect();
-        windows.push(json!({"window": key, "rows": rows}));
-    }
-    let mut args_changed = Vec::new();
-    let keys: std::collections::BTreeSet<&String> =
-        base.args.keys().chain(cand.args.keys()).collect();
-    for k in keys {
-        if NOISY_ARGS.contains(&k.as_str()) {
+        if same_identity(k, a, b) {
             continue;
         }
-        let (a, b) = (
-            base.args.get(k).unwrap_or(&Value::Null),
-            cand.args.get(k).unwrap_or(&Value::Null),
-        );
-        if a != b {
-            args_changed.push(json!({"arg": k, "baseline": a, "candidate": b}));
+        if IDENTITY.contains(&k.as_str()) && !force {
+            return Err(format!(
+                "refusing to compare: {k} differs ({} vs {}); pass --force to compare anyway",
+                show(a),
+                show(b)
+            ));
+        }
+        identity_changed.push(json!({"field": k, "baseline": a, "candidate": b}));
+    }
+    let mut windows = Vec::new();
+    let mut only_base = Vec::new();
+    for (key, bm) in &base.windows {
+        match cand.window(key) {
+            Some(cm) => windows.push(json!({"window": key, "rows": window_rows(bm, cm, noise)})),
+            None => only_base.push(key.clone()),
         }
     }
+    let mut only_cand: Vec<String> = cand
+        .windows
+        .iter()
+        .filter(|(k, _)| base.window(k).is_none())
+        .map(|(k, _)| k.clone())
+        .collect();
+    // One result against one result under different names (a bench_serving line against a
+    // report's single window): that is the comparison that was meant.
+    if windows.is_empty() && base.windows.len() == 1 && cand.windows.len() == 1 {
+        let ((bk, bm), (ck, cm)) = (&base.windows[0], &cand.windows[0]);
+        windows.push(json!({"window": bk, "candidate_window": ck,
+                            "rows": window_rows(bm, cm, noise)}));
+        (only_base, only_cand) = (Vec::new(), Vec::new());
+    }
+    let args = if base.args.is_empty() || cand.args.is_empty() {
+        Value::Null // nothing to diff against: not "every arg changed"
+    } else {
+        Value::Array(args_changed(&base.args, &cand.args))
+    };
     let new_dep: Vec<&String> = cand
         .deprecations
         .iter()
@@ -267,11 +563,14 @@ pub fn compare(base: &RunData, cand: &RunData, force: bool) -> Result<Value, Str
         .collect();
     Ok(json!({
         "baseline": base.identity, "candidate": cand.identity,
+        "noise_pct": noise,
+        "identity_changed": identity_changed,
         "windows": windows,
-        "args_changed": args_changed,
+        "windows_only_in_baseline": only_base,
+        "windows_only_in_candidate": only_cand,
+        "args_changed": args,
         "deprecations_new": new_dep, "deprecations_removed": gone_dep,
-        "startup_s": {"baseline": base.startup_s, "candidate": cand.startup_s,
-                      "delta_pct": base.startup_s.zip(cand.startup_s).and_then(|(a, b)| delta(a, b)).map(|d| (d * 10.0).round() / 10.0)},
+        "startup_s": row(base.startup_s, cand.startup_s, false, noise),
     }))
 }
 
@@ -280,35 +579,47 @@ fn pct(v: &Value) -> String {
         .map_or_else(|| "n/a".into(), |d| format!("{d:+.1}%"))
 }
 
+fn side(v: &Value) -> String {
+    v.as_f64().map_or_else(|| "n/a".into(), fmt_num)
+}
+
 pub fn render(c: &Value, format: CompareFormat) -> String {
     let mut out = String::new();
     let md = format == CompareFormat::Markdown;
+    let text = |v: &Value| v.as_str().unwrap_or("").to_string();
+    let changed_ids = c["identity_changed"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for i in &changed_ids {
+        out.push_str(&format!(
+            "{}: {} → {}\n",
+            text(&i["field"]),
+            show(&i["baseline"]),
+            show(&i["candidate"])
+        ));
+    }
+    if !changed_ids.is_empty() {
+        out.push('\n');
+    }
     for w in c["windows"].as_array().into_iter().flatten() {
+        let mut name = text(&w["window"]);
+        if let Some(cw) = w["candidate_window"].as_str() {
+            name = format!("{name} (baseline) vs {cw} (candidate)");
+        }
         if md {
             out.push_str(&format!(
-                "### {}\n\n| Metric | Baseline | Candidate | Δ | |\n|---|---:|---:|---:|---|\n",
-                w["window"].as_str().unwrap_or("")
+                "### {name}\n\n| Metric | Baseline | Candidate | Δ | |\n|---|---:|---:|---:|---|\n"
             ));
         } else {
             out.push_str(&format!(
-                "== {}\n{:<36} {:>12} {:>12} {:>8}\n",
-                w["window"].as_str().unwrap_or(""),
-                "metric",
-                "baseline",
-                "candidate",
-                "delta"
+                "== {name}\n{:<36} {:>12} {:>12} {:>8}\n",
+                "metric", "baseline", "candidate", "delta"
             ));
         }
         for r in w["rows"].as_array().into_iter().flatten() {
-            let (b, cnd) = (
-                fmt_num(r["baseline"].as_f64().unwrap_or(f64::NAN)),
-                fmt_num(r["candidate"].as_f64().unwrap_or(f64::NAN)),
-            );
-            let (label, d, v) = (
-                r["label"].as_str().unwrap_or(""),
-                pct(&r["delta_pct"]),
-                r["verdict"].as_str().unwrap_or(""),
-            );
+            let (b, cnd) = (side(&r["baseline"]), side(&r["candidate"]));
+            let (label, d, v) = (text(&r["label"]), pct(&r["delta_pct"]), text(&r["verdict"]));
             if md {
                 out.push_str(&format!("| {label} | {b} | {cnd} | {d} | {v} |\n"));
             } else {
@@ -320,30 +631,44 @@ pub fn render(c: &Value, format: CompareFormat) -> String {
     if c["windows"].as_array().is_none_or(|w| w.is_empty()) {
         out.push_str("no window or concurrency is in both inputs\n\n");
     }
+    for (key, title) in [
+        ("windows_only_in_baseline", "Only in the baseline"),
+        ("windows_only_in_candidate", "Only in the candidate"),
+    ] {
+        let list: Vec<String> = c[key].as_array().into_iter().flatten().map(text).collect();
+        if !list.is_empty() {
+            out.push_str(&format!("{title}: {}\n", list.join(", ")));
+        }
+    }
     let s = &c["startup_s"];
     if s["baseline"].is_number() || s["candidate"].is_number() {
         out.push_str(&format!(
-            "Startup (spawn → ready): {} s → {} s ({})\n",
-            s["baseline"].as_f64().map_or("n/a".into(), fmt_num),
-            s["candidate"].as_f64().map_or("n/a".into(), fmt_num),
-            pct(&s["delta_pct"])
+            "Startup (spawn → ready): {} s → {} s ({}) {}\n",
+            side(&s["baseline"]),
+            side(&s["candidate"]),
+            pct(&s["delta_pct"]),
+            text(&s["verdict"])
         ));
     }
-    let changed = c["args_changed"].as_array().cloned().unwrap_or_default();
-    if !changed.is_empty() {
-        out.push_str(if md {
-            "\n**Resolved server args that changed**\n\n"
-        } else {
-            "\nResolved server args that changed:\n"
-        });
-        for a in changed {
-            out.push_str(&format!(
-                "- `{}` {} → {}\n",
-                a["arg"].as_str().unwrap_or(""),
-                show(&a["baseline"]),
-                show(&a["candidate"])
-            ));
+    let absent = || "(absent)".to_string();
+    match c["args_changed"].as_array() {
+        None => out.push_str("\nResolved server args: not compared (one input carries none)\n"),
+        Some(changed) if !changed.is_empty() => {
+            out.push_str(if md {
+                "\n**Resolved server args that changed**\n\n"
+            } else {
+                "\nResolved server args that changed:\n"
+            });
+            for a in changed {
+                out.push_str(&format!(
+                    "- `{}`: {} → {}\n",
+                    text(&a["arg"]),
+                    a.get("baseline").map_or_else(absent, show),
+                    a.get("candidate").map_or_else(absent, show)
+                ));
+            }
         }
+        Some(_) => {}
     }
     for (key, title) in [
         ("deprecations_new", "New deprecation warnings"),
@@ -353,7 +678,7 @@ pub fn render(c: &Value, format: CompareFormat) -> String {
         if !list.is_empty() {
             out.push_str(&format!("\n{title}:\n"));
             for d in list {
-                out.push_str(&format!("- {}\n", d.as_str().unwrap_or("")));
+                out.push_str(&format!("- {}\n", text(&d)));
             }
         }
     }
@@ -363,7 +688,7 @@ pub fn render(c: &Value, format: CompareFormat) -> String {
 /// The `compare` command; returns the exit status (2 for refused identities).
 pub fn command(args: &CompareArgs) -> Result<i32> {
     let (base, cand) = (load(&args.baseline)?, load(&args.candidate)?);
-    match compare(&base, &cand, args.force) {
+    match compare(&base, &cand, args.force, args.noise) {
         Err(why) => {
             eprintln!("sglang-supervisor: {why}");
             Ok(2)
@@ -387,46 +712,85 @@ mod tests {
                "tput_per_gpu": tput, "output_tput_per_gpu": tput / 9.0, "median_ttft": ttft, "median_tpot": 0.00868, "median_e2el": 8.18})
     }
 
+    fn run_of(v: &Value) -> RunData {
+        parse_run(&v.to_string()).unwrap()
+    }
+
     #[test]
     fn the_image_bump_table_from_the_reference_pr() {
         // qwen3.5 H200 v0.5.14 → v0.5.19, c4 (reference/inferencex.md §4).
-        let dir = std::env::temp_dir().join(format!("sglsup-cmp-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (b, c) = (dir.join("b.json"), dir.join("c.json"));
-        std::fs::write(
-            &b,
-            json!([
-                inferencex(486.9, 0.345, 4, "qwen3.5"),
-                inferencex(900.0, 0.5, 8, "qwen3.5")
-            ])
-            .to_string(),
-        )
-        .unwrap();
+        let base = run_of(&json!([
+            inferencex(486.9, 0.345, 4, "qwen3.5"),
+            inferencex(900.0, 0.5, 8, "qwen3.5")
+        ]));
         let mut cand = inferencex(543.0, 0.222, 4, "qwen3.5");
         cand["median_tpot"] = json!(0.00787);
-        std::fs::write(&c, cand.to_string()).unwrap();
-        let out = compare(&load(&b).unwrap(), &load(&c).unwrap(), false).unwrap();
-        assert_eq!(
-            out["windows"].as_array().unwrap().len(),
-            1,
-            "only c4 is in both"
-        );
+        let out = compare(&base, &run_of(&cand), false, 1.0).unwrap();
+        assert_eq!(out["windows"].as_array().unwrap().len(), 1);
+        assert_eq!(out["windows_only_in_baseline"], json!(["c8"]));
         let rows = out["windows"][0]["rows"].as_array().unwrap();
         let row = |m: &str| rows.iter().find(|r| r["metric"] == m).unwrap().clone();
         assert_eq!(row("tput_per_gpu")["delta_pct"], 11.5);
         assert_eq!(row("tput_per_gpu")["verdict"], "↑ better");
-        assert_eq!(row("median_ttft")["delta_pct"], -35.7);
-        assert_eq!(row("median_ttft")["verdict"], "↑ better");
+        assert_eq!(row("median_ttft_ms")["delta_pct"], -35.7);
+        assert_eq!(row("median_ttft_ms")["verdict"], "↑ better");
+        // Seconds in, ms out.
+        assert!((row("median_tpot_ms")["baseline"].as_f64().unwrap() - 8.68).abs() < 1e-9);
         let text = render(&out, CompareFormat::Markdown);
         assert!(
             text.contains("| Total tok/s/GPU | 486.9 | 543.0 | +11.5% | ↑ better |"),
             "{text}"
         );
+        assert!(
+            text.contains("| Median TTFT (ms) | 345.0 | 222.0 | -35.7% | ↑ better |"),
+            "{text}"
+        );
         // A different model is refused, naming the field.
-        std::fs::write(&c, inferencex(543.0, 0.222, 4, "dsr1").to_string()).unwrap();
-        let err = compare(&load(&b).unwrap(), &load(&c).unwrap(), false).unwrap_err();
+        let other = run_of(&inferencex(543.0, 0.222, 4, "dsr1"));
+        let err = compare(&base, &other, false, 1.0).unwrap_err();
         assert!(err.contains("model differs (qwen3.5 vs dsr1)"), "{err}");
-        assert!(compare(&load(&b).unwrap(), &load(&c).unwrap(), true).is_ok());
-        let _ = std::fs::remove_dir_all(dir);
+        assert!(compare(&base, &other, true, 1.0).is_ok());
+    }
+
+    #[test]
+    fn python_tokens_outside_strings_only_are_rewritten() {
+        let text = r#"{"request_rate": Infinity, "std_tpot_ms": NaN, "low": -Infinity, "generated_texts": ["NaN and Infinity", "a \"NaN\" quoted", "\\"], "x": NaN}"#;
+        let v: Value = serde_json::from_str(&python_json_to_strict(text)).unwrap();
+        assert_eq!(v["request_rate"], "inf");
+        assert_eq!(v["low"], "-inf");
+        assert!(v["std_tpot_ms"].is_null() && v["x"].is_null());
+        assert_eq!(
+            v["generated_texts"],
+            json!(["NaN and Infinity", "a \"NaN\" quoted", "\\"])
+        );
+        // Strict JSON passes through untouched.
+        assert!(matches!(
+            python_json_to_strict(r#"{"a": 1}"#),
+            Cow::Borrowed(_)
+        ));
+    }
+
+    #[test]
+    fn nested_args_differ_by_path_and_one_sided_args_say_absent() {
+        let base = json!({"cuda_graph_config": {"decode": {"backend": "full", "max_bs": 256}}, "port": 1, "old": 1});
+        let cand = json!({"cuda_graph_config": {"decode": {"backend": "disabled", "max_bs": 256}}, "port": 2, "new": null});
+        let changed = args_changed(base.as_object().unwrap(), cand.as_object().unwrap());
+        assert_eq!(
+            changed,
+            vec![
+                json!({"arg": "cuda_graph_config.decode.backend", "baseline": "full", "candidate": "disabled"}),
+                json!({"arg": "new", "candidate": null}),
+                json!({"arg": "old", "baseline": 1}),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_change_inside_the_noise_band_is_neither_better_nor_worse() {
+        assert_eq!(verdict(0.9, true, 1.0), "≈");
+        assert_eq!(verdict(-1.0, false, 1.0), "≈");
+        assert_eq!(verdict(1.1, true, 1.0), "↑ better");
+        assert_eq!(verdict(1.1, false, 1.0), "↓ worse");
+        assert_eq!(verdict(0.5, true, 0.0), "↑ better");
     }
 }

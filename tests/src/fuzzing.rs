@@ -112,7 +112,8 @@ pub fn sse(data: &[u8]) {
     }
 }
 
-/// The readers of our reports and InferenceX results, then compare and every rendering.
+/// The readers of our reports, bench_serving and InferenceX results, then compare and every
+/// rendering.
 pub fn run_json(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
@@ -120,7 +121,7 @@ pub fn run_json(data: &[u8]) {
     let Ok(run) = parse_run(text) else {
         return;
     };
-    if let Ok(c) = compare(&run, &run, false) {
+    if let Ok(c) = compare(&run, &run, false, 1.0) {
         for f in [
             sglang_supervisor::cli::CompareFormat::Text,
             sglang_supervisor::cli::CompareFormat::Markdown,

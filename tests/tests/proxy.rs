@@ -511,7 +511,7 @@ fn compare_two_reports_gives_the_image_bump_table() {
         .arg("compare")
         .arg(&b)
         .arg(&c)
-        .args(["--format", "markdown"])
+        .args(["--format", "markdown", "--force"])
         .output()
         .unwrap();
     assert_eq!(
@@ -522,17 +522,19 @@ fn compare_two_reports_gives_the_image_bump_table() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("### c1") && text.contains("| Median TTFT (s) |"),
+        text.contains("### c1") && text.contains("| Median TTFT (ms) |"),
         "{text}"
     );
-    assert!(text.contains("- `tp_size` 1 → 2"), "{text}");
+    assert!(text.contains("- `tp_size`: 1 → 2"), "{text}");
     assert!(
         text.contains("'--cuda-graph-max-bs' is deprecated"),
         "a new deprecation warning: {text}"
     );
     assert!(text.contains("Startup (spawn → ready)"), "{text}");
+    // TP 1 → 2 is another GPU count: compared only with --force, and said.
+    assert!(text.contains("gpu_count: 1 → 2\n"), "{text}");
     // Another model: refused in one line naming the field, exit 2.
-    let mut other = cand.clone();
+    let mut other = base.clone();
     other["identity"]["model"] = Value::from("/models/other");
     std::fs::write(&c, other.to_string()).unwrap();
     #[allow(clippy::disallowed_methods)]
