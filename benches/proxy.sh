@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Proxy overhead: the replay server's streamed /generate (SGLang's SSE shape, 2 ms per token),
-# alternately direct and through `sglang-supervisor run --proxy-addr`, same load each time.
-# usage: benches/proxy.sh [STREAMS=64] [TOKENS=256] [ROUNDS=7]
+# Proxy overhead: the replay server's streams (SGLang's SSE shapes), alternately direct and through
+# `sglang-supervisor run --proxy-addr`, same load each time; the supervisor's CPU per forwarded
+# event is read from /proc around the proxied rounds only.
+# usage: benches/proxy.sh [STREAMS=64] [TOKENS=256] [ROUNDS=7] [TOKEN_GAP_US=2000] [PATH=/generate]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x target/release/proxy-bench ] || cargo build --release --workspace --bins
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 work=$(mktemp -d)
 port=$((33000 + RANDOM % 1000))
 target/release/sglang-supervisor run --no-tee --metrics-addr none --proxy-addr 127.0.0.1:0 --events "$work/ev.jsonl" \
-  -- target/release/sglang-replay --port "$port" --speed 100 >/dev/null 2>&1 &
+  -- target/release/sglang-replay --port "$port" --speed 100 --token-gap-us "${4:-2000}" --merge-every 5 >/dev/null 2>&1 &
 sup=$!
 for _ in $(seq 200); do grep -q '"event":"ready"' "$work/ev.jsonl" 2>/dev/null && break; sleep 0.05; done
 proxy=$(grep -o '"proxy":"[^"]*"' "$work/ev.jsonl" | cut -d'"' -f4)
-target/release/proxy-bench "127.0.0.1:$port" "$proxy" "${1:-64}" "${2:-256}" "${3:-7}"
+target/release/proxy-bench "127.0.0.1:$port" "$proxy" "${1:-64}" "${2:-256}" "${3:-7}" "$sup" "${5:-/generate}"
 kill -TERM $sup; wait $sup || true
-grep -o '"supervisor_cpu_s":[0-9.]*' "$work/ev.jsonl" | sed 's/^/supervisor (proxy) CPU s: /'
 rm -rf "$work"

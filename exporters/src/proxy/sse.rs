@@ -2,7 +2,28 @@
 //! proxy only needs a few facts per event (does it carry output, the server's token counts, is it
 //! the usage-only event), and in server-generated JSON a key pattern such as `"text":` can only
 //! be a key (a quote inside a string value is escaped, so `s":` never occurs inside one).
-use memchr::{memchr_iter, memmem};
+use memchr::memchr_iter;
+use memchr::memmem::{Finder, FinderRev};
+use std::sync::LazyLock;
+
+/// The keys read, as searchers built once (building one per search cost more than the search).
+struct Keys {
+    text: Finder<'static>,
+    content: Finder<'static>,
+    reasoning: Finder<'static>,
+    choices: Finder<'static>,
+    completion_tokens: FinderRev<'static>,
+    prompt_tokens: FinderRev<'static>,
+}
+
+static KEYS: LazyLock<Keys> = LazyLock::new(|| Keys {
+    text: Finder::new(b"\"text\":"),
+    content: Finder::new(b"\"content\":"),
+    reasoning: Finder::new(b"\"reasoning_content\":"),
+    choices: Finder::new(b"\"choices\":"),
+    completion_tokens: FinderRev::new(b"\"completion_tokens\":"),
+    prompt_tokens: FinderRev::new(b"\"prompt_tokens\":"),
+});
 
 /// Which API a stream answers: they differ in where output and counts are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,35 +106,33 @@ fn scan_data(api: Api, data: &[u8]) -> EventInfo {
     }
     let body = data[1..].trim_ascii_start();
     info.error = body.starts_with(b"\"error\"") || body.starts_with(b"\"object\":\"error\"");
+    let k = &*KEYS;
     info.output = match api {
-        Api::Generate | Api::Completions => nonempty_string(data, b"\"text\":"),
-        Api::Chat => {
-            nonempty_string(data, b"\"content\":")
-                || nonempty_string(data, b"\"reasoning_content\":")
-        }
+        Api::Generate | Api::Completions => nonempty_string(data, &k.text),
+        Api::Chat => nonempty_string(data, &k.content) || nonempty_string(data, &k.reasoning),
     };
     // Counts sit at the end (meta_info, usage): search backwards.
-    info.completion_tokens = number_after_last(data, b"\"completion_tokens\":");
-    info.prompt_tokens = number_after_last(data, b"\"prompt_tokens\":");
+    info.completion_tokens = number_after_last(data, &k.completion_tokens);
+    info.prompt_tokens = number_after_last(data, &k.prompt_tokens);
     if api != Api::Generate && info.completion_tokens.is_some() {
-        info.usage_only = after(data, b"\"choices\":").is_some_and(|v| v.starts_with(b"[]"));
+        info.usage_only = after(data, &k.choices).is_some_and(|v| v.starts_with(b"[]"));
     }
     info
 }
 
 /// The bytes after the first `key` and any whitespace.
-fn after<'a>(data: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
-    let at = memmem::find(data, key)?;
-    Some(data[at + key.len()..].trim_ascii_start())
+fn after<'a>(data: &'a [u8], key: &Finder<'_>) -> Option<&'a [u8]> {
+    let at = key.find(data)?;
+    Some(data[at + key.needle().len()..].trim_ascii_start())
 }
 
-fn nonempty_string(data: &[u8], key: &[u8]) -> bool {
+fn nonempty_string(data: &[u8], key: &Finder<'_>) -> bool {
     after(data, key).is_some_and(|v| v.len() >= 2 && v[0] == b'"' && v[1] != b'"')
 }
 
-fn number_after_last(data: &[u8], key: &[u8]) -> Option<u64> {
-    let at = memmem::rfind(data, key)?;
-    let v = data[at + key.len()..].trim_ascii_start();
+fn number_after_last(data: &[u8], key: &FinderRev<'_>) -> Option<u64> {
+    let at = key.rfind(data)?;
+    let v = data[at + key.needle().len()..].trim_ascii_start();
     let digits = v.iter().take_while(|c| c.is_ascii_digit()).count();
     std::str::from_utf8(&v[..digits]).ok()?.parse().ok()
 }

@@ -1,64 +1,173 @@
-//! Proxy overhead, side by side: the same streamed `/generate` load sent alternately straight to
-//! the server and through the supervisor's proxy. Prints medians of TTFT and E2E per side and
-//! their ratios. usage: proxy-bench DIRECT_ADDR PROXY_ADDR [STREAMS] [TOKENS] [ROUNDS]
-use sglang_supervisor_tests::{median, post_timed};
-use std::time::Instant;
+//! Proxy overhead, side by side: the same streamed load sent alternately straight to the server
+//! and through the supervisor's proxy. Per side: median and p99 TTFT, median E2E, the largest
+//! inter-chunk gap of each stream (median over streams and the worst); and the supervisor's CPU
+//! time per forwarded SSE event, read from /proc around the proxied rounds only.
+//! usage: proxy-bench DIRECT PROXY [STREAMS=64] [TOKENS=256] [ROUNDS=5] [SUPERVISOR_PID] [PATH]
+//! PATH: /generate (default), /v1/completions or /v1/chat/completions.
+use sglang_supervisor_tests::median;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
-fn round(addr: &str, streams: usize, tokens: usize) -> (Vec<f64>, Vec<f64>, f64) {
-    let body =
-        format!(r#"{{"text":"x","sampling_params":{{"max_new_tokens":{tokens}}},"stream":true}}"#);
+/// One streamed request timed as bench_serving times it (from the request written).
+struct Stream {
+    ttft: f64,
+    e2e: f64,
+    max_gap: f64,
+    events: u64,
+}
+
+fn one(addr: &str, path: &str, body: &str) -> std::io::Result<Stream> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
     let t0 = Instant::now();
-    let handles: Vec<_> = (0..streams)
-        .map(|_| {
-            let (a, b) = (addr.to_string(), body.clone());
-            std::thread::spawn(move || post_timed(&a, "/generate", &b))
-        })
-        .collect();
-    let (mut ttft, mut e2e) = (Vec::new(), Vec::new());
-    for h in handles {
-        if let Ok(Ok(t)) = h.join() {
-            ttft.push(t.first_text.map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0));
-            e2e.push(t.total.as_secs_f64() * 1000.0);
+    s.write_all(req.as_bytes())?;
+    let mut buf = vec![0u8; 64 << 10];
+    let (mut first, mut last, mut max_gap, mut events) = (None, t0, Duration::ZERO, 0u64);
+    loop {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        let now = Instant::now();
+        let data = &buf[..n];
+        let k = data.windows(6).filter(|w| w == b"data: ").count() as u64;
+        if k > 0 {
+            if first.is_some() {
+                max_gap = max_gap.max(now - last);
+            } else {
+                first = Some(now);
+            }
+            last = now;
+            events += k;
         }
     }
-    (ttft, e2e, t0.elapsed().as_secs_f64())
+    let e2e = t0.elapsed();
+    Ok(Stream {
+        ttft: first.map_or(f64::NAN, |f| (f - t0).as_secs_f64() * 1000.0),
+        e2e: e2e.as_secs_f64() * 1000.0,
+        max_gap: max_gap.as_secs_f64() * 1000.0,
+        events,
+    })
+}
+
+fn round(addr: &str, path: &str, streams: usize, tokens: usize) -> Vec<Stream> {
+    let body = match path {
+        "/generate" => format!(
+            r#"{{"text":"x","sampling_params":{{"max_new_tokens":{tokens}}},"stream":true}}"#
+        ),
+        "/v1/chat/completions" => format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}],"max_tokens":{tokens},"stream":true}}"#
+        ),
+        _ => format!(r#"{{"model":"m","prompt":"x","max_tokens":{tokens},"stream":true}}"#),
+    };
+    let handles: Vec<_> = (0..streams)
+        .map(|_| {
+            let (a, p, b) = (addr.to_string(), path.to_string(), body.clone());
+            std::thread::spawn(move || one(&a, &p, &b))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .filter_map(|h| h.join().ok()?.ok())
+        .collect()
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_s(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(ticks / hz)
+}
+
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+#[derive(Default)]
+struct Side {
+    ttft: Vec<f64>,
+    e2e: Vec<f64>,
+    gap: Vec<f64>,
+    events: u64,
+    failed: usize,
+}
+
+impl Side {
+    fn add(&mut self, r: Vec<Stream>, expected: usize) {
+        self.failed += expected - r.len();
+        for s in r {
+            self.ttft.push(s.ttft);
+            self.e2e.push(s.e2e);
+            self.gap.push(s.max_gap);
+            self.events += s.events;
+        }
+    }
 }
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     if a.len() < 3 {
-        eprintln!("usage: proxy-bench DIRECT_ADDR PROXY_ADDR [STREAMS=64] [TOKENS=256] [ROUNDS=5]");
+        eprintln!("usage: proxy-bench DIRECT PROXY [STREAMS=64] [TOKENS=256] [ROUNDS=5] [SUPERVISOR_PID] [PATH]");
         std::process::exit(2);
     }
     let num = |i: usize, d: usize| a.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
     let (streams, tokens, rounds) = (num(3, 64), num(4, 256), num(5, 5));
-    let (mut d_ttft, mut d_e2e, mut p_ttft, mut p_e2e, mut d_wall, mut p_wall) =
-        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let pid = a
+        .get(6)
+        .and_then(|s| s.parse::<u32>().ok())
+        .filter(|p| *p > 0);
+    let path = a.get(7).map_or("/generate", |s| s.as_str());
+    let (mut d, mut p) = (Side::default(), Side::default());
+    let mut cpu = 0.0;
     for _ in 0..rounds {
-        let (t, e, w) = round(&a[1], streams, tokens);
-        d_ttft.extend(t);
-        d_e2e.extend(e);
-        d_wall.push(w);
-        let (t, e, w) = round(&a[2], streams, tokens);
-        p_ttft.extend(t);
-        p_e2e.extend(e);
-        p_wall.push(w);
+        d.add(round(&a[1], path, streams, tokens), streams);
+        let before = pid.and_then(cpu_s);
+        p.add(round(&a[2], path, streams, tokens), streams);
+        if let (Some(b), Some(after)) = (before, pid.and_then(cpu_s)) {
+            cpu += after - b;
+        }
     }
-    let (dt, de, pt, pe) = (
-        median(&mut d_ttft),
-        median(&mut d_e2e),
-        median(&mut p_ttft),
-        median(&mut p_e2e),
-    );
-    let (dw, pw) = (median(&mut d_wall), median(&mut p_wall));
-    println!("{rounds} rounds x {streams} concurrent streams x {tokens} tokens, alternating");
-    println!("direct: median TTFT {dt:.2} ms, median E2E {de:.1} ms, round wall {dw:.3} s");
-    println!("proxy : median TTFT {pt:.2} ms, median E2E {pe:.1} ms, round wall {pw:.3} s");
     println!(
-        "ratios proxy/direct: TTFT {:.3}, E2E {:.4}, wall {:.4}; added median TTFT {:.2} ms",
-        pt / dt,
-        pe / de,
-        pw / dw,
-        pt - dt
+        "{rounds} rounds x {streams} concurrent streams x {tokens} tokens on {path}, alternating"
     );
+    let line = |name: &str, s: &mut Side| {
+        let (t50, t99) = (median(&mut s.ttft), pct(&mut s.ttft, 0.99));
+        let e50 = median(&mut s.e2e);
+        let (g50, gmax) = (median(&mut s.gap), pct(&mut s.gap, 1.0));
+        println!(
+            "{name}: TTFT median {t50:.3} ms p99 {t99:.3} ms | E2E median {e50:.2} ms | max gap per stream median {g50:.2} ms worst {gmax:.2} ms | {} events, {} failed",
+            s.events, s.failed
+        );
+        (t50, t99, e50, g50, gmax)
+    };
+    let dd = line("direct", &mut d);
+    let pp = line("proxy ", &mut p);
+    println!(
+        "added by the proxy: median E2E {:+.3} % ({:+.3} ms), median TTFT {:+.1} us, p99 TTFT {:+.1} us, median max gap {:+.3} ms",
+        (pp.2 / dd.2 - 1.0) * 100.0,
+        pp.2 - dd.2,
+        (pp.0 - dd.0) * 1000.0,
+        (pp.1 - dd.1) * 1000.0,
+        pp.3 - dd.3
+    );
+    if pid.is_some() && p.events > 0 {
+        println!(
+            "supervisor CPU in the proxied rounds: {cpu:.2} s for {} events = {:.2} us per event",
+            p.events,
+            cpu * 1e6 / p.events as f64
+        );
+    }
 }

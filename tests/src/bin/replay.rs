@@ -119,6 +119,9 @@ struct Args {
     /// 401 otherwise (SGLang's api-key middleware).
     #[arg(long)]
     api_key: Option<String>,
+    /// Time per generated token, in microseconds (a real server at high concurrency: 10-20 ms).
+    #[arg(long, default_value_t = 2000)]
+    token_gap_us: u64,
     /// Every Nth streamed event carries two tokens, as a busy SGLang merges them (0: never).
     #[arg(long, default_value_t = 0)]
     merge_every: u64,
@@ -247,6 +250,7 @@ fn main() {
     let args = Args::parse();
     CUT_STREAM_AFTER.store(args.cut_stream_after.unwrap_or(0), Ordering::Relaxed);
     MERGE_EVERY.store(args.merge_every, Ordering::Relaxed);
+    TOKEN_GAP_US.store(args.token_gap_us, Ordering::Relaxed);
     REASONING_TOKENS.store(args.reasoning_tokens, Ordering::Relaxed);
     if let Some(role) = &args.worker {
         worker_main(role);
@@ -870,7 +874,7 @@ fn generate(path: &str, body: &[u8], w: &mut TcpStream) -> Result<u16> {
     };
     let usage = req["stream_options"]["include_usage"].as_bool() == Some(true);
     let continuous = req["stream_options"]["continuous_usage_stats"].as_bool() == Some(true);
-    let token_gap = Duration::from_millis(2);
+    let token_gap = Duration::from_micros(TOKEN_GAP_US.load(Ordering::Relaxed));
     if !stream {
         std::thread::sleep(token_gap * n as u32);
         let body = if native {
@@ -928,7 +932,8 @@ fn generate(path: &str, body: &[u8], w: &mut TcpStream) -> Result<u16> {
     Ok(200)
 }
 
-/// `--merge-every` (0: one token per event) and `--reasoning-tokens`.
+/// `--token-gap-us`, `--merge-every` (0: one token per event) and `--reasoning-tokens`.
+static TOKEN_GAP_US: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(2000);
 static MERGE_EVERY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static REASONING_TOKENS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
