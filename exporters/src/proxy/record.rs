@@ -334,3 +334,26 @@ impl Recorder {
         self.prompt_tokens = sum("prompt_tokens");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_edges_resolve_one_millisecond_to_a_minute_at_ten_per_decade() {
+        for edges in [LATENCY_BUCKETS, E2E_BUCKETS] {
+            assert!(edges.windows(2).all(|w| w[0] < w[1]), "increasing");
+            assert_eq!(edges[0], 0.001);
+            for w in edges.windows(2).filter(|w| w[1] <= 60.0) {
+                assert!(w[1] / w[0] <= 1.34, "{} -> {}: too coarse", w[0], w[1]);
+            }
+        }
+        assert_eq!(LATENCY_BUCKETS.last(), Some(&60.0));
+        assert_eq!(E2E_BUCKETS.last(), Some(&2400.0));
+        // The H200's median TTFT (63 ms) and its ITL (a few ms) land between close edges.
+        for v in [0.063, 0.004, 0.0125] {
+            let i = LATENCY_BUCKETS.iter().position(|e| *e >= v).unwrap();
+            assert!(i > 0 && LATENCY_BUCKETS[i] / LATENCY_BUCKETS[i - 1] <= 1.34);
+        }
+    }
+}

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# The proxy held against the benchmark it wraps, on the lent H200 (docs/real-gpu.md): a real
+# SGLang 0.5.14 (tiny dummy Llama) under the supervisor.
+#   usage (GPU machine, repo root): scripts/gpu/proxy_acceptance.sh BINDIR BUNDLE OUTDIR [PHASES]
+#   BINDIR  sglang-supervisor, sglang-replay, proxy-bench (x86-64); BUNDLE the prepared .sgldev
+#   PHASES  default "M E S":
+#     M  the hot-path benchmarks on this quiet 16-core host: benches/proxy.sh at 256 and 1024
+#        streams, benches/proxy_fair.sh (1024 streams + 100 scrapes/s), benches/log_path.sh
+#     E  exactness (issue 13): bench_serving --backend sglang, sglang-oai, sglang-oai-chat and vllm
+#        at c=32 through the proxy, each in a named window stopped with ?bench_result=: per-request
+#        tokens vs bench_serving's output details, window throughput vs bench_serving's, sorted
+#        pairs of TTFT and E2E
+#     S  speed (issue 16): bench_serving --backend sglang at c=256 and c=512, 1024 prompts x 256
+#        tokens, alternating straight to SGLang and through the proxy, 3 pairs each, cache flushed
+#        before every run
+# Needs dev-device/ (a copy of shared/sglang-device) next to it.
+set -u
+BINDIR=$(realpath "${1:?bin dir}"); B=$(realpath "${2:?bundle}"); O=$(realpath -m "${3:?outdir}"); PHASES=${4:-M E S}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+mkdir -p "$O"
+exec > >(tee "$O/summary.txt") 2>&1
+say() { echo "[acceptance $(date +%T.%3N)] $*"; }
+ulimit -n "$(ulimit -Hn)"
+nproc; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -2
+
+if [[ " $PHASES " == *" M "* ]]; then
+  mkdir -p "$HERE/target/release"
+  for b in sglang-supervisor sglang-replay proxy-bench; do cp "$BINDIR/$b" "$HERE/target/release/$b"; done
+  say "M: proxy.sh 256 streams"; (cd "$HERE" && timeout 120 benches/proxy.sh 256 256 7 2000)
+  say "M: proxy.sh 1024 streams"; (cd "$HERE" && timeout 150 benches/proxy.sh 1024 256 5 4000)
+  say "M: proxy_fair.sh 1024 streams, 100 scrapes/s"; (cd "$HERE" && timeout 150 benches/proxy_fair.sh 1024 11 10000 100)
+  say "M: log_path.sh"; (cd "$HERE" && timeout 150 benches/log_path.sh 5 256)
+fi
+
+# shellcheck source=/dev/null
+source "$HERE/dev-device/serve.sh"
+install_bundle "$B" || exit 1
+eval "$(print_env)"
+PORT=30000
+SERVER=(python3 -m sglang.launch_server --model-path "$B/tiny-llama" --load-format dummy --host 127.0.0.1 --port $PORT
+        --attention-backend triton --sampling-backend pytorch --grammar-backend none --enable-metrics
+        --cuda-graph-backend-prefill disabled --mem-fraction-static 0.8)
+MET=127.0.0.1:9411
+post() { python3 -c 'import sys,urllib.request; print(urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=b"", method="POST"), timeout=60).read().decode())' "$1"; }
+start_sup() { # start_sup DIR
+  "$BINDIR/sglang-supervisor" run --events "$1/events.jsonl" --log-file "$1/server.log" --no-tee --grace 30s \
+    --ready-timeout 6m --proxy-addr 127.0.0.1:0 --requests-log "$1/requests.jsonl" --metrics-addr $MET \
+    --power-csv "$1/power.csv" --report "$1/report.json" -- "${SERVER[@]}" 2> "$1/supervisor.err" &
+  SUP=$!
+  local end=$(( $(date +%s) + 360 ))
+  while [ "$(date +%s)" -lt "$end" ]; do
+    grep -q '"event":"ready"' "$1/events.jsonl" 2>/dev/null && break
+    grep -q '"event":"exited"' "$1/events.jsonl" 2>/dev/null && return 1
+    sleep 0.2
+  done
+  PPORT=$(grep -o '"proxy":"[^"]*"' "$1/events.jsonl" | cut -d'"' -f4 | cut -d: -f2)
+  say "ready after $(grep -o '"event":"ready"[^}]*' "$1/events.jsonl" | grep -o '"elapsed_s":[0-9.]*'); proxy on $PPORT"
+}
+stop_sup() { kill -TERM "$SUP"; wait "$SUP"; say "supervisor exit $?"; }
+bench() { # bench PORT BACKEND CONC PROMPTS OUTFILE [RANGE]
+  timeout 300 python3 -m sglang.bench_serving --backend "$2" --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" \
+    --tokenizer "$B/tiny-llama" --dataset-name random --dataset-path "$B/tiny-llama/sharegpt_mini.json" \
+    --random-input-len 256 --random-output-len 256 --random-range-ratio "${6:-1.0}" --num-prompts "$4" \
+    --max-concurrency "$3" --seed 1 --disable-tqdm --output-details --output-file "$5" > "$5.txt" 2>&1
+  local rc=$?
+  if [ "$rc" != 0 ] && grep -qE "No module named|ImportError" "$5.txt"; then
+    PYTHONPATH="$HERE/dev-device/stubs-fallback:$PYTHONPATH" timeout 300 python3 -m sglang.bench_serving --backend "$2" \
+      --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" --tokenizer "$B/tiny-llama" --dataset-name random \
+      --dataset-path "$B/tiny-llama/sharegpt_mini.json" --random-input-len 256 --random-output-len 256 \
+      --random-range-ratio "${6:-1.0}" --num-prompts "$4" --max-concurrency "$3" --seed 1 --disable-tqdm \
+      --output-details --output-file "$5" > "$5.txt" 2>&1; rc=$?
+  fi
+  [ "$rc" = 0 ] || { say "bench_serving $2 failed rc=$rc"; tail -5 "$5.txt"; }
+}
+
+if [[ " $PHASES " == *" E "* ]]; then
+  P=$O/E; mkdir -p "$P"
+  say "E: start"
+  if start_sup "$P"; then
+    for backend in sglang sglang-oai sglang-oai-chat vllm; do
+      post "http://$MET/-/window/start?name=$backend" > /dev/null
+      n0=$(wc -l < "$P/requests.jsonl" 2>/dev/null || echo 0)
+      bench "$PPORT" "$backend" 32 256 "$P/bench-$backend.jsonl" 0.5
+      post "http://$MET/-/window/stop?bench_result=$P/bench-$backend.jsonl" > "$P/window-$backend.json" 2>&1
+      python3 - "$P" "$backend" "$n0" <<'PY'
+import json, sys, statistics as st
+p, name, n0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
+b = [json.loads(l.replace("Infinity", "1e999")) for l in open(f"{p}/bench-{name}.jsonl")][-1]
+recs = [json.loads(l) for l in open(f"{p}/requests.jsonl")][n0:]
+w = json.load(open(f"{p}/window-{name}.json"))
+req = w.get("requests", {})
+ok = [r for r in recs if r["status"] == 200 and not r.get("error")]
+ours = sorted(r["completion_tokens"] for r in ok if r["completion_tokens"] is not None)
+theirs = sorted(x for x in b["output_lens"])
+# the warm-up request goes through the proxy too: it is the first one logged
+warm = sorted(ok, key=lambda r: r["start_unix"])[0]
+body = sorted(ok, key=lambda r: r["start_unix"])[1:]
+ours_b = sorted(r["completion_tokens"] for r in body)
+print(f"{name}: requests logged {len(recs)} (incl. warm-up), bench completed {b['completed']}; null token counts: {sum(r['completion_tokens'] is None for r in ok)}")
+print(f"{name}: per-request completion tokens equal to bench_serving output_lens (sorted multisets): {ours_b == theirs}; totals {sum(ours_b)} vs {b['total_output_tokens']}")
+print(f"{name}: prompt tokens (server) total {sum(r['prompt_tokens'] or 0 for r in body)} vs bench input_lens total {sum(b['input_lens'])}")
+for k, ref in [("output_throughput", "output_throughput"), ("duration", "duration"), ("completed", "completed"), ("median_ttft_ms", "median_ttft_ms"), ("median_tpot_ms", "median_tpot_ms"), ("median_itl_ms", "median_itl_ms"), ("median_e2el_ms", "median_e2e_latency_ms")]:
+    v, r = req.get(k), b.get(ref)
+    d = f"{(v / r - 1) * 100:+.2f} %" if isinstance(v, (int, float)) and r else "n/a"
+    print(f"{name}: window {k} {v} vs bench {r} ({d})")
+def pairs(label, a, c):
+    a, c = sorted(a), sorted(c); n = min(len(a), len(c))
+    d = [(a[i] - c[i]) * 1000 for i in range(n)]
+    print(f"{name}: {label} sorted pairs proxy-minus-client: median {st.median(d):+.3f} ms, min {min(d):+.3f}, max {max(d):+.3f} (n={n})")
+pairs("TTFT", [r["ttft_s"] for r in body], [t for t in b["ttfts"] if t])
+pairs("E2E", [r["e2e_s"] for r in body], [t + sum(i) for t, i in zip(b["ttfts"], b["itls"]) if t])
+print(f"{name}: window keys: {sorted(w.keys())}; power: {json.dumps(w.get('power', {}))[:300]}")
+PY
+    done
+    stop_sup
+    for backend in sglang vllm; do
+      say "E: report --bench-result ($backend)"
+      "$BINDIR/sglang-supervisor" report --events "$P/events.jsonl" --requests-log "$P/requests.jsonl" \
+        --power-csv "$P/power.csv" --bench-result "$P/bench-$backend.jsonl" > "$P/report-span-$backend.json" 2> "$P/report-span-$backend.err"
+      echo "rc=$? $(head -c 1500 "$P/report-span-$backend.json") $(head -c 300 "$P/report-span-$backend.err")"
+    done
+  else
+    say "E: not ready"; tail -20 "$P/supervisor.err"; kill -KILL "$SUP"
+  fi
+fi
+
+if [[ " $PHASES " == *" S "* ]]; then
+  P=$O/S; mkdir -p "$P"
+  say "S: start"
+  if start_sup "$P"; then
+    bench "$PPORT" sglang 32 64 "$P/warm.jsonl"   # JIT and graphs warm before timing anything
+    for conc in 256 512; do
+      for i in 1 2 3; do
+        for side in direct proxy; do
+          port=$PORT; [ $side = proxy ] && port=$PPORT
+          post "http://127.0.0.1:$PORT/flush_cache" > /dev/null 2>&1 || true
+          cpu0=$(awk '{print $14+$15}' "/proc/$SUP/stat")
+          bench "$port" sglang "$conc" 1024 "$P/c$conc-$side-$i.jsonl"
+          cpu1=$(awk '{print $14+$15}' "/proc/$SUP/stat")
+          python3 - "$P/c$conc-$side-$i.jsonl" "$side" "$conc" "$i" "$cpu0" "$cpu1" <<'PY'
+import json, sys, os
+f, side, conc, i, c0, c1 = sys.argv[1:]
+b = [json.loads(l.replace("Infinity", "1e999")) for l in open(f)][-1]
+hz = os.sysconf("SC_CLK_TCK")
+print(f"S c={conc} pair {i} {side:6s}: out {b['output_throughput']:.1f} tok/s, median E2E {b['median_e2e_latency_ms']:.1f} ms, median TPOT {b['median_tpot_ms']:.3f} ms, median TTFT {b['median_ttft_ms']:.2f} ms, completed {b['completed']}, supervisor CPU {(float(c1)-float(c0))/hz:.2f} s over {b['duration']:.2f} s")
+PY
+        done
+      done
+    done
+    stop_sup
+  else
+    say "S: not ready"; tail -20 "$P/supervisor.err"; kill -KILL "$SUP"
+  fi
+fi
+[ -n "${PACK_JIT:-}" ] && cache_pack "$O/jit-cache.tar.xz" >/dev/null 2>&1
+say "done"
+exit 0
