@@ -633,6 +633,14 @@ pub fn read_csv(path: &Path) -> Telemetry {
 /// (`<stem>_energy.csv`): one row per counter reading, joules since the driver loaded.
 pub const ENERGY_CSV_HEADER: &str = "timestamp, gpu, total_energy_consumption [J]";
 
+/// Where the energy sidecar of a power CSV lies: `gpu_metrics.csv` → `gpu_metrics_energy.csv`.
+pub fn energy_sidecar(csv: &Path) -> std::path::PathBuf {
+    let stem = csv
+        .file_stem()
+        .map_or_else(|| "power".to_string(), |s| s.to_string_lossy().into_owned());
+    csv.with_file_name(format!("{stem}_energy.csv"))
+}
+
 /// The counter readings of an energy sidecar, per GPU index (rows that do not parse are skipped).
 pub fn parse_energy_csv(text: &str) -> Vec<Vec<(f64, f64)>> {
     let mut per: Vec<Vec<(f64, f64)>> = Vec::new();
