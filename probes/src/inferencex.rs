@@ -43,7 +43,8 @@ pub enum Telemetry {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct DeviceVerdict {
     pub id: String,
-    /// Samples within `max_gap` of the span (after averaging equal timestamps).
+    /// Samples within `max_gap` of the span (after averaging equal timestamps); asked live at a
+    /// window's close, those of the 3 s after it are still to come.
     pub samples: usize,
     /// Largest gap between the samples that matter (absent when not bracketed).
     #[serde(skip_serializing_if = "Option::is_none")]
