@@ -344,7 +344,7 @@ pub fn bench_reasons(b: &BenchFields) -> Result<((f64, f64), Vec<&'static str>),
         (b.total_input_tokens, "invalid_input_token_count"),
         (b.total_output_tokens, "invalid_output_token_count"),
     ] {
-        if !n.is_some_and(|n| n > 0) {
+        if n.is_none_or(|n| n <= 0) {
             reasons.push(why);
         }
     }
