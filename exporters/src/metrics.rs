@@ -40,6 +40,7 @@ pub struct Shared {
     pub gpus: Mutex<Option<SamplerHandle>>,
     pub window_sink: Mutex<Option<WindowSink>>,
     pub requests: Mutex<Option<Arc<crate::report::RequestStats>>>,
+    pub bench_hook: Mutex<Option<BenchHook>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -52,6 +53,10 @@ impl std::fmt::Debug for Shared {
 
 /// Receives each closed window as JSON.
 pub type WindowSink = Arc<dyn Fn(serde_json::Value) + Send + Sync>;
+
+/// Evaluates a benchmark result file (`POST /-/window/stop?bench_result=PATH`) into the JSON of a
+/// window over the benchmark's own span (the lifecycle provides it; it may block on file reads).
+pub type BenchHook = Arc<dyn Fn(&str) -> serde_json::Value + Send + Sync>;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -89,6 +94,14 @@ impl Shared {
 
     pub fn window_sink(&self) -> Option<WindowSink> {
         lock(&self.window_sink).clone()
+    }
+
+    pub fn set_bench_hook(&self, hook: BenchHook) {
+        *lock(&self.bench_hook) = Some(hook);
+    }
+
+    pub fn bench_hook(&self) -> Option<BenchHook> {
+        lock(&self.bench_hook).clone()
     }
 
     pub fn set_upstream(&self, text: Option<String>, ok: bool) {

@@ -8,6 +8,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
+use sglang_probes::sampler::SamplerHandle;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -75,9 +76,67 @@ fn reply(status: StatusCode, ctype: &str, body: String) -> Response<Full<Bytes>>
     r
 }
 
+/// A query parameter's value, percent-decoded (`+` is a space).
+fn query_param(req: &Request<Incoming>, key: &str) -> Option<String> {
+    let q = req.uri().query()?;
+    let raw = q
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))?;
+    let b = raw.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match b[i] {
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Power over a window's traffic span (its `requests` carry the span): InferenceX's verdict and
+/// trapezoid, the counter beside it, and energy per request and token over that same span.
+fn traffic_power(s: &SamplerHandle, requests: &serde_json::Value) -> Option<serde_json::Value> {
+    let f = |k: &str| requests.get(k).and_then(serde_json::Value::as_f64);
+    let span = (
+        f("benchmark_start_time_unix")?,
+        f("benchmark_end_time_unix")?,
+    );
+    if span.1 <= span.0 {
+        return None;
+    }
+    let p = s.power_over(span);
+    let n = |k: &str| requests.get(k).and_then(serde_json::Value::as_u64);
+    let per_token = sglang_probes::inferencex::per_token(
+        &p.inferencex,
+        n("completed"),
+        n("total_input_tokens"),
+        n("total_output_tokens"),
+    );
+    let mut v = serde_json::to_value(&p).ok()?;
+    for (k, x) in per_token {
+        v[k] = x.into();
+    }
+    Some(v)
+}
+
 /// `POST /-/window/start?name=NAME` opens a measurement window: energy counters are read at once
 /// on every GPU, and the proxy starts a latency window. `POST /-/window/stop` closes both and
-/// answers `{name, power, requests}` (each present when there is a sampler / a proxy).
+/// answers `{name, power, requests, traffic_power}` (each present when there is a sampler / a
+/// proxy / both): `power` over the window's wall span, `traffic_power` over its requests' span
+/// (first start → last end) with energy per token. `?bench_result=PATH` (a bench_serving or
+/// InferenceX benchmark_serving result) adds `bench`: the same recomputed over the benchmark's own
+/// span (see `report --bench-result`).
 async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<Bytes>> {
     let json = "application/json";
     let (sampler, requests) = (shared.sampler(), shared.requests());
@@ -118,6 +177,7 @@ async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<
         None => None,
     };
     let reqs = requests.and_then(|r| r.window_stop(gpus));
+    let bench_result = query_param(req, "bench_result");
     let name = power
         .as_ref()
         .map(|(n, _)| n.clone())
@@ -134,7 +194,21 @@ async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<
         v["power"] = serde_json::to_value(&p).unwrap_or_default();
     }
     if let Some((_, r)) = reqs {
+        if let Some(s) = shared.sampler() {
+            let r2 = r.clone();
+            if let Ok(Some(t)) = tokio::task::spawn_blocking(move || traffic_power(&s, &r2)).await {
+                v["traffic_power"] = t;
+            }
+        }
         v["requests"] = r;
+    }
+    if let Some(path) = bench_result {
+        v["bench"] = match shared.bench_hook() {
+            Some(hook) => tokio::task::spawn_blocking(move || hook(&path))
+                .await
+                .unwrap_or_else(|e| serde_json::json!({"error": e.to_string()})),
+            None => serde_json::json!({"error": "no benchmark evaluation in this process"}),
+        };
     }
     if let Some(sink) = shared.window_sink() {
         sink(v.clone());

@@ -2,6 +2,7 @@
 //! (NVML, ROCm SMI, amdgpu sysfs) with a background sampler.
 pub mod gpu;
 pub mod http;
+pub mod inferencex;
 pub mod nvml;
 pub mod rocm;
 pub mod sampler;

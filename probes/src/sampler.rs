@@ -6,8 +6,13 @@
 //! is read at the window's edges and every `energy_interval` in between: the counter is
 //! cumulative, so the window's energy stays exact at a fraction of the cost. Per GPU the sampler
 //! keeps the latest sample (for `/metrics`), running window statistics, and streams rows to the
-//! power CSV; memory stays bounded whatever the run's length.
+//! power CSV. It also keeps the rows it wrote (timestamp and power, as the CSV has them, and the
+//! counter readings), so that InferenceX's verdict (`crate::inferencex`) can be asked over any
+//! span of the run — a window, its traffic, a benchmark's own span — on exactly what the CSV
+//! holds. Memory stays bounded: past `MAX_KEPT_ROWS` rows per GPU (29 h at 10 Hz) the oldest half
+//! is let go (the CSV keeps everything).
 use crate::gpu::{GpuError, GpuProbe, GpuSample, Want};
+use crate::inferencex::{self, CounterEnergy, Row, Telemetry, Verdict};
 use serde::Serialize;
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -15,8 +20,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-/// The InferenceX aggregation voids a run whose samples are further apart than this.
-pub const MAX_SAMPLE_GAP_S: f64 = 3.0;
+pub use crate::inferencex::MAX_SAMPLE_GAP_S;
+
+/// Rows kept per GPU for verdicts over spans of the run (16 bytes each).
+pub const MAX_KEPT_ROWS: usize = 1 << 20;
 
 #[derive(Debug, Clone)]
 pub struct SamplerConfig {
@@ -94,19 +101,55 @@ pub struct GpuWindow {
     pub cpu_ms_per_sample: f64,
 }
 
-/// The window over all GPUs, with the InferenceX `power_valid` verdict.
+/// The window over all GPUs, with InferenceX's `power_valid` verdict over its span (exactly
+/// what `aggregate_power.py` says on the power CSV and this span: no bracketing slack).
 #[derive(Debug, Clone, Serialize)]
 pub struct PowerWindow {
     pub duration_s: f64,
+    /// The span (unix seconds) the verdict and the energies cover.
+    pub benchmark_start_time_unix: f64,
+    pub benchmark_end_time_unix: f64,
     pub power_valid: u8,
     pub reasons: Vec<&'static str>,
+    /// The hardware counter's delta where every GPU has one, else the instant-power integral.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub total_gpu_energy_j: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub avg_total_gpu_power_w: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub avg_power_w: Option<f64>,
+    /// InferenceX's trapezoid (interpolated at the edges) over the same span.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_gpu_energy_trapezoid_j: Option<f64>,
+    /// The kept rows began after the span's start (a run beyond `MAX_KEPT_ROWS`): the verdict
+    /// covers the span from here on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdict_from_unix: Option<f64>,
+    /// The full verdict: per GPU samples, largest gap, trapezoid energy, issues.
+    pub inferencex: Verdict,
     pub gpus: Vec<GpuWindow>,
+}
+
+/// Power over a span of the run: InferenceX's verdict and trapezoid energy (its field names:
+/// `power_valid`, `reasons`, `total_gpu_energy_j`, ...) and beside it the hardware counter over
+/// the readings that bracket the span (absent where none do).
+#[derive(Debug, Clone, Serialize)]
+pub struct SpanPower {
+    #[serde(flatten)]
+    pub inferencex: Verdict,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub energy_counter: Option<CounterEnergy>,
+}
+
+/// What the sampler keeps per GPU for verdicts over spans: the CSV's rows and counter readings.
+#[derive(Debug, Default)]
+struct Kept {
+    /// (CSV timestamp, power as written; None for `[N/A]`)
+    power: Vec<(f64, Option<f64>)>,
+    /// (CSV timestamp, counter joules)
+    energy: Vec<(f64, f64)>,
+    /// The first row kept after older ones were let go.
+    trimmed_from: Option<f64>,
 }
 
 struct Shared {
@@ -116,6 +159,11 @@ struct Shared {
     latest: Vec<Mutex<Option<TimedSample>>>,
     stats: Vec<Mutex<Stats>>,
     csv: Option<Mutex<BufWriter<File>>>,
+    /// The counter readings next to the CSV (`<stem>_energy.csv`).
+    energy_csv: Option<Mutex<BufWriter<File>>>,
+    kept: Vec<Mutex<Kept>>,
+    /// The run's span starts here (after the first reading of every GPU), unix seconds.
+    start_unix: Mutex<f64>,
     stop: AtomicBool,
     wake: (Mutex<()>, Condvar),
     /// A named measurement window in progress (`POST /-/window/start`), with its own statistics.
@@ -127,16 +175,16 @@ struct Shared {
 
 struct ActiveWindow {
     name: String,
-    t0: Instant,
+    start_unix: f64,
     stats: Vec<Stats>,
 }
 
 /// The window that follows request traffic (`--window-from-proxy`): opened by the first request,
 /// checkpointed (counters read) each time the server goes idle, closed at the last checkpoint.
 struct TrafficWindow {
-    t0: Instant,
+    start_unix: f64,
     stats: Vec<Stats>,
-    /// (end in sampler seconds, the statistics as they were then, last edge read included)
+    /// (end in unix seconds, the statistics as they were then, last edge read included)
     checkpoint: Option<(f64, Vec<Stats>)>,
 }
 
@@ -162,18 +210,30 @@ impl SamplerHandle {
     }
 
     /// Open a window named `name` (replacing one in progress). Each GPU is read at once, energy
-    /// counter included, so the window is bracketed by counter readings (blocks for those reads).
+    /// counter included, so the window is bracketed by counter readings and by power samples
+    /// (blocks for those reads); the span starts once they are taken.
     pub fn window_start(&self, name: &str) {
         let n = self.0.latest.len();
         let mut w = ActiveWindow {
             name: name.to_string(),
-            t0: Instant::now(),
+            start_unix: 0.0,
             stats: vec![Stats::default(); n],
         };
         for (i, st) in w.stats.iter_mut().enumerate() {
             edge_sample(&self.0, i as u32, st);
         }
+        w.start_unix = unix_now();
         *lock(&self.0.window) = Some(w);
+    }
+
+    /// Power over any span of the run so far (unix seconds): InferenceX's verdict on the rows
+    /// the power CSV holds for it, and the counter over the readings that bracket it.
+    pub fn power_over(&self, span: (f64, f64)) -> SpanPower {
+        let (inferencex, energy_counter) = over_span(&self.0, span);
+        SpanPower {
+            inferencex,
+            energy_counter,
+        }
     }
 
     /// Requests started arriving: open the traffic window (once; later bursts continue it).
@@ -187,7 +247,7 @@ impl SamplerHandle {
             edge_sample(&self.0, i as u32, st);
         }
         *lock(&self.0.traffic) = Some(TrafficWindow {
-            t0: Instant::now(),
+            start_unix: unix_now(),
             stats,
             checkpoint: None,
         });
@@ -198,36 +258,32 @@ impl SamplerHandle {
         let Some(mut snapshot) = lock(&self.0.traffic).as_ref().map(|t| t.stats.clone()) else {
             return;
         };
+        let end_unix = span_end_now();
         for (i, st) in snapshot.iter_mut().enumerate() {
             edge_sample(&self.0, i as u32, st);
         }
         if let Some(t) = lock(&self.0.traffic).as_mut() {
-            t.checkpoint = Some((self.0.t0.elapsed().as_secs_f64(), snapshot));
+            t.checkpoint = Some((end_unix, snapshot));
         }
     }
 
     /// The traffic window from the first request to the last idle checkpoint.
     pub fn traffic_close(&self) -> Option<PowerWindow> {
         let t = lock(&self.0.traffic).take()?;
-        let (end, stats) = t.checkpoint?;
-        let span = (t.t0.duration_since(self.0.t0).as_secs_f64(), end);
-        Some(summarize_stats(stats, span, *lock(&self.0.expected_gpus)))
+        let (end_unix, stats) = t.checkpoint?;
+        Some(summarize_stats(&self.0, stats, (t.start_unix, end_unix)))
     }
 
     /// Close the window in progress with a last counter reading; `None` if none was open.
     pub fn window_stop(&self) -> Option<(String, PowerWindow)> {
         let mut w = lock(&self.0.window).take()?;
+        let end_unix = span_end_now();
         for (i, st) in w.stats.iter_mut().enumerate() {
             edge_sample(&self.0, i as u32, st);
         }
-        let sh = &self.0;
-        let span = (
-            w.t0.duration_since(sh.t0).as_secs_f64(),
-            sh.t0.elapsed().as_secs_f64(),
-        );
         Some((
             w.name,
-            summarize_stats(w.stats, span, *lock(&sh.expected_gpus)),
+            summarize_stats(&self.0, w.stats, (w.start_unix, end_unix)),
         ))
     }
 }
@@ -241,12 +297,15 @@ fn edge_sample(sh: &Shared, index: u32, st: &mut Stats) {
     };
     let cpu0 = thread_cpu_time();
     match sh.probe.sample(index, want) {
-        Ok(s) => update(
-            st,
-            sh.t0.elapsed().as_secs_f64(),
-            thread_cpu_time().saturating_sub(cpu0),
-            &s,
-        ),
+        Ok(s) => {
+            keep(sh, index, unix_now(), &s);
+            update(
+                st,
+                sh.t0.elapsed().as_secs_f64(),
+                thread_cpu_time().saturating_sub(cpu0),
+                &s,
+            );
+        }
         Err(e) => {
             st.errors += 1;
             if let GpuError::Gone { why, .. } = e {
@@ -264,6 +323,87 @@ impl std::fmt::Debug for SamplerHandle {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A span's end taken now, before the closing reads. The closing rows are written with
+/// timestamps floored to the millisecond: wait until that floor has passed this instant, so they
+/// bracket it and anything that ended before it (a response the window counts), as InferenceX
+/// reads the CSV. Waits at most a millisecond.
+fn span_end_now() -> f64 {
+    let now = unix_now();
+    let deadline = Instant::now() + Duration::from_millis(5);
+    while inferencex::csv_time(unix_now()) < now && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    now
+}
+
+/// A row of the power CSV (and of the energy sidecar when the counter was read), kept for
+/// verdicts over spans with the very values written.
+fn keep(sh: &Shared, index: u32, unix_s: f64, s: &GpuSample) {
+    if let Some(csv) = &sh.csv {
+        let _ = lock(csv).write_all(csv_row(unix_s, s).as_bytes());
+    }
+    let t = inferencex::csv_time(unix_s);
+    let power = s
+        .power_w
+        .or(s.power_avg_w)
+        .and_then(|w| format!("{w:.2}").parse::<f64>().ok());
+    if let (Some(e), Some(csv)) = (s.energy_j, &sh.energy_csv) {
+        let _ = writeln!(
+            lock(csv),
+            "{}, {}, {e:.3}",
+            nvidia_smi_timestamp(unix_s),
+            s.index
+        );
+    }
+    let Some(k) = sh.kept.get(index as usize) else {
+        return;
+    };
+    let mut k = lock(k);
+    for rows in [k.power.len(), k.energy.len()] {
+        if rows >= MAX_KEPT_ROWS {
+            k.power.drain(..MAX_KEPT_ROWS / 2);
+            let from = k.power.first().map_or(t, |r| r.0);
+            k.energy.retain(|r| r.0 >= from);
+            k.trimmed_from = Some(from);
+        }
+    }
+    k.power.push((t, power));
+    if let Some(e) = s.energy_j {
+        k.energy.push((t, e));
+    }
+}
+
+/// InferenceX's verdict and the counter over `span`, from the rows kept.
+fn over_span(sh: &Shared, span: (f64, f64)) -> (Verdict, Option<CounterEnergy>) {
+    let margin = MAX_SAMPLE_GAP_S + 1.0;
+    let mut rows = Vec::new();
+    let mut reads = Vec::with_capacity(sh.kept.len());
+    for (i, k) in sh.kept.iter().enumerate() {
+        let k = lock(k);
+        let id = i.to_string();
+        rows.extend(
+            k.power
+                .iter()
+                .filter(|r| r.0 >= span.0 - margin && r.0 <= span.1 + margin)
+                .map(|&(t, p)| Row {
+                    unix_s: Some(t),
+                    gpu: Some(id.clone()),
+                    power_w: p,
+                }),
+        );
+        reads.push(k.energy.clone());
+    }
+    let expected = *lock(&sh.expected_gpus);
+    let v = inferencex::verdict(&Telemetry::Rows(rows), span, expected, MAX_SAMPLE_GAP_S);
+    (v, inferencex::counter_energy(&reads, span))
 }
 
 /// The header `nvidia-smi --query-gpu=timestamp,index,power.draw,temperature.gpu,clocks.current.sm,
@@ -333,15 +473,30 @@ impl Sampler {
         config: SamplerConfig,
         csv: Option<File>,
     ) -> std::io::Result<Sampler> {
+        Self::start_with_energy_csv(probe, config, csv, None)
+    }
+
+    /// As `start`, also writing every counter reading to `energy_csv` (`ENERGY_CSV_HEADER`), so
+    /// that a span's counter energy can be recomputed later (`report --bench-result`).
+    pub fn start_with_energy_csv(
+        probe: Box<dyn GpuProbe>,
+        config: SamplerConfig,
+        csv: Option<File>,
+        energy_csv: Option<File>,
+    ) -> std::io::Result<Sampler> {
         let n = probe.device_count() as usize;
-        let csv = match csv {
-            Some(f) => {
-                let mut w = BufWriter::new(f);
-                writeln!(w, "{CSV_HEADER}")?;
-                Some(Mutex::new(w))
+        let with_header = |f: Option<File>, header: &str| -> std::io::Result<_> {
+            match f {
+                Some(f) => {
+                    let mut w = BufWriter::new(f);
+                    writeln!(w, "{header}")?;
+                    Ok(Some(Mutex::new(w)))
+                }
+                None => Ok(None),
             }
-            None => None,
         };
+        let csv = with_header(csv, CSV_HEADER)?;
+        let energy_csv = with_header(energy_csv, inferencex::ENERGY_CSV_HEADER)?;
         let shared = Arc::new(Shared {
             probe,
             config,
@@ -349,12 +504,21 @@ impl Sampler {
             latest: (0..n).map(|_| Mutex::new(None)).collect(),
             stats: (0..n).map(|_| Mutex::new(Stats::default())).collect(),
             csv,
+            energy_csv,
+            kept: (0..n).map(|_| Mutex::new(Kept::default())).collect(),
+            start_unix: Mutex::new(0.0),
             stop: AtomicBool::new(false),
             wake: (Mutex::new(()), Condvar::new()),
             window: Mutex::new(None),
             expected_gpus: Mutex::new(None),
             traffic: Mutex::new(None),
         });
+        // One reading of every GPU before the threads start: the run's span begins once every
+        // GPU has a sample (and a counter reading) at or before it.
+        for i in 0..n {
+            edge_sample(&shared, i as u32, &mut lock(&shared.stats[i]));
+        }
+        *lock(&shared.start_unix) = unix_now();
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
             let sh = shared.clone();
@@ -389,15 +553,21 @@ impl Sampler {
     /// Stop (each thread takes a last sample with the energy counter, closing the window) and
     /// return the window's figures.
     pub fn stop(mut self) -> PowerWindow {
+        let end = span_end_now();
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.wake.1.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        if let Some(csv) = &self.shared.csv {
+        for csv in [&self.shared.csv, &self.shared.energy_csv]
+            .into_iter()
+            .flatten()
+        {
             let _ = lock(csv).flush();
         }
-        summarize(&self.shared)
+        let sh = &self.shared;
+        let stats = sh.stats.iter().map(|m| lock(m).clone()).collect();
+        summarize_stats(sh, stats, (*lock(&sh.start_unix), end))
     }
 }
 
@@ -420,9 +590,7 @@ fn run(sh: &Shared, index: u32, offset: Duration) {
         let cpu = thread_cpu_time().saturating_sub(cpu0);
         let at = Instant::now();
         let mono_s = at.duration_since(sh.t0).as_secs_f64();
-        let unix_s = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
+        let unix_s = unix_now();
         match result {
             Ok(sample) => {
                 failures = 0;
@@ -431,9 +599,7 @@ fn run(sh: &Shared, index: u32, offset: Duration) {
                     next_energy = at + sh.config.energy_interval;
                 }
                 record(sh, index, mono_s, cpu, &sample);
-                if let Some(csv) = &sh.csv {
-                    let _ = lock(csv).write_all(csv_row(unix_s, &sample).as_bytes());
-                }
+                keep(sh, index, unix_s, &sample);
                 let mut latest = lock(&sh.latest[index as usize]);
                 let mut sample = sample;
                 // The counter is read every energy interval; between reads, scrapes see the last
@@ -545,32 +711,19 @@ fn update(st: &mut Stats, t: f64, cpu: Duration, s: &GpuSample) {
     }
 }
 
-fn summarize(sh: &Shared) -> PowerWindow {
-    let stats = sh.stats.iter().map(|m| lock(m).clone()).collect();
-    summarize_stats(
-        stats,
-        (0.0, sh.t0.elapsed().as_secs_f64()),
-        *lock(&sh.expected_gpus),
-    )
-}
-
-/// A window's first and last samples must lie this close to its edges (InferenceX interpolates
-/// power at the benchmark's start and end, so both must be bracketed by samples).
-const BRACKET_TOLERANCE_S: f64 = 1.0;
-
-/// `span`: the window's (start, end) in seconds of the sampler's clock.
-fn summarize_stats(all: Vec<Stats>, span: (f64, f64), expected_gpus: Option<usize>) -> PowerWindow {
-    let duration_s = span.1 - span.0;
-    let mut reasons: Vec<&'static str> = Vec::new();
+/// A window's figures: per GPU from its statistics, the verdict and the trapezoid from the kept
+/// rows over `unix_span`.
+fn summarize_stats(sh: &Shared, all: Vec<Stats>, unix_span: (f64, f64)) -> PowerWindow {
+    let verdict_from = sh
+        .kept
+        .iter()
+        .filter_map(|k| lock(k).trimmed_from)
+        .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.max(t))))
+        .filter(|t| *t > unix_span.0);
+    let (verdict, _) = over_span(sh, (verdict_from.unwrap_or(unix_span.0), unix_span.1));
+    let duration_s = unix_span.1 - unix_span.0;
     let mut gpus = Vec::new();
     for (i, st) in all.into_iter().enumerate() {
-        let bracketed = st
-            .first_s
-            .is_some_and(|a| a <= span.0 + BRACKET_TOLERANCE_S)
-            && st.last_s.is_some_and(|b| b >= span.1 - BRACKET_TOLERANCE_S);
-        if !bracketed {
-            reasons.push("benchmark_window_not_bracketed");
-        }
         let span = match (st.first_s, st.last_s) {
             (Some(a), Some(b)) if b > a => b - a,
             _ => 0.0,
@@ -583,15 +736,6 @@ fn summarize_stats(all: Vec<Stats>, span: (f64, f64), expected_gpus: Option<usiz
         } else {
             None
         };
-        if st.power_samples < 2 {
-            reasons.push("insufficient_power_samples");
-        }
-        if st.max_gap_s > MAX_SAMPLE_GAP_S {
-            reasons.push("sampling_gap_exceeded");
-        }
-        if st.gone.is_some() || st.power_samples < st.samples {
-            reasons.push("invalid_power_sample");
-        }
         let (uuid, name) = st.identity.clone().unwrap_or_default();
         gpus.push(GpuWindow {
             index: i as u32,
@@ -630,20 +774,20 @@ fn summarize_stats(all: Vec<Stats>, span: (f64, f64), expected_gpus: Option<usiz
             },
         });
     }
-    if gpus.is_empty() || expected_gpus.is_some_and(|n| n != gpus.len()) {
-        reasons.push("expected_gpu_count_mismatch");
-    }
-    reasons.sort_unstable();
-    reasons.dedup();
     let total = gpus.iter().map(|g| g.energy_j).sum::<Option<f64>>();
     let avg_total = total.map(|e| e / duration_s.max(f64::EPSILON));
     PowerWindow {
         duration_s,
-        power_valid: u8::from(reasons.is_empty()),
-        reasons,
+        benchmark_start_time_unix: unix_span.0,
+        benchmark_end_time_unix: unix_span.1,
+        power_valid: verdict.power_valid,
+        reasons: verdict.reasons.clone(),
         total_gpu_energy_j: total,
         avg_total_gpu_power_w: avg_total,
         avg_power_w: avg_total.map(|w| w / gpus.len().max(1) as f64),
+        total_gpu_energy_trapezoid_j: verdict.total_gpu_energy_j,
+        verdict_from_unix: verdict_from,
+        inferencex: verdict,
         gpus,
     }
 }
@@ -786,10 +930,10 @@ mod tests {
         );
         assert_eq!(w.gpus[0].gone.as_deref(), Some("fell off the bus"));
         assert_eq!(w.power_valid, 0);
-        assert!(
-            w.reasons.contains(&"invalid_power_sample"),
-            "{:?}",
-            w.reasons
+        assert_eq!(
+            w.reasons,
+            ["benchmark_window_not_bracketed"],
+            "its samples stop before the run's end, as in the CSV InferenceX would read"
         );
     }
 
@@ -803,10 +947,11 @@ mod tests {
             100,
         );
         assert_eq!(w.gpus[0].peak_power_w, None);
-        assert!(
-            w.reasons.contains(&"insufficient_power_samples"),
-            "{:?}",
-            w.reasons
+        assert_eq!(w.total_gpu_energy_trapezoid_j, None);
+        assert_eq!(
+            w.reasons,
+            ["invalid_power_sample", "no_usable_power_samples"],
+            "[N/A] rows, as InferenceX reads them"
         );
     }
 
@@ -875,6 +1020,78 @@ mod tests {
         assert!((0.18..0.28).contains(&w.duration_s), "{}", w.duration_s);
         assert_eq!(w.gpus[0].energy_source, "counter");
         let _ = s.stop();
+    }
+
+    #[test]
+    fn a_window_is_bracketed_without_slack_even_at_a_slow_rate() {
+        let cfg = SamplerConfig {
+            interval: Duration::from_secs(1),
+            energy_interval: Duration::from_secs(60),
+        };
+        let s = Sampler::start(Box::new(fake()), cfg, None).unwrap();
+        let h = s.handle();
+        std::thread::sleep(Duration::from_millis(50));
+        h.window_start("w");
+        std::thread::sleep(Duration::from_millis(200));
+        let (_, w) = h.window_stop().unwrap();
+        assert_eq!(w.reasons, Vec::<&str>::new(), "{w:?}");
+        let e = w.total_gpu_energy_trapezoid_j.unwrap();
+        assert!((e - 100.0 * w.duration_s).abs() < 1e-6, "{e} {w:?}");
+        // the counter brackets the window through its edge reads
+        let over = h.power_over((w.benchmark_start_time_unix, w.benchmark_end_time_unix));
+        assert!(over.energy_counter.is_some());
+        assert_eq!(over.inferencex, w.inferencex);
+        let _ = s.stop();
+    }
+
+    #[test]
+    fn the_kept_rows_are_the_csvs_rows() {
+        let dir = std::env::temp_dir().join(format!("sampler-kept-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (csv, energy) = (dir.join("p.csv"), dir.join("p_energy.csv"));
+        let cfg = SamplerConfig {
+            interval: Duration::from_millis(10),
+            energy_interval: Duration::from_millis(50),
+        };
+        let s = Sampler::start_with_energy_csv(
+            Box::new(fake()),
+            cfg,
+            Some(File::create(&csv).unwrap()),
+            Some(File::create(&energy).unwrap()),
+        )
+        .unwrap();
+        let h = s.handle();
+        std::thread::sleep(Duration::from_millis(100));
+        h.window_start("w");
+        std::thread::sleep(Duration::from_millis(150));
+        let (_, w) = h.window_stop().unwrap();
+        let run = s.stop();
+        for (span, live) in [
+            (
+                (w.benchmark_start_time_unix, w.benchmark_end_time_unix),
+                &w.inferencex,
+            ),
+            (
+                (run.benchmark_start_time_unix, run.benchmark_end_time_unix),
+                &run.inferencex,
+            ),
+        ] {
+            let mut offline =
+                inferencex::verdict(&inferencex::read_csv(&csv), span, None, MAX_SAMPLE_GAP_S);
+            // Samples written after the window closed (within 3 s of its end) count in the CSV
+            // read later, not at the close; nothing else can differ.
+            offline.gpus[0].samples = live.gpus[0].samples;
+            assert_eq!(&offline, live);
+            assert_eq!(live.power_valid, 1, "{live:?}");
+        }
+        let reads = inferencex::parse_energy_csv(&std::fs::read_to_string(&energy).unwrap());
+        let c = inferencex::counter_energy(
+            &reads,
+            (w.benchmark_start_time_unix, w.benchmark_end_time_unix),
+        )
+        .unwrap();
+        assert!(c.total_gpu_energy_j > 0.0);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -76,6 +76,14 @@ pub enum Command {
     /// ISL/OSL or precision is refused (one line naming the field, exit 2) unless --force.
     Compare(CompareArgs),
 
+    /// Rebuild a run's --report JSON from its --events file, and with --bench-result add a window
+    /// over exactly the benchmark's own span: request figures from the requests log, power from
+    /// the power CSV with InferenceX's rules (aggregate_power.py: trapezoid interpolated at the
+    /// span's edges, 3 s gap limit, no bracketing slack, its reason codes), the hardware counter
+    /// beside it (from the CSV's `_energy.csv` sidecar). Prints the JSON (or writes --output).
+    /// Exit 0; 2 for bad input (a file that cannot be read or is not what it should be).
+    Report(ReportArgs),
+
     /// Internal: the watchdog that kills the server's process group if the supervisor dies.
     #[command(hide = true, name = "__sentinel")]
     Sentinel {
@@ -195,6 +203,43 @@ fn parse_noise(s: &str) -> Result<f64, String> {
             "expected a percentage >= 0 such as 1 or 2.5, got {s:?}"
         )),
     }
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The --events file of the run (JSON lines).
+    #[arg(long, value_name = "FILE")]
+    pub events: PathBuf,
+
+    /// A benchmark result: bench_serving's (`--output-file`, JSON lines: the last line) or
+    /// InferenceX benchmark_serving.py's (`--save-result`). Its span is
+    /// `benchmark_start_time_unix` → `benchmark_end_time_unix` when present; else (SGLang's
+    /// bench_serving) its `duration`, ending at the end of the last request in --requests-log.
+    #[arg(long, value_name = "FILE")]
+    pub bench_result: Option<PathBuf>,
+
+    /// The run's --requests-log: request figures over the benchmark's span come from it.
+    #[arg(long, value_name = "FILE")]
+    pub requests_log: Option<PathBuf>,
+
+    /// The run's --power-csv (or any nvidia-smi --format=csv capture with timestamp, index and
+    /// power.draw): power over the benchmark's span. Naive timestamps are read as UTC (what `run`
+    /// writes). The counter readings are read from `<stem>_energy.csv` next to it when present.
+    #[arg(long, value_name = "FILE")]
+    pub power_csv: Option<PathBuf>,
+
+    /// GPUs the server used (InferenceX's expected_num_gpus, tp × pp). Default: from the
+    /// events' server_args; unknown leaves the count unchecked.
+    #[arg(long, value_name = "N")]
+    pub expected_gpus: Option<usize>,
+
+    /// Name of the benchmark's window in the report.
+    #[arg(long, default_value = "bench", value_name = "NAME")]
+    pub name: String,
+
+    /// Write the report here instead of printing it.
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -370,6 +415,8 @@ pub struct RunArgs {
     /// Stream GPU samples here in the layout of `nvidia-smi --query-gpu=timestamp,index,
     /// power.draw,temperature.gpu,clocks.current.sm,clocks.current.memory,utilization.gpu,
     /// utilization.memory --format=csv` (power.draw holds the instant power where the GPU has it).
+    /// Every energy-counter reading goes to `<stem>_energy.csv` beside it (for `report
+    /// --bench-result`).
     #[arg(long, env = "SGLANG_SUPERVISOR_POWER_CSV", value_name = "PATH")]
     pub power_csv: Option<PathBuf>,
 

@@ -82,11 +82,22 @@ pub fn start_sampler(args: &RunArgs) -> Result<Option<Sampler>> {
                 .with_context(|| format!("cannot create the power CSV {}", p.display()))
         })
         .transpose()?;
+    // The counter readings beside the CSV, so a span's counter energy can be recomputed later.
+    let energy_csv = args
+        .power_csv
+        .as_deref()
+        .map(|p| {
+            let e = sglang_probes::inferencex::energy_sidecar(p);
+            std::fs::File::create(&e)
+                .with_context(|| format!("cannot create the energy sidecar {}", e.display()))
+        })
+        .transpose()?;
     let cfg = SamplerConfig {
         interval: args.sample_interval,
         energy_interval: args.energy_interval,
     };
-    let s = Sampler::start(probe, cfg, csv).context("starting the GPU sampler threads")?;
+    let s = Sampler::start_with_energy_csv(probe, cfg, csv, energy_csv)
+        .context("starting the GPU sampler threads")?;
     tracing::info!(gpus = s.gpu_count(), backend = s.backend(), interval = ?args.sample_interval, "sampling GPUs");
     Ok(Some(s))
 }

@@ -1,5 +1,6 @@
 //! sglang-supervisor: runs an SGLang server as a supervised child. The binary's `main` is thin;
 //! everything lives here so benchmarks and tests reach the same code.
+pub mod bench;
 pub mod child;
 pub mod cli;
 pub mod compare;
@@ -8,6 +9,7 @@ pub mod flags;
 pub mod gpu;
 pub mod lifecycle;
 pub mod logs;
+pub mod pyjson;
 pub mod redact;
 pub mod report;
 pub mod sentinel;

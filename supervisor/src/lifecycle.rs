@@ -431,6 +431,13 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
     }
     let window_events = events.clone();
     metrics.set_window_sink(Arc::new(move |w| window_events.emit("window", w)));
+    let (bench_sampler, bench_log) = (
+        sampler.as_ref().map(|s| s.handle()),
+        args.requests_log.clone(),
+    );
+    metrics.set_bench_hook(Arc::new(move |path| {
+        crate::bench::live(path, bench_sampler.as_ref(), bench_log.as_deref())
+    }));
     events.emit(
         "spawned",
         json!({"pid": pid, "argv": redact_argv(&argv_text), "supervisor_pid": std::process::id()}),

@@ -1,7 +1,7 @@
 use clap::Parser;
 use sglang_supervisor::cli::{Cli, Command, LogFormat};
 use sglang_supervisor::logs::tee::{terminal, StderrWriter};
-use sglang_supervisor::{compare, flags, gpu, lifecycle, sentinel, wait};
+use sglang_supervisor::{compare, flags, gpu, lifecycle, report, sentinel, wait};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -49,6 +49,10 @@ fn dispatch(command: Command) -> ExitCode {
             Err(e) => fail(e),
         },
         Command::Compare(args) => match compare::command(&args) {
+            Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+            Err(e) => fail(e),
+        },
+        Command::Report(args) => match report::command(&args) {
             Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
             Err(e) => fail(e),
         },

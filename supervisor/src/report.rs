@@ -2,6 +2,7 @@
 //! events of the run — the events are the single record of what happened; the report arranges
 //! them for a benchmark PR: identity, startup, what the log warned about, the measurement windows
 //! (latency from the proxy, power from the probes, with InferenceX's field names), and teardown.
+use crate::cli::ReportArgs;
 use serde_json::{json, Map, Value};
 use std::path::Path;
 
@@ -86,6 +87,108 @@ pub fn build(events: &[Value]) -> Value {
             "gpu": first(events, "gpu_teardown").map(body),
         },
     })
+}
+
+/// Exit status of `report` for bad input.
+pub const EXIT_BAD_INPUT: i32 = 2;
+
+/// GPUs the server used, from its resolved args (tp × pp), as the run's sampler expects them.
+fn expected_gpus(events: &[Value]) -> Option<usize> {
+    let args = &first(events, "server_args")?["args"];
+    let size = |k: &str| args.get(k).and_then(Value::as_u64).unwrap_or(1) as usize;
+    args.get("tp_size")?;
+    Some(size("tp_size") * size("pp_size"))
+}
+
+/// The events of a run, one JSON object per line (other lines skipped).
+fn read_events(path: &Path) -> Result<Vec<Value>, String> {
+    let text = std::fs::read(path).map_err(|e| {
+        format!(
+            "--events {}: cannot read it ({e}); pass the file `run --events` wrote",
+            path.display()
+        )
+    })?;
+    let events: Vec<Value> = String::from_utf8_lossy(&text)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v.get("event").is_some())
+        .collect();
+    if events.is_empty() && !text.is_empty() {
+        return Err(format!(
+            "--events {}: no event in it; pass the JSON-lines file `run --events` wrote",
+            path.display()
+        ));
+    }
+    Ok(events)
+}
+
+/// The bench window `report --bench-result` adds, from files.
+fn bench_window(args: &ReportArgs, events: &[Value]) -> Result<Option<Value>, String> {
+    let Some(path) = &args.bench_result else {
+        return Ok(None);
+    };
+    let b = crate::bench::load(path)?;
+    let requests = args
+        .requests_log
+        .as_deref()
+        .map(crate::bench::read_requests_log)
+        .transpose()?;
+    let span = crate::bench::span(&b, requests.as_ref().map(|(r, _)| r.as_slice()))?;
+    let expected = args.expected_gpus.or_else(|| expected_gpus(events));
+    let power = match &args.power_csv {
+        Some(csv) if !csv.is_file() => {
+            return Err(format!(
+                "--power-csv {}: no such file; pass the CSV `run --power-csv` wrote",
+                csv.display()
+            ))
+        }
+        Some(csv) => Some(crate::bench::power_from_files(
+            csv,
+            (span.0, span.1),
+            expected,
+        )),
+        None => None,
+    };
+    let gpus = expected.or_else(|| {
+        power
+            .as_ref()
+            .map(|p| p.inferencex.observed_gpu_count)
+            .filter(|n| *n > 0)
+    });
+    Ok(Some(crate::bench::assemble(
+        &args.name,
+        &b,
+        span,
+        requests.as_ref().map(|(r, bad)| (r.as_slice(), *bad)),
+        power,
+        gpus,
+    )))
+}
+
+/// `report`: the report of a run from its events, with a window over a benchmark's own span.
+pub fn command(args: &ReportArgs) -> anyhow::Result<i32> {
+    let built = read_events(&args.events).and_then(|events| {
+        let mut r = build(&events);
+        if let Some(w) = bench_window(args, &events)? {
+            if let Some(ws) = r["windows"].as_array_mut() {
+                ws.push(w);
+            }
+        }
+        Ok(r)
+    });
+    let report = match built {
+        Ok(r) => r,
+        Err(why) => {
+            eprintln!("sglang-supervisor: report: {why}");
+            return Ok(EXIT_BAD_INPUT);
+        }
+    };
+    match &args.output {
+        Some(path) => write(path, &report)
+            .map_err(|e| anyhow::anyhow!("cannot write the report {}: {e}", path.display()))?,
+        None => println!("{}", serde_json::to_string_pretty(&report)?),
+    }
+    Ok(0)
 }
 
 /// Write atomically (a reader never sees half a report).

@@ -1,0 +1,236 @@
+//! A benchmark's own span: read a bench_serving / InferenceX benchmark_serving result, find the
+//! span it measured, and recompute over exactly that span the request figures (from the requests
+//! log) and power (InferenceX's verdict and trapezoid, the hardware counter beside it). Used by
+//! `report --bench-result` (offline, from files) and `POST /-/window/stop?bench_result=PATH`
+//! (live, from the sampler's kept rows); both assemble the same JSON here.
+//!
+//! The span: `benchmark_start_time_unix` → `benchmark_end_time_unix` when the result has them
+//! (InferenceX's benchmark_serving.py writes them). SGLang's bench_serving does not: then the
+//! span ends at the end of the last request in the requests log and lasts the result's
+//! `duration` (bench_serving's duration runs from before its first request to after its last
+//! response; the proxy sees each request a little after the client sent it, so this span covers
+//! the benchmark's requests). The JSON says which (`span.source`) and how many requests of the log
+//! started inside it next to the result's `completed`.
+use serde_json::{json, Map, Value};
+use sglang_exporters::proxy::RequestRecord;
+use sglang_probes::inferencex::{self, BenchFields};
+use sglang_probes::sampler::SpanPower;
+use std::path::Path;
+
+/// A benchmark result as read.
+#[derive(Debug, Clone)]
+pub struct BenchResult {
+    pub path: String,
+    pub fields: BenchFields,
+}
+
+/// Read a result file (one JSON document, or JSON lines: the last line), tolerating Python's
+/// `NaN`/`Infinity`. The error is one line naming the file and what to do.
+pub fn load(path: &Path) -> Result<BenchResult, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "--bench-result {}: cannot read it ({e}); pass the JSON file bench_serving or benchmark_serving.py saved (--save-result)",
+            path.display()
+        )
+    })?;
+    let v = crate::pyjson::parse_result(&text).map_err(|e| {
+        format!(
+            "--bench-result {}: not JSON ({e}); pass the result file bench_serving / benchmark_serving.py wrote",
+            path.display()
+        )
+    })?;
+    let Some(o) = v.as_object() else {
+        return Err(format!(
+            "--bench-result {}: expected one benchmark result object (an aggregated array is not a single run's result)",
+            path.display()
+        ));
+    };
+    Ok(BenchResult {
+        path: path.display().to_string(),
+        fields: fields(o),
+    })
+}
+
+/// The fields InferenceX reads, with its types: numbers for the span and duration, integers for
+/// the counts (a `256.0` is not a count).
+pub fn fields(o: &Map<String, Value>) -> BenchFields {
+    let num = |k: &str| o.get(k).and_then(Value::as_f64);
+    let int = |k: &str| o.get(k).and_then(Value::as_i64);
+    BenchFields {
+        start_unix: num("benchmark_start_time_unix"),
+        end_unix: num("benchmark_end_time_unix"),
+        duration: num("duration"),
+        completed: int("completed"),
+        total_input_tokens: int("total_input_tokens"),
+        total_output_tokens: int("total_output_tokens"),
+    }
+}
+
+/// The requests of a requests log (JSON lines), and how many lines were not requests.
+pub fn read_requests_log(path: &Path) -> Result<(Vec<RequestRecord>, usize), String> {
+    let text = std::fs::read(path).map_err(|e| {
+        format!(
+            "--requests-log {}: cannot read it ({e}); pass the file `run --requests-log` wrote",
+            path.display()
+        )
+    })?;
+    let (mut records, mut bad) = (Vec::new(), 0);
+    for line in String::from_utf8_lossy(&text).lines() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<RequestRecord>(line) {
+            Ok(r) if r.start_unix.is_finite() && r.e2e_s.is_finite() => records.push(r),
+            _ => bad += 1,
+        }
+    }
+    Ok((records, bad))
+}
+
+/// The benchmark's span and where it came from. `Err`: no span can be had (one line, what to do).
+pub fn span(
+    b: &BenchResult,
+    records: Option<&[RequestRecord]>,
+) -> Result<(f64, f64, Value), String> {
+    let f = &b.fields;
+    if let (Some(s), Some(e)) = (f.start_unix, f.end_unix) {
+        return Ok((s, e, json!({"source": "bench_result"})));
+    }
+    let Some(duration) = f.duration.filter(|d| d.is_finite() && *d > 0.0) else {
+        return Err(format!(
+            "--bench-result {}: neither benchmark_start_time_unix/benchmark_end_time_unix nor a duration; pass a bench_serving or benchmark_serving.py result",
+            b.path
+        ));
+    };
+    let Some(records) = records.filter(|r| !r.is_empty()) else {
+        return Err(format!(
+            "--bench-result {}: has no benchmark_start_time_unix/benchmark_end_time_unix (SGLang's bench_serving); pass --requests-log too, the span is derived from its requests",
+            b.path
+        ));
+    };
+    let end = records
+        .iter()
+        .map(|r| r.start_unix + r.e2e_s)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let start = end - duration;
+    let inside = records
+        .iter()
+        .filter(|r| r.start_unix >= start && r.start_unix <= end)
+        .count();
+    Ok((
+        start,
+        end,
+        json!({
+            "source": "derived: the result's duration, ending at the last request's end in the requests log",
+            "requests_in_span": inside,
+            "completed_in_result": f.completed,
+        }),
+    ))
+}
+
+/// The bench window's JSON: name, the result's path, the span, request figures over it (when the
+/// requests are known), power over it (when telemetry is), with InferenceX's energy per token.
+pub fn assemble(
+    name: &str,
+    b: &BenchResult,
+    (start, end, source): (f64, f64, Value),
+    requests: Option<(&[RequestRecord], usize)>,
+    power: Option<SpanPower>,
+    gpus: Option<usize>,
+) -> Value {
+    let mut w = json!({
+        "name": name,
+        "bench_result": b.path,
+        "span": {
+            "benchmark_start_time_unix": start,
+            "benchmark_end_time_unix": end,
+            "duration": end - start,
+        },
+    });
+    if let (Some(o), Some(src)) = (w["span"].as_object_mut(), source.as_object()) {
+        o.extend(src.clone());
+    }
+    if let Some((records, bad)) = requests {
+        let mut r = sglang_exporters::report::summary_over_span(records, (start, end), gpus);
+        if bad > 0 {
+            r["requests_log_bad_lines"] = bad.into();
+        }
+        w["requests"] = r;
+    }
+    if let Some(p) = power {
+        // InferenceX's own checks of the result come first, as in aggregate_power.py.
+        let f = &b.fields;
+        let bench_fields = BenchFields {
+            start_unix: Some(start),
+            end_unix: Some(end),
+            ..f.clone()
+        };
+        let leading = match inferencex::bench_reasons(&bench_fields) {
+            Ok((_, r)) => r,
+            Err(r) => vec![r],
+        };
+        let verdict = p.inferencex.with_leading_reasons(&leading);
+        let count = |n: Option<i64>| n.and_then(|n| u64::try_from(n).ok());
+        let per_token = inferencex::per_token(
+            &verdict,
+            count(f.completed),
+            count(f.total_input_tokens),
+            count(f.total_output_tokens),
+        );
+        let mut v = serde_json::to_value(SpanPower {
+            inferencex: verdict,
+            energy_counter: p.energy_counter,
+        })
+        .unwrap_or(Value::Null);
+        for (k, x) in per_token {
+            v[k] = x.into();
+        }
+        w["power"] = v;
+    }
+    w
+}
+
+/// Power over a span from files: the power CSV, and the counter readings of its sidecar when
+/// there is one (`<stem>_energy.csv`, written by `run --power-csv`).
+pub fn power_from_files(csv: &Path, span: (f64, f64), expected: Option<usize>) -> SpanPower {
+    let telemetry = inferencex::read_csv(csv);
+    let inferencex = inferencex::verdict(&telemetry, span, expected, inferencex::MAX_SAMPLE_GAP_S);
+    let energy_counter = std::fs::read_to_string(inferencex::energy_sidecar(csv))
+        .ok()
+        .and_then(|t| inferencex::counter_energy(&inferencex::parse_energy_csv(&t), span));
+    SpanPower {
+        inferencex,
+        energy_counter,
+    }
+}
+
+/// `POST /-/window/stop?bench_result=PATH`: the bench window from the live sampler's kept rows and
+/// the requests log (`run --requests-log`), or `{"error": ...}` saying what is wrong.
+pub fn live(
+    path: &str,
+    sampler: Option<&sglang_probes::sampler::SamplerHandle>,
+    requests_log: Option<&Path>,
+) -> Value {
+    let eval = || -> Result<Value, String> {
+        let b = load(Path::new(path))?;
+        let requests = requests_log.map(read_requests_log).transpose()?;
+        let span = span(&b, requests.as_ref().map(|(r, _)| r.as_slice()))?;
+        let power = sampler.map(|s| s.power_over((span.0, span.1)));
+        let gpus = sampler.map(|s| s.latest().len()).filter(|n| *n > 0);
+        let mut w = assemble(
+            "bench",
+            &b,
+            span,
+            requests.as_ref().map(|(r, bad)| (r.as_slice(), *bad)),
+            power,
+            gpus,
+        );
+        if requests_log.is_none() {
+            w["requests_note"] =
+                "no --requests-log in this run: the request figures over the benchmark's span need it"
+                    .into();
+        }
+        Ok(w)
+    };
+    eval().unwrap_or_else(|e| json!({ "error": e }))
+}
