@@ -29,7 +29,7 @@ if [[ " $PHASES " == *" M "* ]]; then
   say "M: proxy.sh 256 streams"; (cd "$HERE" && timeout 120 benches/proxy.sh 256 256 7 2000)
   say "M: proxy.sh 1024 streams"; (cd "$HERE" && timeout 150 benches/proxy.sh 1024 256 5 4000)
   say "M: proxy_fair.sh 1024 streams, 100 scrapes/s"; (cd "$HERE" && timeout 150 benches/proxy_fair.sh 1024 11 10000 100)
-  say "M: log_path.sh"; (cd "$HERE" && timeout 150 benches/log_path.sh 5 256)
+  if [ -n "${LOG_PATH:-}" ]; then say "M: log_path.sh"; (cd "$HERE" && timeout 150 benches/log_path.sh 5 256); fi
 fi
 
 # shellcheck source=/dev/null
