@@ -37,7 +37,7 @@ impl LogSink for Count {
     fn event(&mut self, _: LogEvent) {
         self.0 += 1;
     }
-    fn batch(&mut self, _: BatchKind, _: Option<&str>, body: &str) {
+    fn batch(&mut self, _: BatchKind, _: Option<&str>, body: &[u8]) {
         self.0 += body.len();
     }
 }
