@@ -51,10 +51,11 @@ timed() {
 }
 tee_run() { cat "$big" | tee "$work/tee.out" >/dev/null; }
 # The supervisor's own messages and the child's terminal copy go to /dev/null, like tee's stdout.
+# The metrics server runs as by default, on a free port (9400 may be taken on a shared host).
 sup() { # sup OUT_PREFIX [options] -- command...
   local out=$1; shift
   # shellcheck disable=SC2086
-  "$bin" run --metrics-addr none ${SUP_EXTRA:-} --log-file "$out.log" --events "$out.ev" "$@" >/dev/null 2>"$out.err"
+  "$bin" run --metrics-addr 127.0.0.1:0 ${SUP_EXTRA:-} --log-file "$out.log" --events "$out.ev" "$@" >/dev/null 2>"$out.err"
 }
 
 declare -a tee_t tee_c sup_t sup_c non_t non_c fix_t fixn_t start_t startn_t direct_t rss_a rss_n cpu_a cpu_n
