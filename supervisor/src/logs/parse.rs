@@ -115,9 +115,7 @@ struct HeadSpans {
 fn head_spans(b: &[u8]) -> Option<HeadSpans> {
     // "[YYYY-MM-DD HH:MM:SS" is 20 bytes: matched against a template, one byte class each.
     const TEMPLATE: &[u8; 20] = b"[0000-00-00 00:00:00";
-    let Some(head) = b.get(..20).filter(|_| b.len() >= 21) else {
-        return None;
-    };
+    let head = b.get(..20).filter(|_| b.len() >= 21)?;
     if !head.iter().zip(TEMPLATE).all(|(&c, &t)| {
         if t == b'0' {
             c.is_ascii_digit()
