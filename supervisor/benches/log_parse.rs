@@ -1,7 +1,7 @@
 //! Parser cost per byte of real SGLang output, against framing alone (the floor any tee pays).
 //! `cargo bench -p sglang-supervisor --bench log_parse`
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use sglang_supervisor::logs::parse::{BatchKind, LogEvent, LogParser, LogSink};
+use sglang_supervisor::logs::parse::{is_plain, BatchKind, LogEvent, LogParser, LogSink};
 use sglang_supervisor::logs::tee::LineFramer;
 
 const DIR: &str = concat!(
@@ -37,7 +37,7 @@ impl LogSink for Count {
     fn event(&mut self, _: LogEvent) {
         self.0 += 1;
     }
-    fn batch(&mut self, _: BatchKind, _: Option<&str>, body: &str) {
+    fn batch(&mut self, _: BatchKind, _: Option<&str>, body: &[u8]) {
         self.0 += body.len();
     }
 }
@@ -61,7 +61,23 @@ fn bench_corpus(c: &mut Criterion, name: &str, data: &[u8]) {
             n
         })
     });
+    // What the reader does: one plain check per chunk, lines parsed with the chunk's hint.
     g.bench_function("frame_and_parse", |b| {
+        b.iter(|| {
+            let mut f = LineFramer::new(1 << 20);
+            let mut p = LogParser::new();
+            let mut sink = Count(0);
+            for chunk in data.chunks(256 * 1024) {
+                f.feed_hinted(chunk, is_plain(chunk), |l, t, plain| {
+                    p.line_hinted(l, t, plain, &mut sink)
+                });
+            }
+            p.flush(&mut sink);
+            sink.0
+        })
+    });
+    // Lines one by one, without a hint (each line checks itself).
+    g.bench_function("frame_and_parse_per_line", |b| {
         b.iter(|| {
             let mut f = LineFramer::new(1 << 20);
             let mut p = LogParser::new();

@@ -74,16 +74,17 @@ impl BatchKind {
 }
 
 /// Where parsed lines go. Batch lines are the bulk of a busy log, so they get their own method
-/// with borrowed text: a sink can keep the latest per rank without allocating per line, and parse
-/// the fields ([`batch_fields`]) only when someone asks. Any `FnMut(LogEvent)` is a sink that
-/// receives batches as parsed `LogEvent::Batch` events.
+/// with borrowed bytes (not even UTF-8-checked: a plain ASCII line never is): a sink can keep the
+/// latest per rank without allocating per line, and parse the fields ([`batch_fields`], after a
+/// lossy decoding) only when someone asks. Any `FnMut(LogEvent)` is a sink that receives batches as
+/// parsed `LogEvent::Batch` events.
 pub trait LogSink {
     fn event(&mut self, event: LogEvent);
-    fn batch(&mut self, kind: BatchKind, rank: Option<&str>, body: &str) {
+    fn batch(&mut self, kind: BatchKind, rank: Option<&str>, body: &[u8]) {
         self.event(LogEvent::Batch {
             kind,
             rank: rank.map(str::to_string),
-            fields: batch_fields(body),
+            fields: batch_fields(&String::from_utf8_lossy(body)),
         });
     }
 }
@@ -102,33 +103,33 @@ pub struct LineHead<'a> {
     pub msg: &'a str,
 }
 
-/// Split `[2026-12-02 08:44:01.123 DP0 TP3 EP3] msg`. Anything else is an unprefixed line.
-pub fn split_head(line: &str) -> LineHead<'_> {
-    let unprefixed = LineHead {
-        ts: None,
-        rank: None,
-        msg: line,
-    };
-    let b = line.as_bytes();
-    // "[YYYY-MM-DD HH:MM:SS" is 20 bytes.
-    if b.len() < 21 || b[0] != b'[' {
-        return unprefixed;
-    }
-    let digits = [1, 2, 3, 4, 6, 7, 9, 10, 12, 13, 15, 16, 18, 19];
-    if !digits.iter().all(|&i| b[i].is_ascii_digit())
-        || b[5] != b'-'
-        || b[8] != b'-'
-        || b[11] != b' '
-        || b[14] != b':'
-        || b[17] != b':'
-    {
-        return unprefixed;
+/// Where the parts of a prefixed line lie: `[` ts `]`-or-rank, rank, message.
+struct HeadSpans {
+    ts_end: usize,
+    /// Index of the closing `]`; a rank lies in `ts_end + 1..close` when `close > ts_end`.
+    close: usize,
+}
+
+/// The byte-level reading of `[2026-12-02 08:44:01.123 DP0 TP3 EP3] msg` behind [`split_head`]
+/// (all it accepts is ASCII, so its indices are char boundaries of any `str` it was given).
+fn head_spans(b: &[u8]) -> Option<HeadSpans> {
+    // "[YYYY-MM-DD HH:MM:SS" is 20 bytes: matched against a template, one byte class each.
+    const TEMPLATE: &[u8; 20] = b"[0000-00-00 00:00:00";
+    let head = b.get(..20).filter(|_| b.len() >= 21)?;
+    if !head.iter().zip(TEMPLATE).all(|(&c, &t)| {
+        if t == b'0' {
+            c.is_ascii_digit()
+        } else {
+            c == t
+        }
+    }) {
+        return None;
     }
     let mut i = 20;
     if b.get(i) == Some(&b'.') {
         let ms = b.get(i + 1..i + 4);
         if !ms.is_some_and(|m| m.iter().all(u8::is_ascii_digit)) {
-            return unprefixed;
+            return None;
         }
         i += 4;
     }
@@ -148,25 +149,48 @@ pub fn split_head(line: &str) -> LineHead<'_> {
             j += 1;
         }
         if name_len == 0 || j == d0 {
-            return unprefixed;
+            return None;
         }
         i = j;
     }
     if b.get(i) != Some(&b']') {
-        return unprefixed;
+        return None;
     }
-    let rank = (i > ts_end).then(|| &line[ts_end + 1..i]);
-    let msg = line.get(i + 1..).unwrap_or("");
-    LineHead {
-        ts: Some(&line[1..ts_end]),
-        rank,
-        msg: msg.strip_prefix(' ').unwrap_or(msg),
+    Some(HeadSpans { ts_end, close: i })
+}
+
+impl HeadSpans {
+    /// Start of the message: after the `]` and one space.
+    fn msg_start(&self, b: &[u8]) -> usize {
+        self.close + 1 + usize::from(b.get(self.close + 1) == Some(&b' '))
     }
+}
+
+/// Split `[2026-12-02 08:44:01.123 DP0 TP3 EP3] msg`. Anything else is an unprefixed line.
+pub fn split_head(line: &str) -> LineHead<'_> {
+    match head_spans(line.as_bytes()) {
+        None => LineHead {
+            ts: None,
+            rank: None,
+            msg: line,
+        },
+        Some(h) => LineHead {
+            ts: Some(&line[1..h.ts_end]),
+            rank: (h.close > h.ts_end).then(|| &line[h.ts_end + 1..h.close]),
+            msg: &line[h.msg_start(line.as_bytes())..],
+        },
+    }
+}
+
+/// ASCII without `\r` or ESC: a line the fast path may read as bytes, exactly as the full path
+/// would read it as text (no lossy decoding, no progress-bar rewrite, no colour to strip).
+pub fn is_plain(b: &[u8]) -> bool {
+    b.is_ascii() && memchr::memchr2(b'\r', 0x1b, b).is_none()
 }
 
 /// Remove ANSI CSI sequences (`ESC [ ... final`) such as the yellow of deprecation warnings.
 pub fn strip_ansi(s: &str) -> Cow<'_, str> {
-    if !s.contains('\x1b') {
+    if memchr::memchr(0x1b, s.as_bytes()).is_none() {
         return Cow::Borrowed(s);
     }
     let mut out = String::with_capacity(s.len());
@@ -336,11 +360,32 @@ impl LogParser {
 
     /// One line without its `\n`. `truncated`: the framer cut it at its length limit.
     pub fn line(&mut self, raw: &[u8], truncated: bool, out: &mut impl LogSink) {
+        self.line_hinted(raw, truncated, false, out)
+    }
+
+    /// [`line`](Self::line), where `plain` says the caller already knows the line is
+    /// [`is_plain`] (the reader checks a whole chunk at once); `false` means "not known".
+    pub fn line_hinted(
+        &mut self,
+        raw: &[u8],
+        truncated: bool,
+        plain: bool,
+        out: &mut impl LogSink,
+    ) {
         self.stats.lines += 1;
         if truncated {
             self.stats.truncated_lines += 1;
         }
         let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+        if (plain || is_plain(raw)) && self.hot(raw, out) {
+            return;
+        }
+        self.line_full(raw, out);
+    }
+
+    /// Every line's reading as text (what [`hot`](Self::hot) shortcuts for its lines); `raw`
+    /// without its `\r\n`, counted already.
+    pub(crate) fn line_full(&mut self, raw: &[u8], out: &mut impl LogSink) {
         let text = match std::str::from_utf8(raw) {
             Ok(s) => Cow::Borrowed(s),
             Err(_) => {
@@ -358,6 +403,43 @@ impl LogParser {
         };
         let clean = strip_ansi(text);
         self.classify(&clean, out);
+    }
+
+    /// The bulk of a serving log, read as bytes: a prefixed batch line or uvicorn access line
+    /// (`raw` is plain). Does exactly what [`classify`](Self::classify) does with it and returns
+    /// true; any other line returns false untouched.
+    fn hot(&mut self, raw: &[u8], out: &mut impl LogSink) -> bool {
+        let Some(h) = head_spans(raw) else {
+            return false;
+        };
+        let msg = &raw[h.msg_start(raw)..];
+        // Neither form starts like a phase (`phase` goes by the first byte) or `server_args=`.
+        let (kind, rest) = if let Some(r) = msg.strip_prefix(b"Decode batch") {
+            (BatchKind::Decode, r)
+        } else if let Some(r) = msg.strip_prefix(b"Prefill batch") {
+            (BatchKind::Prefill, r)
+        } else if msg
+            .strip_prefix(b"INFO:     ")
+            .and_then(|r| r.first())
+            .is_some_and(|c| c.is_ascii_digit() || *c == b'[')
+        {
+            if self.capture.is_some() {
+                self.flush(out);
+            }
+            return true;
+        } else {
+            return false;
+        };
+        if self.capture.is_some() {
+            self.flush(out);
+        }
+        // Skip an optional ` [iter]` and the first comma.
+        let body = memchr::memchr(b',', rest).map_or(&b""[..], |i| &rest[i + 1..]);
+        let rank = (h.close > h.ts_end)
+            .then(|| std::str::from_utf8(&raw[h.ts_end + 1..h.close]).ok())
+            .flatten();
+        out.batch(kind, rank, body);
+        true
     }
 
     fn classify(&mut self, line: &str, out: &mut impl LogSink) {
@@ -393,12 +475,12 @@ impl LogParser {
                 }
                 return;
             }
-            if let Some(ev) = phase(msg, rank()) {
+            if let Some(ev) = phase(msg, head.rank) {
                 out.event(ev);
                 return;
             }
             if let Some((kind, body)) = batch(msg) {
-                out.batch(kind, head.rank, body);
+                out.batch(kind, head.rank, body.as_bytes());
                 return;
             }
             // uvicorn access lines (`INFO:     127.0.0.1:50312 - "GET /health ..." 200`) are half of
@@ -590,11 +672,11 @@ fn after<'a>(msg: &'a str, key: &str) -> Option<&'a str> {
     msg[i..].split([',', ' ']).next().filter(|s| !s.is_empty())
 }
 
-fn phase(msg: &str, rank: Option<String>) -> Option<LogEvent> {
+fn phase(msg: &str, rank: Option<&str>) -> Option<LogEvent> {
     let ev = |name, reported_s, detail: Option<String>| {
         Some(LogEvent::Phase {
             name,
-            rank: rank.clone(),
+            rank: rank.map(str::to_string),
             reported_s,
             detail,
         })
