@@ -88,7 +88,12 @@ p, name, n0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
 b = [json.loads(l.replace("Infinity", "1e999")) for l in open(f"{p}/bench-{name}.jsonl")][-1]
 recs = [json.loads(l) for l in open(f"{p}/requests.jsonl")][n0:]
 w = json.load(open(f"{p}/window-{name}.json"))
-req = w.get("requests", {})
+# the window stopped with ?bench_result=: its figures over the benchmark's own span
+req = (w.get("bench") or {}).get("requests") or w.get("requests", {})
+span = (w.get("bench") or {}).get("span")
+print(f"{name}: span {json.dumps(span)}")
+tp = (w.get("bench") or {}).get("power") or w.get("traffic_power") or {}
+print(f"{name}: power over the span: valid {tp.get('power_valid')} {tp.get('reasons')} energy {tp.get('total_gpu_energy_j')} J, counter {(tp.get('energy_counter') or {}).get('total_gpu_energy_j')} J, J/output token {tp.get('joules_per_output_token')}")
 ok = [r for r in recs if r["status"] == 200 and not r.get("error")]
 ours = sorted(r["completion_tokens"] for r in ok if r["completion_tokens"] is not None)
 theirs = sorted(x for x in b["output_lens"])
@@ -153,5 +158,8 @@ PY
   fi
 fi
 [ -n "${PACK_JIT:-}" ] && cache_pack "$O/jit-cache.tar.xz" >/dev/null 2>&1
+# few files come back: the jit cache and one archive of the rest
+tar -C "$O" --exclude jit-cache.tar.xz -czf "$O/../acceptance-files.tar.gz" . 2>/dev/null
+[ -f "$O/jit-cache.tar.xz" ] && mv "$O/jit-cache.tar.xz" "$O/../"
 say "done"
 exit 0

@@ -85,7 +85,7 @@ fn dispatch(command: Command) -> ExitCode {
                 Err(e) => return fail(e),
             };
             let rt = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
+                .worker_threads(runtime_threads())
                 .enable_all()
                 .build()
             {
@@ -120,4 +120,11 @@ fn init_tracing(format: LogFormat) {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
+}
+
+/// Async worker threads: two, and up to four on large hosts, where a proxy carrying a thousand
+/// streams needs more than two cores' worth of socket work to keep up (the threads sleep when idle).
+fn runtime_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cores / 4).clamp(2, 4)
 }
