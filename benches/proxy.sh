@@ -14,6 +14,7 @@ target/release/sglang-supervisor run --no-tee --metrics-addr none --proxy-addr 1
 sup=$!
 for _ in $(seq 200); do grep -q '"event":"ready"' "$work/ev.jsonl" 2>/dev/null && break; sleep 0.05; done
 proxy=$(grep -o '"proxy":"[^"]*"' "$work/ev.jsonl" | cut -d'"' -f4)
-target/release/proxy-bench "127.0.0.1:$port" "$proxy" "${1:-64}" "${2:-256}" "${3:-7}" "$sup" "${5:-/generate}"
+server=$(pgrep -P "$sup" -f sglang-replay | head -1 || true)
+target/release/proxy-bench "127.0.0.1:$port" "$proxy" "${1:-64}" "${2:-256}" "${3:-7}" "$sup" "${5:-/generate}" "${server:-0}"
 kill -TERM $sup; wait $sup || true
 rm -rf "$work"

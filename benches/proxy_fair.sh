@@ -39,7 +39,8 @@ el = time.monotonic() - t0
 print(f"/metrics: {len(lat)} scrapes in {el:.1f} s ({len(lat)/el:.1f}/s), {errors} errors; latency p50 {q(.5):.2f} ms, p99 {q(.99):.2f} ms, max {lat[-1]:.2f} ms")
 PY
 scraper=$!
-target/release/proxy-bench "127.0.0.1:$port" "$proxy" "$streams" 256 "$rounds" "$sup" /generate
+server=$(pgrep -P "$sup" -f sglang-replay | head -1 || true)
+target/release/proxy-bench "127.0.0.1:$port" "$proxy" "$streams" 256 "$rounds" "$sup" /generate "${server:-0}"
 touch "$work/stop"; wait $scraper
 cat "$work/scrapes"
 kill -TERM $sup; wait $sup || true

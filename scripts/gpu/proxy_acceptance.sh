@@ -27,8 +27,9 @@ if [[ " $PHASES " == *" M "* ]]; then
   mkdir -p "$HERE/target/release"
   for b in sglang-supervisor sglang-replay proxy-bench; do cp "$BINDIR/$b" "$HERE/target/release/$b"; done
   say "M: proxy.sh 256 streams"; (cd "$HERE" && timeout 120 benches/proxy.sh 256 256 7 2000)
-  say "M: proxy.sh 1024 streams"; (cd "$HERE" && timeout 150 benches/proxy.sh 1024 256 5 4000)
-  say "M: proxy_fair.sh 1024 streams, 100 scrapes/s"; (cd "$HERE" && timeout 150 benches/proxy_fair.sh 1024 11 10000 100)
+  [ -n "${M1024:-}" ] && { say "M: proxy.sh 1024 streams"; (cd "$HERE" && timeout 150 benches/proxy.sh 1024 256 5 4000); }
+  say "M: proxy.sh 256 streams, OpenAI completions"; (cd "$HERE" && timeout 120 benches/proxy.sh 256 256 5 2000 /v1/completions)
+  say "M: proxy_fair.sh 1024 streams, 100 scrapes/s"; (cd "$HERE" && timeout 150 benches/proxy_fair.sh 1024 "${FAIR_ROUNDS:-11}" 10000 100)
   if [ -n "${LOG_PATH:-}" ]; then say "M: log_path.sh"; (cd "$HERE" && timeout 150 benches/log_path.sh 5 256); fi
 fi
 
@@ -59,13 +60,13 @@ start_sup() { # start_sup DIR
 stop_sup() { kill -TERM "$SUP"; wait "$SUP"; say "supervisor exit $?"; }
 bench() { # bench PORT BACKEND CONC PROMPTS OUTFILE [RANGE]
   timeout 300 python3 -m sglang.bench_serving --backend "$2" --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" \
-    --tokenizer "$B/tiny-llama" --dataset-name random --dataset-path "$B/tiny-llama/sharegpt_mini.json" \
+    --tokenizer "$B/tiny-llama" --dataset-name "${DATASET:-random}" --dataset-path "$B/tiny-llama/sharegpt_mini.json" \
     --random-input-len 256 --random-output-len 256 --random-range-ratio "${6:-1.0}" --num-prompts "$4" \
     --max-concurrency "$3" --seed 1 --disable-tqdm --output-details --output-file "$5" > "$5.txt" 2>&1
   local rc=$?
   if [ "$rc" != 0 ] && grep -qE "No module named|ImportError" "$5.txt"; then
     PYTHONPATH="$HERE/dev-device/stubs-fallback:$PYTHONPATH" timeout 300 python3 -m sglang.bench_serving --backend "$2" \
-      --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" --tokenizer "$B/tiny-llama" --dataset-name random \
+      --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" --tokenizer "$B/tiny-llama" --dataset-name "${DATASET:-random}" \
       --dataset-path "$B/tiny-llama/sharegpt_mini.json" --random-input-len 256 --random-output-len 256 \
       --random-range-ratio "${6:-1.0}" --num-prompts "$4" --max-concurrency "$3" --seed 1 --disable-tqdm \
       --output-details --output-file "$5" > "$5.txt" 2>&1; rc=$?
@@ -117,13 +118,6 @@ pairs("E2E", [r["e2e_s"] for r in body], [t + sum(i) for t, i in zip(b["ttfts"],
 print(f"{name}: window keys: {sorted(w.keys())}; power: {json.dumps(w.get('power', {}))[:300]}")
 PY
     done
-    stop_sup
-    for backend in sglang vllm; do
-      say "E: report --bench-result ($backend)"
-      "$BINDIR/sglang-supervisor" report --events "$P/events.jsonl" --requests-log "$P/requests.jsonl" \
-        --power-csv "$P/power.csv" --bench-result "$P/bench-$backend.jsonl" > "$P/report-span-$backend.json" 2> "$P/report-span-$backend.err"
-      echo "rc=$? $(head -c 1500 "$P/report-span-$backend.json") $(head -c 300 "$P/report-span-$backend.err")"
-    done
   else
     say "E: not ready"; tail -20 "$P/supervisor.err"; kill -KILL "$SUP"
   fi
@@ -131,16 +125,16 @@ fi
 
 if [[ " $PHASES " == *" S "* ]]; then
   P=$O/S; mkdir -p "$P"
-  say "S: start"
-  if start_sup "$P"; then
+  say "S: start (the E phase's server when it ran)"
+  if { [ -n "${SUP:-}" ] && kill -0 "$SUP" 2>/dev/null; } || start_sup "$P"; then
     bench "$PPORT" sglang 32 64 "$P/warm.jsonl"   # JIT and graphs warm before timing anything
-    for conc in 256 512; do
+    for conc in ${CONCS:-256 512}; do
       for i in 1 2 3; do
         for side in direct proxy; do
           port=$PORT; [ $side = proxy ] && port=$PPORT
           post "http://127.0.0.1:$PORT/flush_cache" > /dev/null 2>&1 || true
           cpu0=$(awk '{print $14+$15}' "/proc/$SUP/stat")
-          bench "$port" sglang "$conc" 1024 "$P/c$conc-$side-$i.jsonl"
+          DATASET=random-ids bench "$port" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
           cpu1=$(awk '{print $14+$15}' "/proc/$SUP/stat")
           python3 - "$P/c$conc-$side-$i.jsonl" "$side" "$conc" "$i" "$cpu0" "$cpu1" <<'PY'
 import json, sys, os
@@ -152,10 +146,19 @@ PY
         done
       done
     done
-    stop_sup
   else
     say "S: not ready"; tail -20 "$P/supervisor.err"; kill -KILL "$SUP"
   fi
+fi
+if [ -n "${SUP:-}" ] && kill -0 "$SUP" 2>/dev/null; then stop_sup; fi
+if [[ " $PHASES " == *" E "* ]]; then
+  P=$O/E
+  for backend in sglang vllm; do
+    say "E: report --bench-result ($backend), offline from the run's files"
+    "$BINDIR/sglang-supervisor" report --events "$P/events.jsonl" --requests-log "$P/requests.jsonl" \
+      --power-csv "$P/power.csv" --bench-result "$P/bench-$backend.jsonl" > "$P/report-span-$backend.json" 2> "$P/report-span-$backend.err"
+    echo "rc=$?"; python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); w=[w for w in r.get("windows",[]) if w.get("name")=="bench"]; print(json.dumps(w)[:1500])' "$P/report-span-$backend.json"
+  done
 fi
 [ -n "${PACK_JIT:-}" ] && cache_pack "$O/jit-cache.tar.xz" >/dev/null 2>&1
 # few files come back: the jit cache and one archive of the rest

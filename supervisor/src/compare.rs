@@ -7,7 +7,6 @@
 use crate::cli::{CompareArgs, CompareFormat};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -86,60 +85,10 @@ fn num(v: &Value) -> Option<f64> {
         .filter(|x: &f64| x.is_finite())
 }
 
-/// Python's `json.dumps` writes NaN and ±inf as the bare tokens `NaN`, `Infinity`, `-Infinity`,
-/// which strict JSON rejects. Outside strings they become `null` and `"inf"`/`"-inf"` (the way
-/// InferenceX's benchmark_serving writes an infinite request rate); strings are left alone, so a
-/// generated text that says "NaN" stays as it was.
-fn python_json_to_strict(text: &str) -> Cow<'_, str> {
-    if !text.contains("NaN") && !text.contains("Infinity") {
-        return Cow::Borrowed(text);
-    }
-    let b = text.as_bytes();
-    let mut out = String::with_capacity(text.len() + 16);
-    let (mut i, mut copied, mut in_string) = (0, 0, false);
-    while i < b.len() {
-        if in_string {
-            match b[i] {
-                b'\\' => i += 1, // the escaped byte cannot end the string
-                b'"' => in_string = false,
-                _ => {}
-            }
-            i += 1;
-            continue;
-        }
-        let rest = &b[i..];
-        let replaced = [
-            (&b"NaN"[..], "null"),
-            (&b"-Infinity"[..], "\"-inf\""),
-            (&b"Infinity"[..], "\"inf\""),
-        ]
-        .into_iter()
-        .find(|(token, _)| rest.starts_with(token));
-        match replaced {
-            Some((token, with)) => {
-                out.push_str(&text[copied..i]);
-                out.push_str(with);
-                i += token.len();
-                copied = i;
-            }
-            None => {
-                in_string = b[i] == b'"';
-                i += 1;
-            }
-        }
-    }
-    out.push_str(&text[copied..]);
-    Cow::Owned(out)
-}
-
 /// The JSON values of a file: one document (a report, an InferenceX result or array) or JSON
 /// lines (bench_serving appends one result per run).
 fn parse_values(text: &str) -> Result<Vec<Value>> {
-    let strict = python_json_to_strict(text);
-    let values = serde_json::Deserializer::from_str(&strict)
-        .into_iter::<Value>()
-        .collect::<Result<Vec<_>, _>>()
-        .context(
+    let values = crate::pyjson::values(text).context(
             "not JSON or JSON lines (expected a bench_serving result file, an InferenceX result \
              or aggregate, or a --report of sglang-supervisor)",
         )?;
@@ -359,10 +308,15 @@ fn from_report(v: &Value) -> RunData {
             .as_object()
             .map(|o| result_metrics(o, None))
             .unwrap_or_default();
+        // Energy over the same traffic span as the tokens: a live window's `traffic_power`, a
+        // benchmark-span window's `power`; else the wall window's energy over its tokens.
+        let per_token = num(&w["traffic_power"]["joules_per_output_token"])
+            .or_else(|| num(&w["power"]["joules_per_output_token"]));
         let energy = num(&w["power"]["total_gpu_energy_j"]);
         let out = m.get("total_output_tokens").copied();
-        if let (Some(e), Some(o)) = (energy, out.filter(|o| *o > 0.0)) {
-            m.insert("energy_per_output_token_j".into(), e / o);
+        let fallback = energy.zip(out.filter(|o| *o > 0.0)).map(|(e, o)| e / o);
+        if let Some(j) = per_token.or(fallback) {
+            m.insert("energy_per_output_token_j".into(), j);
         }
         if !m.is_empty() {
             run.put_window(name.to_string(), m);
@@ -750,24 +704,6 @@ mod tests {
         let err = compare(&base, &other, false, 1.0).unwrap_err();
         assert!(err.contains("model differs (qwen3.5 vs dsr1)"), "{err}");
         assert!(compare(&base, &other, true, 1.0).is_ok());
-    }
-
-    #[test]
-    fn python_tokens_outside_strings_only_are_rewritten() {
-        let text = r#"{"request_rate": Infinity, "std_tpot_ms": NaN, "low": -Infinity, "generated_texts": ["NaN and Infinity", "a \"NaN\" quoted", "\\"], "x": NaN}"#;
-        let v: Value = serde_json::from_str(&python_json_to_strict(text)).unwrap();
-        assert_eq!(v["request_rate"], "inf");
-        assert_eq!(v["low"], "-inf");
-        assert!(v["std_tpot_ms"].is_null() && v["x"].is_null());
-        assert_eq!(
-            v["generated_texts"],
-            json!(["NaN and Infinity", "a \"NaN\" quoted", "\\"])
-        );
-        // Strict JSON passes through untouched.
-        assert!(matches!(
-            python_json_to_strict(r#"{"a": 1}"#),
-            Cow::Borrowed(_)
-        ));
     }
 
     #[test]

@@ -1,9 +1,11 @@
-//! JSON as Python's `json` writes it: bare `NaN`, `Infinity` and `-Infinity` tokens (not JSON)
-//! become `null` (absent, never a made-up number), and a JSON-lines file (bench_serving appends
-//! one result per run) reads as its last line. Shared by the readers of benchmark results.
+//! JSON as Python's `json` writes it: the bare tokens `NaN` (becomes `null`: no measurement,
+//! never a made-up number) and `Infinity`/`-Infinity` (become `"inf"`/`"-inf"`, the way
+//! InferenceX writes an infinite request rate; read as a number they are absent too), and
+//! JSON-lines files (bench_serving appends one result per run). Shared by every reader of
+//! benchmark results (`compare`, `report --bench-result`).
 use serde_json::Value;
 
-/// `text` with Python's non-finite number tokens outside strings replaced by `null`.
+/// `text` with Python's non-finite number tokens outside strings made JSON; strings untouched.
 pub fn sanitize(text: &str) -> std::borrow::Cow<'_, str> {
     if !["NaN", "Infinity"].iter().any(|t| text.contains(t)) {
         return std::borrow::Cow::Borrowed(text);
@@ -29,12 +31,16 @@ pub fn sanitize(text: &str) -> std::borrow::Cow<'_, str> {
             i += 1;
             continue;
         }
-        let token = ["-Infinity", "Infinity", "NaN"]
-            .into_iter()
-            .find(|t| b[i..].starts_with(t.as_bytes()));
-        if let Some(t) = token {
+        let token = [
+            ("-Infinity", "\"-inf\""),
+            ("Infinity", "\"inf\""),
+            ("NaN", "null"),
+        ]
+        .into_iter()
+        .find(|(t, _)| b[i..].starts_with(t.as_bytes()));
+        if let Some((t, with)) = token {
             out.push_str(&text[copied..i]);
-            out.push_str("null");
+            out.push_str(with);
             i += t.len();
             copied = i;
             continue;
@@ -48,6 +54,13 @@ pub fn sanitize(text: &str) -> std::borrow::Cow<'_, str> {
 /// Parse one JSON document written by Python.
 pub fn parse(text: &str) -> serde_json::Result<Value> {
     serde_json::from_str(&sanitize(text))
+}
+
+/// Every JSON value of a text: one document, or JSON lines.
+pub fn values(text: &str) -> serde_json::Result<Vec<Value>> {
+    serde_json::Deserializer::from_str(&sanitize(text))
+        .into_iter::<Value>()
+        .collect()
 }
 
 /// A result file: one JSON document, or JSON lines whose last non-empty line is the latest run.
@@ -66,13 +79,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn python_tokens_become_null_outside_strings() {
-        let v =
-            parse(r#"{"a": NaN, "b": -Infinity, "c": [Infinity], "d": "NaN Infinity", "e": 1}"#)
-                .unwrap();
+    fn python_tokens_become_json_outside_strings_only() {
+        let v = parse(
+            r#"{"a": NaN, "b": -Infinity, "c": [Infinity], "d": "NaN Infinity", "q": "a \"NaN\" \\", "e": 1}"#,
+        )
+        .unwrap();
+        assert_eq!(v["q"], "a \"NaN\" \\");
+        let v = parse(r#"{"a": NaN, "b": -Infinity, "c": [Infinity], "d": "NaN Infinity", "e": 1}"#)
+            .unwrap();
         assert_eq!(
             v,
-            serde_json::json!({"a": null, "b": null, "c": [null], "d": "NaN Infinity", "e": 1})
+            serde_json::json!({"a": null, "b": "-inf", "c": ["inf"], "d": "NaN Infinity", "e": 1})
         );
     }
 

@@ -337,7 +337,7 @@ async fn ask_for_usage(
         .headers
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if !len.is_some_and(|n| n <= MAX_REWRITTEN_BODY) {
+    if len.is_none_or(|n| n > MAX_REWRITTEN_BODY) {
         return Ok((Either::Left(body), false));
     }
     let bytes = body

@@ -3,7 +3,11 @@
 //! inter-chunk gap of each stream (median over streams and the worst); and the supervisor's CPU
 //! time per forwarded SSE event, read from /proc around the proxied rounds only.
 //! usage: proxy-bench DIRECT PROXY [STREAMS=64] [TOKENS=256] [ROUNDS=5] [SUPERVISOR_PID] [PATH]
-//! PATH: /generate (default), /v1/completions or /v1/chat/completions.
+//!        [SERVER_PID]
+//! PATH: /generate (default), /v1/completions or /v1/chat/completions. With SERVER_PID, the
+//! server's own CPU per event it wrote in the direct rounds is printed beside the proxy's: the
+//! floor a userspace forwarder of the same bytes over loopback cannot go below by much (a write
+//! per event, and the wake-up of the reader it delivers to).
 use sglang_supervisor_tests::median;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -130,10 +134,16 @@ fn main() {
         .and_then(|s| s.parse::<u32>().ok())
         .filter(|p| *p > 0);
     let path = a.get(7).map_or("/generate", |s| s.as_str());
+    let server = a.get(8).and_then(|s| s.parse::<u32>().ok()).filter(|p| *p > 0);
+    let mut server_cpu = 0.0;
     let (mut d, mut p) = (Side::default(), Side::default());
     let mut cpu = 0.0;
     for _ in 0..rounds {
+        let before = server.and_then(cpu_s);
         d.add(round(&a[1], path, streams, tokens), streams);
+        if let (Some(b), Some(after)) = (before, server.and_then(cpu_s)) {
+            server_cpu += after - b;
+        }
         let before = pid.and_then(cpu_s);
         p.add(round(&a[2], path, streams, tokens), streams);
         if let (Some(b), Some(after)) = (before, pid.and_then(cpu_s)) {
@@ -168,6 +178,13 @@ fn main() {
             "supervisor CPU in the proxied rounds: {cpu:.2} s for {} events = {:.2} us per event",
             p.events,
             cpu * 1e6 / p.events as f64
+        );
+    }
+    if server.is_some() && d.events > 0 {
+        println!(
+            "server CPU in the direct rounds: {server_cpu:.2} s for {} events = {:.2} us per event written (the floor's scale)",
+            d.events,
+            server_cpu * 1e6 / d.events as f64
         );
     }
 }
