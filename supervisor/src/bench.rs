@@ -108,10 +108,13 @@ pub fn span(
             b.path
         ));
     };
-    let end = records
-        .iter()
-        .map(|r| r.start_unix + r.e2e_s)
-        .fold(f64::NEG_INFINITY, f64::max);
+    let Some((end, matched)) = derived_end(records, duration, f) else {
+        return Err(format!(
+            "--bench-result {}: no run of {} requests in the requests log fits it; pass the requests log of the run that served this benchmark",
+            b.path,
+            f.completed.unwrap_or(0)
+        ));
+    };
     let start = end - duration;
     let inside = records
         .iter()
@@ -121,11 +124,81 @@ pub fn span(
         start,
         end,
         json!({
-            "source": "derived: the result's duration, ending at the last request's end in the requests log",
+            "source": "derived: the result's duration, ending at the end of the run of requests that matches it in the requests log",
+            "matched_by": matched,
             "requests_in_span": inside,
             "completed_in_result": f.completed,
         }),
     ))
+}
+
+/// Where a result without its own times ended, in a requests log that may hold several
+/// benchmarks (a sweep) and their warm-up requests: of every run of `completed` successful
+/// requests consecutive by start, the ones whose completion tokens add up to the result's
+/// `total_output_tokens` (when both are known), then the one whose span (first start to last
+/// end) is closest to the result's `duration`, the latest on a tie. Returns its last end and what
+/// matched. Without `completed`, the log's last end.
+fn derived_end(
+    records: &[RequestRecord],
+    duration: f64,
+    f: &BenchFields,
+) -> Option<(f64, &'static str)> {
+    let end_of = |r: &RequestRecord| r.start_unix + r.e2e_s;
+    let mut ok: Vec<&RequestRecord> = records
+        .iter()
+        .filter(|r| r.error.is_none() && r.status < 400)
+        .collect();
+    ok.sort_by(|a, b| a.start_unix.total_cmp(&b.start_unix));
+    let n = f
+        .completed
+        .and_then(|c| usize::try_from(c).ok())
+        .filter(|c| *c > 0);
+    let Some(n) = n.filter(|n| *n <= ok.len()) else {
+        let last = records.iter().map(end_of).fold(f64::NEG_INFINITY, f64::max);
+        return last
+            .is_finite()
+            .then_some((last, "the log's last request (no completed count)"));
+    };
+    // Sliding window over runs of n: token sums by prefix sums, the last end by a monotonic deque.
+    let mut prefix = vec![Some(0u64)];
+    for r in &ok {
+        let prev = prefix.last().copied().flatten();
+        prefix.push(prev.zip(r.completion_tokens).map(|(a, b)| a + b));
+    }
+    let want_tokens = f.total_output_tokens.and_then(|t| u64::try_from(t).ok());
+    let mut best: Option<(bool, f64, f64)> = None; // (tokens match, -|span - duration|, end)
+    let mut deque: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
+    for j in 0..ok.len() {
+        while deque
+            .back()
+            .is_some_and(|&k| end_of(ok[k]) <= end_of(ok[j]))
+        {
+            deque.pop_back();
+        }
+        deque.push_back(j);
+        if j + 1 < n {
+            continue;
+        }
+        let i = j + 1 - n;
+        while deque.front().is_some_and(|&k| k < i) {
+            deque.pop_front();
+        }
+        let end = deque.front().map(|&k| end_of(ok[k]))?;
+        let tokens = prefix[j + 1].zip(prefix[i]).map(|(b, a)| b - a);
+        let matches = want_tokens.is_some() && tokens == want_tokens;
+        let key = (matches, -(end - ok[i].start_unix - duration).abs(), end);
+        if best.is_none_or(|b| key.0 > b.0 || (key.0 == b.0 && key.1 >= b.1)) {
+            best = Some(key);
+        }
+    }
+    best.map(|(m, _, end)| {
+        let how = if m {
+            "completed count, total output tokens and duration"
+        } else {
+            "completed count and duration"
+        };
+        (end, how)
+    })
 }
 
 /// The bench window's JSON: name, the result's path, the span, request figures over it (when the
@@ -233,4 +306,75 @@ pub fn live(
         Ok(w)
     };
     eval().unwrap_or_else(|e| json!({ "error": e }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(start: f64, e2e: f64, tokens: u64) -> RequestRecord {
+        RequestRecord {
+            ts: String::new(),
+            start_unix: start,
+            endpoint: "/generate".into(),
+            status: 200,
+            stream: true,
+            ttft_s: Some(0.01),
+            tpot_s: None,
+            e2e_s: e2e,
+            itl_s: Vec::new(),
+            prompt_tokens: Some(10),
+            completion_tokens: Some(tokens),
+            error: None,
+        }
+    }
+
+    fn result(duration: f64, completed: i64, tokens: i64) -> BenchResult {
+        BenchResult {
+            path: "bench.jsonl".into(),
+            fields: BenchFields {
+                duration: Some(duration),
+                completed: Some(completed),
+                total_output_tokens: Some(tokens),
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_sweeps_first_benchmark_is_found_in_a_log_that_holds_the_next_one_too() {
+        // Warm-up, benchmark A (4 requests, 2 s), warm-up, benchmark B (4 requests, 3 s).
+        let log = [
+            req(100.0, 0.5, 7),
+            req(101.0, 1.0, 10),
+            req(101.1, 1.5, 20),
+            req(101.2, 1.8, 30),
+            req(101.3, 1.7, 40),
+            req(110.0, 0.5, 7),
+            req(111.0, 2.0, 11),
+            req(111.2, 2.5, 21),
+            req(111.4, 2.8, 31),
+            req(111.6, 2.4, 41),
+        ];
+        let (start, end, source) = span(&result(2.05, 4, 100), Some(&log)).unwrap();
+        assert_eq!(end, 103.0, "benchmark A's last end, not the log's");
+        assert!((start - 100.95).abs() < 1e-9);
+        assert_eq!(source["requests_in_span"], 4, "{source}");
+        assert_eq!(
+            source["matched_by"],
+            "completed count, total output tokens and duration"
+        );
+        let (_, end, _) = span(&result(3.3, 4, 104), Some(&log)).unwrap();
+        assert_eq!(end, 114.2, "benchmark B");
+    }
+
+    #[test]
+    fn without_token_totals_the_duration_decides() {
+        let log = [req(100.0, 0.5, 7), req(101.0, 1.0, 10), req(101.1, 1.0, 10)];
+        let mut b = result(1.1, 2, 0);
+        b.fields.total_output_tokens = None;
+        let (_, end, source) = span(&b, Some(&log)).unwrap();
+        assert_eq!(end, 102.1);
+        assert_eq!(source["matched_by"], "completed count and duration");
+    }
 }

@@ -89,9 +89,9 @@ fn num(v: &Value) -> Option<f64> {
 /// lines (bench_serving appends one result per run).
 fn parse_values(text: &str) -> Result<Vec<Value>> {
     let values = crate::pyjson::values(text).context(
-            "not JSON or JSON lines (expected a bench_serving result file, an InferenceX result \
+        "not JSON or JSON lines (expected a bench_serving result file, an InferenceX result \
              or aggregate, or a --report of sglang-supervisor)",
-        )?;
+    )?;
     if values.is_empty() {
         bail!("empty: no result in it (did the benchmark finish writing?)");
     }

@@ -85,8 +85,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(v["q"], "a \"NaN\" \\");
-        let v = parse(r#"{"a": NaN, "b": -Infinity, "c": [Infinity], "d": "NaN Infinity", "e": 1}"#)
-            .unwrap();
+        let v =
+            parse(r#"{"a": NaN, "b": -Infinity, "c": [Infinity], "d": "NaN Infinity", "e": 1}"#)
+                .unwrap();
         assert_eq!(
             v,
             serde_json::json!({"a": null, "b": "-inf", "c": ["inf"], "d": "NaN Infinity", "e": 1})

@@ -134,7 +134,10 @@ fn main() {
         .and_then(|s| s.parse::<u32>().ok())
         .filter(|p| *p > 0);
     let path = a.get(7).map_or("/generate", |s| s.as_str());
-    let server = a.get(8).and_then(|s| s.parse::<u32>().ok()).filter(|p| *p > 0);
+    let server = a
+        .get(8)
+        .and_then(|s| s.parse::<u32>().ok())
+        .filter(|p| *p > 0);
     let mut server_cpu = 0.0;
     let (mut d, mut p) = (Side::default(), Side::default());
     let mut cpu = 0.0;
