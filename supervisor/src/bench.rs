@@ -187,7 +187,7 @@ fn derived_end(
         let tokens = prefix[j + 1].zip(prefix[i]).map(|(b, a)| b - a);
         let matches = want_tokens.is_some() && tokens == want_tokens;
         let key = (matches, -(end - ok[i].start_unix - duration).abs(), end);
-        if best.is_none_or(|b| key.0 > b.0 || (key.0 == b.0 && key.1 >= b.1)) {
+        if best.is_none_or(|b| (key.0, key.1) >= (b.0, b.1)) {
             best = Some(key);
         }
     }
