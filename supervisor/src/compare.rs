@@ -286,10 +286,10 @@ fn from_report(v: &Value) -> RunData {
             run.identity.insert(k.into(), id[k].clone());
         }
     }
-    if !run.identity.contains_key("gpu_count") {
-        if let Some(g) = gpus_of_args(&run.args) {
-            run.identity.insert("gpu_count".into(), count(g));
-        }
+    // The GPUs the server used (its resolved args), not those the host has: a TP 1 run on an
+    // 8-GPU node compares with a TP 1 run elsewhere. The probe's count is the fallback.
+    if let Some(g) = gpus_of_args(&run.args) {
+        run.identity.insert("gpu_count".into(), count(g));
     }
     run.deprecations = v["deprecations"]
         .as_array()
@@ -704,6 +704,16 @@ mod tests {
         let err = compare(&base, &other, false, 1.0).unwrap_err();
         assert!(err.contains("model differs (qwen3.5 vs dsr1)"), "{err}");
         assert!(compare(&base, &other, true, 1.0).is_ok());
+    }
+
+    #[test]
+    fn a_reports_gpu_count_is_the_servers_not_the_hosts() {
+        let report = json!({"schema_version": 1, "windows": [],
+            "identity": {"model": "m", "gpu_count": 8},
+            "server_args": {"tp_size": 1, "pp_size": 1, "dp_size": 1}});
+        assert_eq!(from_report(&report).identity["gpu_count"], json!(1));
+        let no_args = json!({"schema_version": 1, "windows": [], "identity": {"gpu_count": 8}});
+        assert_eq!(from_report(&no_args).identity["gpu_count"], json!(8));
     }
 
     #[test]
