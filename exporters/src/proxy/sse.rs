@@ -105,7 +105,11 @@ fn scan_data(api: Api, data: &[u8]) -> EventInfo {
         return info;
     }
     let body = data[1..].trim_ascii_start();
-    info.error = body.starts_with(b"\"error\"") || body.starts_with(b"\"object\":\"error\"");
+    info.error = body.starts_with(b"\"error\"")
+        || body
+            .strip_prefix(b"\"object\"")
+            .and_then(|r| r.trim_ascii_start().strip_prefix(b":"))
+            .is_some_and(|r| r.trim_ascii_start().starts_with(b"\"error\""));
     let k = &*KEYS;
     info.output = match api {
         Api::Generate | Api::Completions => nonempty_string(data, &k.text),

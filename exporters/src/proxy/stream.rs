@@ -32,6 +32,10 @@ pub struct EventStream {
     carry: Vec<u8>,
     /// How much of `carry` is known to hold no event end.
     scanned: usize,
+    /// Inside an event too large to hold: forwarded unread until its end.
+    unread: bool,
+    /// The last bytes of that event seen, for an end split across frames.
+    edge: Vec<u8>,
 }
 
 impl EventStream {
@@ -41,12 +45,45 @@ impl EventStream {
             drop_usage,
             carry: Vec::new(),
             scanned: 0,
+            unread: false,
+            edge: Vec::new(),
         }
+    }
+
+    /// Inside an oversized event: where in `data` what follows its end starts, if it ends here.
+    fn unread_end(&mut self, data: &[u8]) -> Option<usize> {
+        let off = self.edge.len();
+        let mut probe = std::mem::take(&mut self.edge);
+        probe.extend_from_slice(&data[..data.len().min(2)]);
+        if let Some((_, next)) = event_end(&probe).filter(|&(_, n)| n > off) {
+            return Some(next - off);
+        }
+        if let Some((_, next)) = event_end(data) {
+            return Some(next);
+        }
+        probe.extend_from_slice(&data[data.len().min(2)..]);
+        self.edge = probe[probe.len().saturating_sub(2)..].to_vec();
+        None
     }
 
     /// Read a frame's events; returns what the client gets of it (the same bytes, without
     /// copying, unless an event is cut out or held back).
     pub fn pass(&mut self, data: Bytes, mut on_event: impl FnMut(EventInfo)) -> Bytes {
+        if self.unread {
+            let Some(next) = self.unread_end(&data) else {
+                return data;
+            };
+            self.unread = false;
+            if next == data.len() {
+                return data;
+            }
+            let rest = self.pass(data.slice(next..), on_event);
+            return if rest.len() == data.len() - next {
+                data
+            } else {
+                join(&data[..next], &rest)
+            };
+        }
         if self.carry.is_empty() {
             // The common case: the frame holds whole events.
             let mut pos = 0;
@@ -79,7 +116,7 @@ impl EventStream {
             let (end, next) = (from + end, from + next);
             let info = scan_event(self.api, &self.carry[pos..end]);
             on_event(info);
-            if !(self.drop_usage && info.usage_only) {
+            if self.drop_usage && !info.usage_only {
                 out.extend_from_slice(&self.carry[pos..next]);
             }
             (pos, from) = (next, next);
@@ -88,10 +125,18 @@ impl EventStream {
         // The blank line may straddle the next frame: rescan the last two bytes.
         self.scanned = self.carry.len().saturating_sub(2);
         if self.carry.len() > MAX_EVENT {
+            // Forwarded as it comes until its end, read only from its start (the usage-only
+            // event, small, is still cut when it comes).
             tracing::warn!("proxy: an SSE event over {MAX_EVENT} bytes is forwarded unread");
-            self.drop_usage = false;
-            out.append(&mut self.carry);
+            let held = std::mem::take(&mut self.carry);
+            on_event(scan_event(self.api, &held));
             self.scanned = 0;
+            self.unread = true;
+            self.edge = held[held.len() - 2..].to_vec();
+            if !self.drop_usage {
+                return data;
+            }
+            out.extend_from_slice(&held);
             return Bytes::from(out);
         }
         if self.drop_usage {
@@ -231,5 +276,148 @@ impl Drop for Measured {
     fn drop(&mut self) {
         // Dropped before the end: the client went away (dropping `inner` aborts the upstream).
         self.finish(Some("client disconnected".into()));
+    }
+}
+
+#[cfg(test)]
+mod attack_tests {
+    use super::*;
+
+    const TEXT: &str = r#"data: {"id":"a","object":"text_completion","choices":[{"index":0,"text":" hi","logprobs":null,"finish_reason":null}],"usage":null}"#;
+    const USAGE: &str = r#"data: {"id":"a","object":"text_completion","choices":[],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2}}"#;
+
+    /// Feed `frames`; returns what the client got and the events seen.
+    fn run(api: Api, drop_usage: bool, frames: &[&[u8]]) -> (Vec<u8>, Vec<EventInfo>) {
+        let mut s = EventStream::new(api, drop_usage);
+        let (mut out, mut ev) = (Vec::new(), Vec::new());
+        for f in frames {
+            out.extend_from_slice(&s.pass(Bytes::copy_from_slice(f), |e| ev.push(e)));
+        }
+        if let Some(t) = s.finish(|e| ev.push(e)) {
+            out.extend_from_slice(&t);
+        }
+        (out, ev)
+    }
+
+    fn stream(nl: &str) -> (String, String) {
+        let all = format!("{TEXT}{nl}{nl}{TEXT}{nl}{nl}{USAGE}{nl}{nl}data: [DONE]{nl}{nl}");
+        let client = format!("{TEXT}{nl}{nl}{TEXT}{nl}{nl}data: [DONE]{nl}{nl}");
+        (all, client)
+    }
+
+    #[test]
+    fn crlf_events_split_at_every_byte_lose_only_the_usage_event() {
+        for nl in ["\n", "\r\n"] {
+            let (all, client) = stream(nl);
+            let frames: Vec<&[u8]> = all.as_bytes().chunks(1).collect();
+            let (out, ev) = run(Api::Completions, true, &frames);
+            assert_eq!(String::from_utf8(out).unwrap(), client, "nl {nl:?}");
+            assert_eq!(ev.iter().filter(|e| e.output).count(), 2);
+            assert_eq!(ev.iter().filter(|e| e.usage_only).count(), 1);
+            assert_eq!(ev.iter().filter(|e| e.done).count(), 1);
+        }
+    }
+
+    #[test]
+    fn a_usage_event_split_anywhere_across_two_frames_is_cut() {
+        for nl in ["\n", "\r\n"] {
+            let (all, client) = stream(nl);
+            let b = all.as_bytes();
+            for at in 0..=b.len() {
+                let (out, ev) = run(Api::Completions, true, &[&b[..at], &b[at..]]);
+                assert_eq!(String::from_utf8(out).unwrap(), client, "split at {at}");
+                assert_eq!(ev.iter().filter(|e| e.usage_only).count(), 1);
+                let (same, _) = run(Api::Completions, false, &[&b[..at], &b[at..]]);
+                assert_eq!(same, b, "unchanged when not rewritten, split at {at}");
+            }
+        }
+    }
+
+    #[test]
+    fn comments_event_lines_and_data_without_space_are_read() {
+        let s = concat!(
+            ": keepalive\n\n",
+            "event: message\nid: 1\ndata:{\"choices\": [{\"index\": 0, \"text\": \"x\"}]}\n\n",
+            "data:{\"choices\": [], \"usage\": {\"prompt_tokens\": 3, \"completion_tokens\": 2}}\n\n",
+            "data:[DONE]\n\n"
+        );
+        let (out, ev) = run(Api::Completions, true, &[s.as_bytes()]);
+        let want = s.replace(
+            "data:{\"choices\": [], \"usage\": {\"prompt_tokens\": 3, \"completion_tokens\": 2}}\n\n",
+            "",
+        );
+        assert_eq!(String::from_utf8(out).unwrap(), want);
+        assert_eq!(ev.iter().filter(|e| e.output).count(), 1);
+        let u = ev.iter().find(|e| e.usage_only).unwrap();
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (Some(3), Some(2)));
+        assert!(ev.iter().any(|e| e.done));
+    }
+
+    #[test]
+    fn an_oversized_event_in_an_unrewritten_stream_is_forwarded_once() {
+        // /generate (never rewritten) with one event over MAX_EVENT, arriving in 1 MiB frames.
+        let mut all = b"data: {\"text\":\"".to_vec();
+        all.extend(std::iter::repeat_n(b'a', MAX_EVENT + (1 << 20)));
+        all.extend_from_slice(b"\",\"meta_info\":{\"completion_tokens\":7}}\n\ndata: [DONE]\n\n");
+        let frames: Vec<&[u8]> = all.chunks(1 << 20).collect();
+        let (out, _) = run(Api::Generate, false, &frames);
+        assert_eq!(out.len(), all.len(), "bytes duplicated or lost");
+        assert!(out == all);
+    }
+
+    #[test]
+    fn an_oversized_event_does_not_let_the_usage_event_through() {
+        let mut all = b"data: {\"choices\":[{\"index\":0,\"text\":\"".to_vec();
+        all.extend(std::iter::repeat_n(b'a', MAX_EVENT + (1 << 20)));
+        all.extend_from_slice(b"\"}],\"usage\":null}\n\n");
+        let client_len = all.len();
+        all.extend_from_slice(USAGE.as_bytes());
+        all.extend_from_slice(b"\n\n");
+        let mut client = all[..client_len].to_vec();
+        client.extend_from_slice(b"data: [DONE]\n\n");
+        all.extend_from_slice(b"data: [DONE]\n\n");
+        let frames: Vec<&[u8]> = all.chunks(1 << 20).collect();
+        let (out, ev) = run(Api::Completions, true, &frames);
+        assert_eq!(ev.iter().filter(|e| e.usage_only).count(), 1, "counts read");
+        assert_eq!(
+            out.len(),
+            client.len(),
+            "the usage event reached the client"
+        );
+        assert!(out == client);
+    }
+
+    #[test]
+    fn the_end_of_an_oversized_event_is_found_however_it_is_cut() {
+        for nl in ["\n", "\r\n"] {
+            let mut all = b"data: {\"choices\":[{\"index\":0,\"text\":\"".to_vec();
+            all.extend(std::iter::repeat_n(b'a', MAX_EVENT + 16));
+            all.extend_from_slice(format!("\"}}]}}{nl}{nl}").as_bytes());
+            let client_len = all.len();
+            all.extend_from_slice(format!("{USAGE}{nl}{nl}{TEXT}{nl}{nl}").as_bytes());
+            let mut client = all[..client_len].to_vec();
+            client.extend_from_slice(format!("{TEXT}{nl}{nl}").as_bytes());
+            let head = MAX_EVENT;
+            for at in head + 2..all.len() {
+                let frames = [
+                    &all[..head],
+                    &all[head..head + 2],
+                    &all[head + 2..at],
+                    &all[at..],
+                ];
+                let (out, ev) = run(Api::Completions, true, &frames);
+                assert!(out == client, "cut at {at}, nl {nl:?}");
+                assert_eq!(ev.iter().filter(|e| e.usage_only).count(), 1, "at {at}");
+                assert_eq!(ev.iter().filter(|e| e.output).count(), 2, "at {at}");
+                let (same, _) = run(Api::Completions, false, &frames);
+                assert!(same == all, "unchanged when not rewritten, cut at {at}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_error_event_with_spaces_after_colons_is_seen() {
+        let e = br#"data: {"object": "error", "message": "x", "code": 400}"#;
+        assert!(scan_event(Api::Chat, e).error);
     }
 }
