@@ -177,6 +177,11 @@ impl Proxy {
         if started.is_some() {
             self.enter();
         }
+        // Until the response starts, a client that leaves drops this future: still recorded.
+        let mut pending = Pending {
+            proxy: &self,
+            started,
+        };
         let (mut parts, body) = req.into_parts();
         let path_q = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let mut uri = self.upstream.clone().into_parts();
@@ -185,7 +190,7 @@ impl Proxy {
             Ok(u) => u,
             Err(e) => {
                 let why = format!("bad request path {path_q:?}: {e}");
-                return Ok(self.error_response(started, why));
+                return Ok(self.error_response(pending.started.take(), why));
             }
         };
         for h in HOP_BY_HOP {
@@ -196,10 +201,10 @@ impl Proxy {
                 parts.headers.insert(hyper::header::HOST, v);
             }
         }
-        let (body, asked_usage) = match started.as_ref().map(|s| s.api) {
+        let (body, asked_usage) = match pending.started.as_ref().map(|s| s.api) {
             Some(Api::Completions | Api::Chat) => match ask_for_usage(&mut parts, body).await {
                 Ok(b) => b,
-                Err(why) => return Ok(self.error_response(started, why)),
+                Err(why) => return Ok(self.error_response(pending.started.take(), why)),
             },
             _ => (Either::Left(body), false),
         };
@@ -207,14 +212,14 @@ impl Proxy {
             Ok(resp) => resp,
             Err(e) => {
                 let why = format!("upstream {}: {e}", self.upstream);
-                return Ok(self.error_response(started, why));
+                return Ok(self.error_response(pending.started.take(), why));
             }
         };
         let (mut parts, body) = resp.into_parts();
         for h in HOP_BY_HOP {
             parts.headers.remove(*h);
         }
-        let Some(started) = started else {
+        let Some(started) = pending.started.take() else {
             return Ok(Response::from_parts(parts, body.boxed()));
         };
         let stream = parts
@@ -260,23 +265,7 @@ impl Proxy {
     fn error_response(&self, started: Option<Started>, why: String) -> Response<ProxyBody> {
         tracing::warn!("proxy: {why}");
         if let Some(s) = started {
-            let e2e = s.sent.elapsed().as_secs_f64();
-            let rec = RequestRecord {
-                ts: humantime::format_rfc3339_micros(SystemTime::now()).to_string(),
-                start_unix: s.sent_unix,
-                endpoint: s.endpoint.into(),
-                status: 502,
-                stream: false,
-                ttft_s: None,
-                tpot_s: None,
-                e2e_s: e2e,
-                itl_s: Vec::new(),
-                prompt_tokens: None,
-                completion_tokens: None,
-                error: Some(why.clone()),
-            };
-            self.metrics.observe(&rec);
-            self.finished(rec);
+            self.failed(s, 502, why.clone());
         }
         let body =
             serde_json::json!({"error": {"message": why, "type": "bad_gateway", "code": 502}})
@@ -292,6 +281,46 @@ impl Proxy {
             hyper::header::HeaderValue::from_static("application/json"),
         );
         r
+    }
+}
+
+impl Proxy {
+    /// A measured request that ended before the server's response began.
+    fn failed(&self, s: Started, status: u16, why: String) {
+        let rec = RequestRecord {
+            ts: humantime::format_rfc3339_micros(SystemTime::now()).to_string(),
+            start_unix: s.sent_unix,
+            endpoint: s.endpoint.into(),
+            status,
+            stream: false,
+            ttft_s: None,
+            tpot_s: None,
+            e2e_s: s.sent.elapsed().as_secs_f64(),
+            itl_s: Vec::new(),
+            prompt_tokens: None,
+            completion_tokens: None,
+            error: Some(why),
+        };
+        self.metrics.observe(&rec);
+        self.finished(rec);
+    }
+}
+
+/// A measured request not yet answered: dropped armed (the client left while the request was
+/// read or the server had not yet answered, and hyper dropped the handler), it is recorded with
+/// an error (status 499, as nginx logs a client that closed the request) and leaves the
+/// in-flight count.
+struct Pending<'a> {
+    proxy: &'a Proxy,
+    started: Option<Started>,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.started.take() {
+            let why = "client disconnected before the response".to_string();
+            self.proxy.failed(s, 499, why);
+        }
     }
 }
 
