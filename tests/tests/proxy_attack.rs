@@ -313,3 +313,57 @@ fn an_upstream_that_dies_mid_stream_is_recorded_and_the_client_gets_what_it_sent
     assert_ne!(recs[0]["completion_tokens"], 0);
     stop(run, log);
 }
+
+#[test]
+fn a_chunked_request_body_is_asked_for_usage_like_any_other() {
+    let (run, proxy, direct, log) = start_with("atk-chunked", &[]);
+    let s = TcpStream::connect(&proxy).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let (a, b) = COMPLETIONS.split_at(10);
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+        a.len(),
+        b.len()
+    );
+    w.write_all(req.as_bytes()).unwrap();
+    let (status, body) = read_response(&mut BufReader::new(s));
+    let want = exchange(&direct, &[("/v1/completions", COMPLETIONS)]);
+    assert_eq!(status, 200);
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        String::from_utf8_lossy(&want[0].1)
+    );
+    let recs = wait_records(&log, 1, Duration::from_secs(20));
+    assert_eq!(recs[0]["completion_tokens"], 12, "{recs:?}");
+    assert_eq!(recs[0]["prompt_tokens"], 3, "{recs:?}");
+    stop(run, log);
+}
+
+#[test]
+fn a_chunked_request_body_over_the_rewrite_limit_is_answered() {
+    let (run, proxy, _, log) = start_with("atk-huge", &[]);
+    // Over 16 MiB, chunked: read up to the limit, then the rest streams on.
+    let pad = "a ".repeat(9 << 20);
+    let body = format!(r#"{{"model":"m","prompt":"{pad}","max_tokens":3,"stream":true}}"#);
+    let s = TcpStream::connect(&proxy).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let bytes = body.as_bytes();
+    let mut req =
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for c in bytes.chunks(1 << 20) {
+        req.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+        req.extend_from_slice(c);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(b"0\r\n\r\n");
+    let writer = std::thread::spawn(move || w.write_all(&req).unwrap());
+    let (status, _) = read_response(&mut BufReader::new(s));
+    writer.join().unwrap();
+    assert_eq!(status, 200);
+    let recs = wait_records(&log, 1, Duration::from_secs(20));
+    assert!(recs[0].get("error").is_none(), "{recs:?}");
+    assert_ne!(recs[0]["completion_tokens"], 0);
+    stop(run, log);
+}

@@ -45,7 +45,7 @@ pub enum ProxyError {
     },
 }
 
-type UpstreamBody = Either<Incoming, Full<Bytes>>;
+type UpstreamBody = Either<Prefixed, Full<Bytes>>;
 type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
 pub struct Proxy {
@@ -206,7 +206,7 @@ impl Proxy {
                 Ok(b) => b,
                 Err(why) => return Ok(self.error_response(pending.started.take(), why)),
             },
-            _ => (Either::Left(body), false),
+            _ => (Either::Left(Prefixed::new(None, body)), false),
         };
         let resp = match self.client.request(Request::from_parts(parts, body)).await {
             Ok(resp) => resp,
@@ -357,30 +357,76 @@ struct StreamOptions {
 
 /// An OpenAI request: when it streams without asking for usage, ask for it (the answer's
 /// usage-only event is then cut from the client's copy). Returns the body to send upstream and
-/// whether usage was asked on the client's behalf.
+/// whether usage was asked on the client's behalf. A body without a length (chunked) is read up
+/// to the same limit as one with; past it, what was read goes on followed by the rest, unread.
 async fn ask_for_usage(
     parts: &mut hyper::http::request::Parts,
-    body: Incoming,
+    mut body: Incoming,
 ) -> Result<(UpstreamBody, bool), String> {
     let len = parts
         .headers
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if len.is_none_or(|n| n > MAX_REWRITTEN_BODY) {
-        return Ok((Either::Left(body), false));
+    if len.is_some_and(|n| n > MAX_REWRITTEN_BODY) {
+        return Ok((Either::Left(Prefixed::new(None, body)), false));
     }
-    let bytes = body
-        .collect()
-        .await
-        .map_err(|e| format!("reading the client's request body: {e}"))?
-        .to_bytes();
-    let Some(rewritten) = with_usage_asked(&bytes) else {
-        return Ok((Either::Right(Full::new(bytes)), false));
-    };
+    let mut read = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| format!("reading the client's request body: {e}"))?;
+        if let Ok(data) = frame.into_data() {
+            read.extend_from_slice(&data);
+        }
+        if read.len() as u64 > MAX_REWRITTEN_BODY {
+            return Ok((Either::Left(Prefixed::new(Some(read.into()), body)), false));
+        }
+    }
+    let bytes = Bytes::from(read);
+    let body = with_usage_asked(&bytes);
+    let asked = body.is_some();
+    let body = body.unwrap_or(bytes);
     parts
         .headers
-        .insert(hyper::header::CONTENT_LENGTH, rewritten.len().into());
-    Ok((Either::Right(Full::new(rewritten)), true))
+        .insert(hyper::header::CONTENT_LENGTH, body.len().into());
+    Ok((Either::Right(Full::new(body)), asked))
+}
+
+/// The client's request body, with what was already read of it in front.
+pub struct Prefixed {
+    head: Option<Bytes>,
+    rest: Incoming,
+}
+
+impl Prefixed {
+    fn new(head: Option<Bytes>, rest: Incoming) -> Self {
+        Prefixed { head, rest }
+    }
+}
+
+impl hyper::body::Body for Prefixed {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        if let Some(h) = this.head.take() {
+            return std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(h))));
+        }
+        std::pin::Pin::new(&mut this.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.head.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match &self.head {
+            None => self.rest.size_hint(),
+            Some(_) => hyper::body::SizeHint::default(),
+        }
+    }
 }
 
 /// The request body with `stream_options.include_usage: true`, if it streams without it.
