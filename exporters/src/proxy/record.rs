@@ -32,6 +32,16 @@ pub const E2E_BUCKETS: &[f64] = &[
 const MAX_BODY_KEPT: usize = 8 << 20;
 /// Inter-token gaps kept per request for the requests log.
 const MAX_ITL_KEPT: usize = 65_536;
+/// Prompts of a batch `/generate` stream followed one by one (past it, counts are unknown).
+const MAX_BATCH: usize = 65_536;
+
+/// One prompt of a batch `/generate` stream: its latest counts, and the count at its last output.
+#[derive(Clone, Copy, Default)]
+struct BatchItem {
+    completion: Option<u64>,
+    prompt: Option<u64>,
+    at_last_output: u64,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReqLabels {
@@ -177,6 +187,9 @@ pub struct Recorder {
     completion_tokens: Option<u64>,
     prompt_tokens: Option<u64>,
     server_error: bool,
+    /// A batch `/generate` stream's prompts (events with `index`): the counts are their sums.
+    batch: Vec<BatchItem>,
+    batch_overflow: bool,
     itl: Vec<f64>,
     body: Vec<u8>,
     body_truncated: bool,
@@ -213,6 +226,8 @@ impl Recorder {
             completion_tokens: None,
             prompt_tokens: None,
             server_error: false,
+            batch: Vec::new(),
+            batch_overflow: false,
             itl: Vec::new(),
             body: Vec::new(),
             body_truncated: false,
@@ -242,28 +257,48 @@ impl Recorder {
         if e.completion_tokens.is_some() {
             self.completion_tokens = e.completion_tokens;
         }
+        let item = match e.index.map(|i| i as usize) {
+            Some(i) if i < MAX_BATCH => {
+                if self.batch.len() <= i {
+                    self.batch.resize(i + 1, BatchItem::default());
+                }
+                let item = &mut self.batch[i];
+                item.completion = e.completion_tokens.or(item.completion);
+                item.prompt = e.prompt_tokens.or(item.prompt);
+                Some(i)
+            }
+            Some(_) => {
+                self.batch_overflow = true;
+                None
+            }
+            None => None,
+        };
         if !e.output {
             return;
         }
+        let at_last = match item {
+            Some(i) => &mut self.batch[i].at_last_output,
+            None => &mut self.tokens_at_last_output,
+        };
         let Some(prev) = self.last_output else {
             self.first_output = Some(now);
             self.last_output = Some(now);
-            self.tokens_at_last_output = e.completion_tokens.unwrap_or(1);
+            *at_last = e.completion_tokens.unwrap_or(1);
             return;
         };
         let gap = now.duration_since(prev).as_secs_f64();
         match (self.api, e.completion_tokens) {
             // Native: the gap split over the new tokens, once per token; no new token, no gap.
             (Api::Generate, Some(n)) => {
-                let new = n.saturating_sub(self.tokens_at_last_output);
+                let new = n.saturating_sub(*at_last);
                 if new == 0 {
                     return;
                 }
+                *at_last = n;
                 let each = gap / new as f64;
                 let room = MAX_ITL_KEPT.saturating_sub(self.itl.len());
                 self.itl
                     .extend(std::iter::repeat_n(each, (new as usize).min(room)));
-                self.tokens_at_last_output = n;
             }
             // OpenAI: the raw gap between chunks carrying output.
             _ => {
@@ -281,6 +316,13 @@ impl Recorder {
         let e2e = end.duration_since(self.sent).as_secs_f64();
         if !self.stream {
             self.read_body_counts();
+        }
+        if self.batch_overflow {
+            (self.completion_tokens, self.prompt_tokens) = (None, None);
+        } else if !self.batch.is_empty() {
+            // Prompts never answered (no event) leave the sum unknown, like a missing count.
+            self.completion_tokens = self.batch.iter().map(|b| b.completion).sum();
+            self.prompt_tokens = self.batch.iter().map(|b| b.prompt).sum();
         }
         let ttft = self
             .first_output
@@ -338,6 +380,49 @@ impl Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    struct Collect(Mutex<Vec<RequestRecord>>);
+    impl Sink for Collect {
+        fn finished(&self, r: RequestRecord) {
+            self.0.lock().unwrap().push(r);
+        }
+    }
+
+    #[test]
+    fn a_batch_generate_stream_counts_every_prompt() {
+        let sink = Arc::new(Collect(Mutex::new(Vec::new())));
+        let metrics = ProxyMetrics::register(&mut Registry::default());
+        let t0 = Instant::now();
+        let started = Started {
+            endpoint: "/generate",
+            api: Api::Generate,
+            sent: t0,
+            sent_unix: 0.0,
+        };
+        let mut r = Recorder::new(sink.clone(), metrics, started, 200, true);
+        // Two prompts (4 and 6 prompt tokens), 3 tokens each, their events interleaved.
+        for (k, (i, p)) in [(0, 4), (1, 6), (0, 4), (1, 6), (0, 4), (1, 6)]
+            .iter()
+            .enumerate()
+        {
+            let n = k / 2 + 1;
+            let e = format!(
+                r#"data: {{"text":"t{n}","meta_info":{{"prompt_tokens":{p},"completion_tokens":{n}}},"index":{i}}}"#
+            );
+            let at = t0 + std::time::Duration::from_millis(10 * (k as u64 + 1));
+            r.on_event(
+                super::super::sse::scan_event(Api::Generate, e.as_bytes()),
+                at,
+            );
+        }
+        r.finish(None);
+        let rec = sink.0.lock().unwrap().pop().unwrap();
+        assert_eq!(rec.completion_tokens, Some(6));
+        assert_eq!(rec.prompt_tokens, Some(10));
+        // One gap per token after the first: each prompt's new tokens, not lost to the other's.
+        assert_eq!(rec.itl_s.len(), 5, "{:?}", rec.itl_s);
+    }
 
     #[test]
     fn latency_edges_resolve_one_millisecond_to_a_minute_at_ten_per_decade() {

@@ -14,6 +14,7 @@ struct Keys {
     choices: Finder<'static>,
     completion_tokens: FinderRev<'static>,
     prompt_tokens: FinderRev<'static>,
+    index: FinderRev<'static>,
 }
 
 static KEYS: LazyLock<Keys> = LazyLock::new(|| Keys {
@@ -23,6 +24,7 @@ static KEYS: LazyLock<Keys> = LazyLock::new(|| Keys {
     choices: Finder::new(b"\"choices\":"),
     completion_tokens: FinderRev::new(b"\"completion_tokens\":"),
     prompt_tokens: FinderRev::new(b"\"prompt_tokens\":"),
+    index: FinderRev::new(b"\"index\":"),
 });
 
 /// Which API a stream answers: they differ in where output and counts are.
@@ -50,6 +52,8 @@ pub struct EventInfo {
     pub done: bool,
     /// The server reported an error in the stream.
     pub error: bool,
+    /// Which prompt of a batch `/generate` stream the event answers (its top-level `index`).
+    pub index: Option<u64>,
 }
 
 impl EventInfo {
@@ -60,6 +64,7 @@ impl EventInfo {
         self.usage_only |= o.usage_only;
         self.done |= o.done;
         self.error |= o.error;
+        self.index = o.index.or(self.index);
     }
 }
 
@@ -118,7 +123,10 @@ fn scan_data(api: Api, data: &[u8]) -> EventInfo {
     // Counts sit at the end (meta_info, usage): search backwards.
     info.completion_tokens = number_after_last(data, &k.completion_tokens);
     info.prompt_tokens = number_after_last(data, &k.prompt_tokens);
-    if api != Api::Generate && info.completion_tokens.is_some() {
+    if api == Api::Generate {
+        // A batch's events say which prompt they answer: SGLang adds `index` last.
+        info.index = number_after_last(data, &k.index);
+    } else if info.completion_tokens.is_some() {
         info.usage_only = after(data, &k.choices).is_some_and(|v| v.starts_with(b"[]"));
     }
     info
@@ -197,6 +205,14 @@ mod tests {
             .map(|e| scan_event(Api::Chat, e).output)
             .collect();
         assert_eq!(out, [false, true, true, false]);
+    }
+
+    #[test]
+    fn a_batch_generate_event_says_which_prompt_it_answers() {
+        let e = br#"data: {"text":" a","output_ids":[5],"meta_info":{"id":"x","prompt_tokens":4,"completion_tokens":1},"index":1}"#;
+        assert_eq!(scan_event(Api::Generate, e).index, Some(1));
+        let single = br#"data: {"text":" a","meta_info":{"completion_tokens":1}}"#;
+        assert_eq!(scan_event(Api::Generate, single).index, None);
     }
 
     #[test]
