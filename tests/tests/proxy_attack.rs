@@ -367,3 +367,38 @@ fn a_chunked_request_body_over_the_rewrite_limit_is_answered() {
     assert_ne!(recs[0]["completion_tokens"], 0);
     stop(run, log);
 }
+
+#[test]
+fn pipelined_requests_are_answered_in_order_with_the_usage_event_cut() {
+    let (run, proxy, direct, log) = start_with("atk-pipeline", &["--merge-every", "2"]);
+    let reqs = [
+        ("/v1/completions", COMPLETIONS),
+        ("/v1/chat/completions", CHAT),
+        ("/generate", GENERATE),
+    ];
+    let s = TcpStream::connect(&proxy).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let mut all = String::new();
+    for (path, body) in reqs {
+        all.push_str(&format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ));
+    }
+    w.write_all(all.as_bytes()).unwrap(); // all at once, before reading
+    let mut r = BufReader::new(s);
+    let via: Vec<_> = reqs.iter().map(|_| read_response(&mut r)).collect();
+    let want = exchange(&direct, &reqs);
+    for (i, (v, w)) in via.iter().zip(&want).enumerate() {
+        assert_eq!(v.0, w.0, "status of request {i}");
+        assert!(v.1 == w.1, "bytes of request {i}");
+    }
+    let recs = wait_records(&log, 3, Duration::from_secs(20));
+    let tokens: Vec<Value> = recs
+        .iter()
+        .map(|r| r["completion_tokens"].clone())
+        .collect();
+    assert_eq!(tokens, [12, 9, 7].map(Value::from), "{recs:?}");
+    stop(run, log);
+}

@@ -19,6 +19,8 @@ pub struct Measured {
     events: EventStream,
     /// The upstream ended while bytes were held: they go out, then the end.
     ended: bool,
+    /// The upstream failed while bytes were held: they go out, then the error.
+    failed: Option<hyper::Error>,
 }
 
 /// The SSE events of one response, found in frames cut anywhere, and what of each frame goes to
@@ -169,6 +171,7 @@ impl Measured {
             stream,
             events,
             ended: false,
+            failed: None,
         }
     }
 
@@ -216,6 +219,9 @@ impl Body for Measured {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
         loop {
+            if let Some(e) = this.failed.take() {
+                return Poll::Ready(Some(Err(e)));
+            }
             if this.ended {
                 this.finish(None);
                 return Poll::Ready(None);
@@ -245,7 +251,14 @@ impl Body for Measured {
                     return Poll::Ready(Some(Ok(frame)));
                 }
                 Poll::Ready(Some(Err(e))) => {
+                    // What the server sent of its last event still reaches the client, as it
+                    // would over a direct connection.
+                    let tail = this.flush();
                     this.finish(Some(format!("upstream body: {e}")));
+                    if let Some(tail) = tail {
+                        this.failed = Some(e);
+                        return Poll::Ready(Some(Ok(Frame::data(tail))));
+                    }
                     return Poll::Ready(Some(Err(e)));
                 }
                 Poll::Ready(None) => {
@@ -419,5 +432,75 @@ mod attack_tests {
     fn an_error_event_with_spaces_after_colons_is_seen() {
         let e = br#"data: {"object": "error", "message": "x", "code": 400}"#;
         assert!(scan_event(Api::Chat, e).error);
+    }
+}
+
+#[cfg(test)]
+mod cut_tests {
+    use super::*;
+    use crate::proxy::record::{ProxyMetrics, RequestRecord, Sink, Started};
+    use http_body_util::{BodyExt, Full};
+    use std::sync::{Arc, Mutex};
+    use tokio::io::AsyncWriteExt;
+
+    struct Collect(Mutex<Vec<RequestRecord>>);
+    impl Sink for Collect {
+        fn finished(&self, r: RequestRecord) {
+            self.0.lock().unwrap().push(r);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_upstream_cut_mid_event_still_gives_the_client_what_it_sent() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let whole = "data: {\"choices\":[{\"index\":0,\"text\":\" a\"}],\"usage\":null}\n\n";
+        let half = "data: {\"choices\":[{\"index\":0,\"te";
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = tokio::io::AsyncReadExt::read(&mut s, &mut buf).await;
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+            let mut out = head.to_string();
+            for c in [whole, half] {
+                out.push_str(&format!("{:x}\r\n{c}\r\n", c.len()));
+            }
+            s.write_all(out.as_bytes()).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }); // closed without the last chunk
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<Full<Bytes>>();
+        let resp = client
+            .get(format!("http://{addr}/").parse().unwrap())
+            .await
+            .unwrap();
+        let sink = Arc::new(Collect(Mutex::new(Vec::new())));
+        let started = Started {
+            endpoint: "/v1/completions",
+            api: Api::Completions,
+            sent: Instant::now(),
+            sent_unix: 0.0,
+        };
+        let metrics = ProxyMetrics::register(&mut Default::default());
+        let rec = Recorder::new(sink.clone(), metrics, started, 200, true);
+        let mut body = Measured::new(resp.into_body(), rec, true, true);
+        let mut got = Vec::new();
+        let mut failed = false;
+        while let Some(f) = body.frame().await {
+            match f {
+                Ok(f) => got.extend_from_slice(&f.into_data().unwrap_or_default()),
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        assert!(failed, "the cut is an error for the client too");
+        assert_eq!(String::from_utf8_lossy(&got), format!("{whole}{half}"));
+        drop(body);
+        let recs = sink.0.lock().unwrap();
+        assert_eq!(recs.len(), 1);
+        assert!(recs[0].error.is_some());
     }
 }
