@@ -55,6 +55,9 @@ pub fn build(events: &[Value]) -> Value {
     let startup = json!({
         "ready": ready.is_some(),
         "time_to_ready_s": ready.map(|r| r["elapsed_s"].clone()),
+        // Multi-node launches: which node this report is of.
+        "node_rank": ready.and_then(|r| r.get("node_rank").cloned()),
+        "nnodes": ready.and_then(|r| r.get("nnodes").cloned()),
         "phases": phases,
     });
     let mut windows: Vec<Value> = all(events, "window").map(body).collect();
@@ -90,7 +93,7 @@ pub fn build(events: &[Value]) -> Value {
 }
 
 /// Exit status of `report` for bad input.
-pub const EXIT_BAD_INPUT: i32 = 2;
+pub const EXIT_BAD_INPUT: i32 = crate::exit::BAD_INPUT;
 
 /// GPUs the server used, from its resolved args (tp × pp), as the run's sampler expects them.
 fn expected_gpus(events: &[Value]) -> Option<usize> {
