@@ -2,7 +2,7 @@
 # The proxy held against the benchmark it wraps, on the lent H200 (docs/real-gpu.md): a real
 # SGLang 0.5.14 (tiny dummy Llama) under the supervisor.
 #   usage (GPU machine, repo root): scripts/gpu/proxy_acceptance.sh BINDIR BUNDLE OUTDIR [PHASES]
-#   BINDIR  sglang-supervisor, sglang-replay, proxy-bench (x86-64); BUNDLE the prepared .sgldev
+#   BINDIR  sglang-supervisor, sglang-replay, proxy-bench, tcp-relay (x86-64); BUNDLE the prepared .sgldev
 #   PHASES  default "M E S":
 #     M  the hot-path benchmarks on this quiet 16-core host: benches/proxy.sh at 256 and 1024
 #        streams, benches/proxy_fair.sh (1024 streams + 100 scrapes/s), benches/log_path.sh
@@ -11,8 +11,13 @@
 #        tokens vs bench_serving's output details, window throughput vs bench_serving's, sorted
 #        pairs of TTFT and E2E
 #     S  speed (issue 16): bench_serving --backend sglang at c=256 and c=512, 1024 prompts x 256
-#        tokens, alternating straight to SGLang and through the proxy, 3 pairs each, cache flushed
-#        before every run
+#        tokens, straight to SGLang and through the proxy in ABBA order (direct proxy proxy direct
+#        ..., so a drift of the host cancels), PAIRS pairs each (default 4), cache flushed before
+#        every run. Noise controls, both arms alike: GRAPH_BS=N captures CUDA graphs up to batch N
+#        (a batch past the largest graph runs eager and slower, a step change at c=256/512);
+#        PIN="SERVER_CPUS CLIENT_CPUS SUPERVISOR_CPUS" pins the three apart (taskset lists).
+#        SIDES="direct relay proxy" adds a third arm through tcp-relay (a hop that reads nothing):
+#        the cost of any extra hop, apart from the proxy's own. The server's CPU is read per run.
 # Needs dev-device/ (a copy of shared/sglang-device) next to it.
 set -u
 BINDIR=$(realpath "${1:?bin dir}"); B=$(realpath "${2:?bundle}"); O=$(realpath -m "${3:?outdir}"); PHASES=${4:-M E S}
@@ -21,7 +26,7 @@ mkdir -p "$O"
 exec > >(tee "$O/summary.txt") 2>&1
 say() { echo "[acceptance $(date +%T.%3N)] $*"; }
 ulimit -n "$(ulimit -Hn)"
-nproc; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -2
+nproc; lscpu | grep -iE "numa|model name|^cpu\(s\)|mhz"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -2
 
 if [[ " $PHASES " == *" M "* ]]; then
   mkdir -p "$HERE/target/release"
@@ -40,11 +45,19 @@ eval "$(print_env)"
 PORT=30000
 SERVER=(python3 -m sglang.launch_server --model-path "$B/tiny-llama" --load-format dummy --host 127.0.0.1 --port $PORT
         --attention-backend triton --sampling-backend pytorch --grammar-backend none --enable-metrics
-        --cuda-graph-backend-prefill disabled --mem-fraction-static 0.8)
+        --cuda-graph-backend-prefill disabled --mem-fraction-static 0.8 ${GRAPH_BS:+--cuda-graph-max-bs $GRAPH_BS})
+if [ "${PIN:-}" = auto ]; then  # half the allowed CPUs to the server, a quarter each to client and supervisor
+  PIN=$(python3 -c 'import os; c=sorted(os.sched_getaffinity(0)); n=len(c); j=lambda l: ",".join(map(str,l)); print(j(c[:n//2]), j(c[n//2:3*n//4]), j(c[3*n//4:]))')
+fi
+[ -n "${PIN:-}" ] && echo "pinning server / client / supervisor to: $PIN"
+read -r PIN_SERVER PIN_CLIENT PIN_SUP <<< "${PIN:-}"
+[ -n "${PIN_SERVER:-}" ] && SERVER=(taskset -c "$PIN_SERVER" "${SERVER[@]}")
+SUP_PREFIX=(); [ -n "${PIN_SUP:-}" ] && SUP_PREFIX=(taskset -c "$PIN_SUP")
+CLIENT_PREFIX=(); [ -n "${PIN_CLIENT:-}" ] && CLIENT_PREFIX=(taskset -c "$PIN_CLIENT")
 MET=127.0.0.1:9411
 post() { python3 -c 'import sys,urllib.request; print(urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=b"", method="POST"), timeout=60).read().decode())' "$1"; }
 start_sup() { # start_sup DIR
-  "$BINDIR/sglang-supervisor" run --events "$1/events.jsonl" --log-file "$1/server.log" --no-tee --grace 30s \
+  "${SUP_PREFIX[@]}" "$BINDIR/sglang-supervisor" run --events "$1/events.jsonl" --log-file "$1/server.log" --no-tee --grace 30s \
     --ready-timeout 6m --proxy-addr 127.0.0.1:0 --requests-log "$1/requests.jsonl" --metrics-addr $MET \
     --power-csv "$1/power.csv" --report "$1/report.json" -- "${SERVER[@]}" 2> "$1/supervisor.err" &
   SUP=$!
@@ -57,9 +70,24 @@ start_sup() { # start_sup DIR
   PPORT=$(grep -o '"proxy":"[^"]*"' "$1/events.jsonl" | cut -d'"' -f4 | cut -d: -f2)
   say "ready after $(grep -o '"event":"ready"[^}]*' "$1/events.jsonl" | grep -o '"elapsed_s":[0-9.]*'); proxy on $PPORT"
 }
+tree_cpu() { # CPU ticks of every descendant of PID (the server's tree), living ones
+  python3 - "$1" <<'PY'
+import os, sys
+kids, ticks = {}, {}
+for d in os.listdir("/proc"):
+    if not d.isdigit(): continue
+    try: f = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+    except OSError: continue
+    kids.setdefault(int(f[1]), []).append(int(d)); ticks[int(d)] = int(f[11]) + int(f[12])
+todo, total = list(kids.get(int(sys.argv[1]), [])), 0
+while todo:
+    p = todo.pop(); total += ticks.get(p, 0); todo += kids.get(p, [])
+print(total)
+PY
+}
 stop_sup() { kill -TERM "$SUP"; wait "$SUP"; say "supervisor exit $?"; }
 bench() { # bench PORT BACKEND CONC PROMPTS OUTFILE [RANGE]
-  timeout 300 python3 -m sglang.bench_serving --backend "$2" --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" \
+  "${CLIENT_PREFIX[@]}" timeout 300 python3 -m sglang.bench_serving --backend "$2" --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" \
     --tokenizer "$B/tiny-llama" --dataset-name "${DATASET:-random}" --dataset-path "$B/tiny-llama/sharegpt_mini.json" \
     --random-input-len 256 --random-output-len 256 --random-range-ratio "${6:-1.0}" --num-prompts "$4" \
     --max-concurrency "$3" --seed 1 --disable-tqdm --output-details --output-file "$5" > "$5.txt" 2>&1
@@ -128,28 +156,59 @@ if [[ " $PHASES " == *" S "* ]]; then
   say "S: start (the E phase's server when it ran)"
   if { [ -n "${SUP:-}" ] && kill -0 "$SUP" 2>/dev/null; } || start_sup "$P"; then
     bench "$PPORT" sglang 32 64 "$P/warm.jsonl"   # JIT and graphs warm before timing anything
+    RPORT=30007; RELAY=""
+    if [[ " ${SIDES:-} " == *" relay "* ]]; then
+      "${SUP_PREFIX[@]}" "$BINDIR/tcp-relay" 127.0.0.1:$RPORT 127.0.0.1:$PORT & RELAY=$!
+    fi
     for conc in ${CONCS:-256 512}; do
-      for i in 1 2 3; do
-        for side in direct proxy; do
-          port=$PORT; [ $side = proxy ] && port=$PPORT
+      read -r -a arms <<< "${SIDES:-direct proxy}"
+      for i in $(seq "${PAIRS:-4}"); do
+        # each round rotates the arms (a Latin square; ABBA for two), so a drift of the host cancels
+        order=(); n=${#arms[@]}
+        for k in $(seq 0 $((n - 1))); do order+=("${arms[$(( (k + i - 1) % n ))]}"); done
+        [ "$n" = 2 ] && [ $((i % 2)) = 0 ] && order=("${arms[1]}" "${arms[0]}")
+        for side in "${order[@]}"; do
+          case $side in proxy) port=$PPORT ;; relay) port=$RPORT ;; *) port=$PORT ;; esac
           post "http://127.0.0.1:$PORT/flush_cache" > /dev/null 2>&1 || true
-          cpu0=$(awk '{print $14+$15}' "/proc/$SUP/stat")
+          cpu0=$(awk '{print $14+$15}' "/proc/$SUP/stat"); srv0=$(tree_cpu "$SUP")
           DATASET=random-ids bench "$port" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
-          cpu1=$(awk '{print $14+$15}' "/proc/$SUP/stat")
-          python3 - "$P/c$conc-$side-$i.jsonl" "$side" "$conc" "$i" "$cpu0" "$cpu1" <<'PY'
+          cpu1=$(awk '{print $14+$15}' "/proc/$SUP/stat"); srv1=$(tree_cpu "$SUP")
+          python3 - "$P/c$conc-$side-$i.jsonl" "$side" "$conc" "$i" "$cpu0" "$cpu1" "$srv0" "$srv1" <<'PY'
 import json, sys, os
-f, side, conc, i, c0, c1 = sys.argv[1:]
+f, side, conc, i, c0, c1, s0, s1 = sys.argv[1:]
 b = [json.loads(l.replace("Infinity", "1e999")) for l in open(f)][-1]
 hz = os.sysconf("SC_CLK_TCK")
-print(f"S c={conc} pair {i} {side:6s}: out {b['output_throughput']:.1f} tok/s, median E2E {b['median_e2e_latency_ms']:.1f} ms, median TPOT {b['median_tpot_ms']:.3f} ms, median TTFT {b['median_ttft_ms']:.2f} ms, completed {b['completed']}, supervisor CPU {(float(c1)-float(c0))/hz:.2f} s over {b['duration']:.2f} s")
+print(f"S c={conc} round {i} {side:6s}: out {b['output_throughput']:.1f} tok/s, median E2E {b['median_e2e_latency_ms']:.1f} ms, median TPOT {b['median_tpot_ms']:.3f} ms, median TTFT {b['median_ttft_ms']:.2f} ms, completed {b['completed']}, supervisor CPU {(float(c1)-float(c0))/hz:.2f} s, server CPU {(float(s1)-float(s0))/hz:.2f} s, over {b['duration']:.2f} s")
 PY
         done
       done
     done
+    python3 - "$P" <<'PY'
+import glob, json, re, statistics as st, sys
+runs = {}
+for f in sorted(glob.glob(f"{sys.argv[1]}/c*-*-*.jsonl")):
+    conc, side, i = re.search(r"c(\d+)-(\w+)-(\d+)\.jsonl$", f).groups()
+    b = [json.loads(l.replace("Infinity", "1e999")) for l in open(f)][-1]
+    runs.setdefault(int(conc), {}).setdefault(side, {})[int(i)] = b
+keys = [("output_throughput", "out tok/s"), ("median_e2e_latency_ms", "median E2E ms"), ("median_tpot_ms", "median TPOT ms"), ("median_ttft_ms", "median TTFT ms")]
+for conc, sides in sorted(runs.items()):
+    d = sides.get("direct", {})
+    for arm in [a for a in sides if a != "direct"]:
+        p = sides[arm]
+        both = sorted(set(d) & set(p))
+        for k, label in keys:
+            dv, pv = [d[i][k] for i in both], [p[i][k] for i in both]
+            if not both: continue
+            ratios = [b / a for a, b in zip(dv, pv)]
+            print(f"S c={conc} {label}: direct median {st.median(dv):.2f} (runs {', '.join(f'{x:.1f}' for x in dv)}), "
+                  f"{arm} median {st.median(pv):.2f} (runs {', '.join(f'{x:.1f}' for x in pv)}); "
+                  f"{arm}/direct of medians {st.median(pv) / st.median(dv):.4f}, median of round ratios {st.median(ratios):.4f}")
+PY
   else
     say "S: not ready"; tail -20 "$P/supervisor.err"; kill -KILL "$SUP"
   fi
 fi
+[ -n "${RELAY:-}" ] && kill "$RELAY" 2>/dev/null
 if [ -n "${SUP:-}" ] && kill -0 "$SUP" 2>/dev/null; then stop_sup; fi
 if [[ " $PHASES " == *" E "* ]]; then
   P=$O/E
