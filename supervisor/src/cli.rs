@@ -257,7 +257,12 @@ pub struct WaitArgs {
     pub timeout: Duration,
 
     /// With --url: the server's --api-key (its /ready and /model_info answer 401 without it).
-    #[arg(long, env = "SGLANG_SUPERVISOR_API_KEY", value_name = "KEY", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "SGLANG_SUPERVISOR_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
     pub api_key: Option<String>,
 }
 

@@ -475,7 +475,10 @@ mod tests {
 
     #[test]
     fn phase_names_serialise_as_their_str_and_describe_where_a_rank_stopped() {
-        for p in [PhaseName::InitDistributedBegin, PhaseName::MaxTotalNumTokens] {
+        for p in [
+            PhaseName::InitDistributedBegin,
+            PhaseName::MaxTotalNumTokens,
+        ] {
             assert_eq!(
                 serde_json::to_value(p).unwrap(),
                 Value::String(p.as_str().into())

@@ -177,8 +177,8 @@ pub fn server_url(argv: &[String], explicit: Option<&str>) -> anyhow::Result<Htt
     };
     let bearer = api_key.or(admin_key).map(Bearer);
     if let Some(u) = explicit {
-        let base = HttpUrl::parse(u)
-            .map_err(|e| anyhow::anyhow!("--health-url/--upstream {u:?}: {e}"))?;
+        let base =
+            HttpUrl::parse(u).map_err(|e| anyhow::anyhow!("--health-url/--upstream {u:?}: {e}"))?;
         return Ok(HttpUrl {
             bearer,
             ..base.with_path("/")
@@ -204,13 +204,22 @@ mod tests {
     fn node_rank_and_nnodes_are_read_in_every_spelling_argparse_accepts() {
         let cases: &[(&[&str], Node)] = &[
             (&["--model-path", "m"], Node { rank: 0, nnodes: 1 }),
-            (&["--nnodes", "2", "--node-rank", "1"], Node { rank: 1, nnodes: 2 }),
-            (&["--nnodes=4", "--node-rank=3"], Node { rank: 3, nnodes: 4 }),
+            (
+                &["--nnodes", "2", "--node-rank", "1"],
+                Node { rank: 1, nnodes: 2 },
+            ),
+            (
+                &["--nnodes=4", "--node-rank=3"],
+                Node { rank: 3, nnodes: 4 },
+            ),
             (&["--nn", "2", "--node-r", "1"], Node { rank: 1, nnodes: 2 }),
             (&["--nno=2", "--nod=1"], Node { rank: 1, nnodes: 2 }),
             // Too short to be unambiguous: argparse refuses them; we read nothing.
             (&["--n", "2", "--no", "1"], Node { rank: 0, nnodes: 1 }),
-            (&["--node-rank", "1", "--", "--node-rank", "5"], Node { rank: 1, nnodes: 1 }),
+            (
+                &["--node-rank", "1", "--", "--node-rank", "5"],
+                Node { rank: 1, nnodes: 1 },
+            ),
         ];
         for (argv, want) in cases {
             assert_eq!(Node::from_argv(&s(argv)), *want, "{argv:?}");
@@ -239,13 +248,19 @@ mod tests {
             url(&["x", "--host", "0.0.0.0", "--port=8000"]).base(),
             "http://127.0.0.1:8000"
         );
-        assert_eq!(url(&["x", "--host=::", "--port", "1"]).base(), "http://[::1]:1");
+        assert_eq!(
+            url(&["x", "--host=::", "--port", "1"]).base(),
+            "http://[::1]:1"
+        );
         assert_eq!(
             url(&["x", "--api-key", "k1"]).bearer,
             Some(Bearer("k1".into()))
         );
         assert!(server_url(&s(&["x", "--port", "http"]), None).is_err());
         let up = server_url(&s(&["x", "--api-key=k"]), Some("http://10.0.0.1:9/x")).unwrap();
-        assert_eq!((up.base(), up.bearer), ("http://10.0.0.1:9".into(), Some(Bearer("k".into()))));
+        assert_eq!(
+            (up.base(), up.bearer),
+            ("http://10.0.0.1:9".into(), Some(Bearer("k".into())))
+        );
     }
 }

@@ -93,14 +93,13 @@ impl RunSeen {
     }
 
     fn supervisor_alive(&self) -> bool {
-        self.supervisor_pid.is_some_and(|p| crate::child::is_running(p as i32))
+        self.supervisor_pid
+            .is_some_and(|p| crate::child::is_running(p as i32))
     }
 
     /// A run that ended (or whose supervisor died) well before we started watching.
     fn stale(&self, started: SystemTime) -> bool {
-        let old = self
-            .last_ts
-            .is_none_or(|t| t + STALE_AFTER < started);
+        let old = self.last_ts.is_none_or(|t| t + STALE_AFTER < started);
         (self.exited.is_some() || !self.supervisor_alive()) && old
     }
 }
@@ -124,8 +123,8 @@ async fn follow_events(path: &Path, deadline: Instant) -> Result<i32> {
                 .with_context(|| format!("reading {}", path.display()))?;
             let id = (meta.dev(), meta.ino());
             let mut now_head = vec![0u8; head.len()];
-            let same_head = head.is_empty()
-                || (f.read_exact(&mut now_head).is_ok() && now_head == head);
+            let same_head =
+                head.is_empty() || (f.read_exact(&mut now_head).is_ok() && now_head == head);
             if inode != Some(id) || meta.len() < offset || !same_head {
                 // A new file, or this one rewritten: a new run, read from its start.
                 if inode.is_some() {

@@ -94,8 +94,8 @@ fn a_spawn_failure_and_a_port_in_use_end_with_a_terminal_event_wait_reads() {
 fn a_preflight_refusal_ends_with_a_terminal_event() {
     let dir = tmp("preflight");
     let ev = dir.join("events.jsonl");
-    let schema = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/flags/sglang-0.5.20.json");
+    let schema =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/flags/sglang-0.5.20.json");
     let out = run_cmd(
         &ev,
         &["--flags-schema", schema.to_str().unwrap()],
@@ -258,7 +258,11 @@ fn an_unwritable_report_or_a_fifo_log_fails_at_start_with_one_line() {
     let ev = dir.join("events.jsonl");
     let t = Instant::now();
     // Read-only even for root (sysfs).
-    let out = run_cmd(&ev, &["--report", "/sys/kernel/report.json"], &["sleep", "30"]);
+    let out = run_cmd(
+        &ev,
+        &["--report", "/sys/kernel/report.json"],
+        &["sleep", "30"],
+    );
     assert_eq!(out.status.code(), Some(125));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -272,7 +276,11 @@ fn an_unwritable_report_or_a_fifo_log_fails_at_start_with_one_line() {
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let t = Instant::now();
-    let out = run_cmd(&ev, &["--log-file", fifo.to_str().unwrap()], &["sleep", "30"]);
+    let out = run_cmd(
+        &ev,
+        &["--log-file", fifo.to_str().unwrap()],
+        &["sleep", "30"],
+    );
     assert_eq!(out.status.code(), Some(125));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("FIFO with no reader"), "{err}");
@@ -285,7 +293,14 @@ fn wait_url_uses_the_api_key_a_guarded_server_needs() {
     let mut run = Run::start(
         "apikey",
         Opts {
-            replay: &["--speed", "50", "--version", "0.5.20", "--api-key", "sekret"],
+            replay: &[
+                "--speed",
+                "50",
+                "--version",
+                "0.5.20",
+                "--api-key",
+                "sekret",
+            ],
             ..Default::default()
         },
     );
@@ -310,7 +325,10 @@ fn a_worker_node_is_ready_from_its_ranks_and_the_dummy_health_server() {
         },
     );
     let ready = run.wait_event("ready", T);
-    assert_eq!((ready["node_rank"].as_u64(), ready["nnodes"].as_u64()), (Some(1), Some(2)));
+    assert_eq!(
+        (ready["node_rank"].as_u64(), ready["nnodes"].as_u64()),
+        (Some(1), Some(2))
+    );
     let phases = run.events_named("phase");
     assert!(phases.iter().all(|p| p["rank"] == "TP1"), "{phases:?}");
     assert!(!phases.iter().any(|p| p["name"] == "http_up"));
@@ -345,8 +363,14 @@ fn node_rank_zero_of_two_is_ready_as_today_and_says_which_node_it_is() {
         },
     );
     let ready = run.wait_event("ready", T);
-    assert_eq!((ready["node_rank"].as_u64(), ready["nnodes"].as_u64()), (Some(0), Some(2)));
-    assert!(run.events_named("phase").iter().any(|p| p["name"] == "http_up"));
+    assert_eq!(
+        (ready["node_rank"].as_u64(), ready["nnodes"].as_u64()),
+        (Some(0), Some(2))
+    );
+    assert!(run
+        .events_named("phase")
+        .iter()
+        .any(|p| p["name"] == "http_up"));
     run.signal(libc::SIGTERM);
     assert_eq!(run.wait(T), 143);
 }

@@ -70,9 +70,14 @@ pub enum Action {
     /// Run one readiness check.
     Check(Evidence),
     /// Send a signal (negative `dest`: a process group).
-    Send { dest: i32, sig: i32 },
+    Send {
+        dest: i32,
+        sig: i32,
+    },
     /// SIGKILL the whole tree; `note_live`: record whether the server was still alive.
-    KillTree { note_live: bool },
+    KillTree {
+        note_live: bool,
+    },
     /// The server is ready: record it and start what follows readiness.
     BecomeReady,
     /// `--ready-timeout` passed: say where each rank stopped.
@@ -380,7 +385,11 @@ mod tests {
     #[test]
     fn the_ready_line_is_confirmed_by_one_check_then_ready() {
         let (mut m, t0) = machine(false, Node::default());
-        assert_eq!(m.deadline(), Some(secs(t0, 600.0)), "only the ready timeout");
+        assert_eq!(
+            m.deadline(),
+            Some(secs(t0, 600.0)),
+            "only the ready timeout"
+        );
         assert_eq!(
             m.on(Input::ReadyLine, t0),
             vec![Action::Check(Evidence::ReadyLine)]
@@ -402,10 +411,16 @@ mod tests {
         let (mut m, t0) = machine(false, Node::default());
         m.on(Input::ReadyLine, t0);
         assert!(m
-            .on(Input::Checked(Err("GET /ready answered 503".into())), secs(t0, 0.1))
+            .on(
+                Input::Checked(Err("GET /ready answered 503".into())),
+                secs(t0, 0.1)
+            )
             .is_empty());
         assert_eq!(m.deadline(), Some(secs(t0, 0.2)), "retried within 100 ms");
-        assert_eq!(m.tick(secs(t0, 0.2)), vec![Action::Check(Evidence::ReadyLine)]);
+        assert_eq!(
+            m.tick(secs(t0, 0.2)),
+            vec![Action::Check(Evidence::ReadyLine)]
+        );
         // Past the 5 s window: one `Unconfirmed`, then a check without the log's evidence.
         let acts = m.on(Input::Checked(Err("refused".into())), secs(t0, 6.0));
         assert_eq!(
@@ -455,13 +470,23 @@ mod tests {
                 }
             ]
         );
-        assert!(matches!(&acts[2], Action::Emit(Event::Signal { target: SignalTarget::Main, .. })));
+        assert!(matches!(
+            &acts[2],
+            Action::Emit(Event::Signal {
+                target: SignalTarget::Main,
+                ..
+            })
+        ));
         assert!(m.tick(secs(t0, 29.0)).is_empty());
         assert_eq!(
             m.tick(secs(t0, 30.0)),
             vec![Action::KillTree { note_live: false }]
         );
-        assert_eq!(m.exit_status(137), 143, "a requested stop is 128 + its signal");
+        assert_eq!(
+            m.exit_status(137),
+            143,
+            "a requested stop is 128 + its signal"
+        );
         assert!(m.requested());
     }
 

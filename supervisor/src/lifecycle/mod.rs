@@ -327,7 +327,8 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
     // 3. Supervise until the child exits. What could not start after the spawn takes the
     //    server down with it.
     let log_file = services.log_file.take();
-    let mut watch = match Watch::start(&args, &services, log_file, spawned, events.clone(), secrets) {
+    let mut watch = match Watch::start(&args, &services, log_file, spawned, events.clone(), secrets)
+    {
         Ok(w) => w,
         Err(e) => {
             child::kill_tree(pid, &[], KILL_WAIT).await;
@@ -335,7 +336,16 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
         }
     };
     let node = Node::from_argv(&argv);
-    let mut s = Supervision::new(args, events, pid, services.url.clone(), node, &services, &watch, t0);
+    let mut s = Supervision::new(
+        args,
+        events,
+        pid,
+        services.url.clone(),
+        node,
+        &services,
+        &watch,
+        t0,
+    );
     let status = s.supervise(&mut watch, services.signals).await;
     // 4. Tear down.
     s.teardown(status, watch, services.sampler).await

@@ -1,10 +1,10 @@
 //! The pre-flight audit: the server's flags checked against the SGLang it would import, before
 //! anything starts (a refused launch exits 126).
+use crate::cli::RunArgs;
 use anyhow::Result;
 use serde_json::{json, Value};
 use std::ffi::OsString;
 use std::time::Instant;
-use crate::cli::RunArgs;
 
 /// The launch arguments inside COMMAND (after `-m sglang.launch_server` or `sglang serve`).
 /// The interpreter and the arguments of an SGLang launch (`PY -m sglang.launch_server ARGS`, or
@@ -182,5 +182,4 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
         assert_eq!(launch_args(&os(&["sglang-replay", "--port", "1"])), None);
     }
-
 }

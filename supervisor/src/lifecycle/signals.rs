@@ -27,7 +27,8 @@ impl Signals {
                 })
             }
             .with_context(|| format!("installing the handler of signal {num}"))?;
-            let mut stream = signal(SignalKind::from_raw(num)).context("installing signal handlers")?;
+            let mut stream =
+                signal(SignalKind::from_raw(num)).context("installing signal handlers")?;
             let tx = tx.clone();
             tokio::spawn(async move {
                 while stream.recv().await.is_some() {
@@ -40,7 +41,8 @@ impl Signals {
             });
         }
         for num in [libc::SIGUSR1, libc::SIGUSR2, libc::SIGALRM] {
-            let mut stream = signal(SignalKind::from_raw(num)).context("installing signal handlers")?;
+            let mut stream =
+                signal(SignalKind::from_raw(num)).context("installing signal handlers")?;
             tokio::spawn(async move {
                 while stream.recv().await.is_some() {
                     tracing::info!(

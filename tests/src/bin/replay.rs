@@ -458,11 +458,12 @@ fn run(args: Args) -> Result<std::convert::Infallible> {
             log_line(
                 &args,
                 None,
-                &msg.replacen("tp_size=1,", &format!("tp_size={tp},"), 1).replacen(
-                    "nnodes=1, node_rank=0",
-                    &format!("nnodes={}, node_rank={}", args.nnodes, args.node_rank),
-                    1,
-                ),
+                &msg.replacen("tp_size=1,", &format!("tp_size={tp},"), 1)
+                    .replacen(
+                        "nnodes=1, node_rank=0",
+                        &format!("nnodes={}, node_rank={}", args.nnodes, args.node_rank),
+                        1,
+                    ),
             );
             continue;
         }
