@@ -55,3 +55,24 @@ impl Signals {
         Ok(Signals { rx })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn two_deliveries_before_the_loop_looks_are_two_signals() {
+        let mut s = Signals::install().unwrap();
+        // raise() runs the handlers before it returns: both deliveries happen before the
+        // stream is polled, which is where tokio alone merges them into one.
+        unsafe {
+            libc::raise(libc::SIGHUP);
+            libc::raise(libc::SIGHUP);
+        }
+        for _ in 0..2 {
+            let got = tokio::time::timeout(Duration::from_secs(5), s.rx.recv()).await;
+            assert_eq!(got.ok().flatten(), Some(libc::SIGHUP));
+        }
+    }
+}
