@@ -196,7 +196,9 @@ pub enum Event {
     Spawned {
         pid: i32,
         argv: Vec<String>,
-        supervisor_pid: u32,
+        /// Lets `wait` tell a live run from a finished one (absent in events of old versions).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        supervisor_pid: Option<u32>,
     },
     Listening {
         metrics: Option<String>,

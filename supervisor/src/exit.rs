@@ -1,9 +1,11 @@
 //! Every exit status the supervisor's commands use, in one place (README "Exit statuses").
-//! `run` otherwise passes the server's own status through (`child::ExitStatus::shell_code`).
+//! `run` otherwise passes the server's own status through (`child::ExitStatus::shell_code`);
+//! `wait --events` returns the status of the run's `exited` event; `flags audit` has its own
+//! ladder (`sglang_python::audit::exit_status`).
 
 /// `run`: we stopped a live server because of a fatal line (it had not ended itself).
 pub const STOPPED_ON_FATAL: i32 = 1;
-/// `report`: its input is unusable.
+/// `report`: its input is unusable; `compare`: the two runs are not comparable (without --force).
 pub const BAD_INPUT: i32 = 2;
 /// `run`: not ready within `--ready-timeout`; `wait`: not ready within `--timeout`.
 pub const TIMEOUT: i32 = 124;

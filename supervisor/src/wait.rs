@@ -71,7 +71,7 @@ impl RunSeen {
             // A new run in the same file starts over.
             Event::Spawned { supervisor_pid, .. } => {
                 *self = RunSeen {
-                    supervisor_pid: Some(supervisor_pid),
+                    supervisor_pid,
                     last_ts: ts,
                     ..RunSeen::default()
                 };

@@ -322,7 +322,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
     events.emit(Event::Spawned {
         pid,
         argv: redact_argv(&argv),
-        supervisor_pid: std::process::id(),
+        supervisor_pid: Some(std::process::id()),
     });
     // 3. Supervise until the child exits. What could not start after the spawn takes the
     //    server down with it.
