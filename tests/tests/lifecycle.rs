@@ -317,9 +317,12 @@ fn wait_url_uses_the_api_key_a_guarded_server_needs() {
 
 #[test]
 fn a_worker_node_is_ready_from_its_ranks_and_the_dummy_health_server() {
+    let report = std::env::temp_dir().join(format!("sglsup-node1-{}.json", std::process::id()));
+    let report_arg = report.to_str().unwrap().to_string();
     let mut run = Run::start(
         "node1",
         Opts {
+            supervisor: &["--report", &report_arg],
             replay: &["--speed", "50", "--nnodes", "2", "--node-rank", "1"],
             ..Default::default()
         },
@@ -336,21 +339,30 @@ fn a_worker_node_is_ready_from_its_ranks_and_the_dummy_health_server() {
     let url = format!("http://127.0.0.1:{}", run.port);
     let (code, err, _) = wait(&["--url", &url, "--timeout", "10s"]);
     assert_eq!(code, 0, "wait --url sees a worker node ready too: {err}");
-    let get = |path: &str| {
-        let out = Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
-            .arg(format!("{url}{path}"))
-            .output();
-        out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-    };
-    if let Ok(code) = get("/ping") {
-        assert_eq!(code, "200");
-        assert_eq!(get("/v1/models").unwrap(), "404");
-    }
+    let server = format!("127.0.0.1:{}", run.port);
+    let status = |path: &str| sglang_supervisor_tests::http(&server, "GET", path, "").0;
+    assert!(status("/ping").contains(" 200"), "{}", status("/ping"));
+    assert!(status("/v1/models").contains(" 404"));
+    let metrics = run.wait_event("listening", T)["metrics"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, body) = sglang_supervisor_tests::http(&metrics, "GET", "/metrics", "");
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("sglang_supervisor_server_args_info")
+                && l.contains("node_rank=\"1\"")
+                && l.contains("nnodes=\"2\"")),
+        "{body}"
+    );
     run.signal(libc::SIGTERM);
     assert_eq!(run.wait(T), 143);
-    let report_like = exited(&run);
-    assert_eq!(report_like["exit_status"], 143);
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(
+        (&r["startup"]["node_rank"], &r["startup"]["nnodes"]),
+        (&Value::from(1), &Value::from(2))
+    );
+    let _ = std::fs::remove_file(report);
 }
 
 #[test]
