@@ -222,10 +222,6 @@ fn a_stopped_server_is_continued_so_sigterm_is_not_a_full_grace() {
     run.assert_no_survivors();
 }
 
-fn exited(run: &Run) -> Value {
-    run.events_named("exited").pop().unwrap()
-}
-
 #[test]
 fn stray_signals_never_stop_the_supervisor() {
     let mut run = Run::start(
