@@ -176,10 +176,7 @@ impl Collector for StatusCollector {
             &mut enc,
             "build_info",
             "sglang-supervisor build",
-            &[(
-                [("version", env!("CARGO_PKG_VERSION"))],
-                1i64,
-            )],
+            &[([("version", env!("CARGO_PKG_VERSION"))], 1i64)],
         )?;
         let states: Vec<(Labels, i64)> = STATES
             .iter()
