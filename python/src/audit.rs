@@ -616,6 +616,9 @@ pub struct EnvVerdict {
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replacement: Option<String>,
+    /// The package file that reads it itself (`os.environ`, `os.getenv`), not through environ.py.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_by: Option<String>,
 }
 
 /// Check the `SGLANG_*` variables a recipe sets against `sglang/srt/environ.py`. SGLang ignores
@@ -647,6 +650,7 @@ pub fn audit_env(
                 value: value.clone(),
                 status,
                 replacement,
+                read_by: None,
             }
         })
         .collect()

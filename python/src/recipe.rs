@@ -751,6 +751,18 @@ fn expansions(
     alts
 }
 
+/// The launch in an argv (`run`'s COMMAND), behind whatever runs it: the shell already expanded
+/// its variables, so its words are the launch's own.
+pub fn launch_in_argv(argv: &[String]) -> Option<Launch> {
+    let (p, a) = launch_at(argv)?;
+    Some(Launch {
+        program: argv[p].clone(),
+        args: argv[a..].to_vec(),
+        env: argv[..p].iter().filter_map(|w| is_assignment(w)).collect(),
+        line: 0,
+    })
+}
+
 /// The first launch in `text` (`flags audit` reads them all: [`launches`]).
 pub fn extract(text: &str) -> Result<Launch, RecipeError> {
     launches(text).map(|mut l| l.remove(0))
