@@ -288,7 +288,8 @@ impl LaunchAudit {
     }
 
     pub fn to_json(&self) -> Value {
-        json!({"line": self.line, "command": self.command(), "status": self.status, "error": self.error,
+        json!({"line": self.line, "command": self.command(), "args": crate::redact::redact_argv(&self.launch.args),
+               "status": self.status, "error": self.error,
                "flags": self.verdicts, "env": self.env, "unexpanded": self.unexpanded})
     }
 
