@@ -694,9 +694,94 @@ mod tests {
             Removed,
             InvalidChoice,
             MissingValue,
+            UnexpectedValue,
+            InvalidValue,
+            Retired,
+            Help,
         ] {
             assert_eq!(serde_json::to_value(st).unwrap(), st.as_str());
         }
+    }
+
+    #[test]
+    fn values_convert_as_python_int_and_float_do() {
+        for ok in ["8", " 8 ", "+8", "-1", "8_0", "007"] {
+            assert!(py_int(ok).is_some(), "{ok}");
+        }
+        for bad in ["8x", "8.0", "", "_8", "8__0", "8_", "0x10", "1e3"] {
+            assert!(py_int(bad).is_none(), "{bad}");
+        }
+        for ok in [
+            "0.8",
+            ".5",
+            "-.5",
+            "1e-1",
+            "1E3",
+            "inf",
+            "-Infinity",
+            "nan",
+            "1_0.5",
+            " 2 ",
+            "8",
+        ] {
+            assert!(py_float(ok).is_some(), "{ok}");
+        }
+        for bad in ["0.8x", "", ".", "e3", "1_", "1__0", "in", "0x1p3", "1e"] {
+            assert!(py_float(bad).is_none(), "{bad}");
+        }
+        assert_eq!(py_repr("a"), "'a'");
+        assert_eq!(py_repr("it's"), "\"it's\"");
+        assert_eq!(py_repr("a\tb"), "'a\\tb'");
+    }
+
+    #[test]
+    fn argparse_decisions_beyond_matching() {
+        let s = schema(json!([
+            {"option_strings": ["-h", "--help"], "dest": "help", "nargs": 0},
+            {"option_strings": ["--tp-size", "--tp"], "dest": "tp", "nargs": null, "type": "int"},
+            {"option_strings": ["--flag"], "dest": "flag", "nargs": 0},
+            {"option_strings": ["--gone"], "dest": "gone", "nargs": 0, "action": "DeprecatedAction", "error_message": "--gone is no longer supported."},
+            {"option_strings": ["--level"], "dest": "level", "nargs": null, "type": "int", "choices": [0, 1]}
+        ]));
+        let run = |a: &[&str]| audit(&s, None, &args(a));
+        let err = |a: &[&str]| run(a).error;
+        assert_eq!(
+            err(&["--flag=1"]).as_deref(),
+            Some("argument --flag: ignored explicit argument '1'")
+        );
+        assert_eq!(
+            err(&["--flag", "yes"]).as_deref(),
+            Some("unrecognized arguments: yes")
+        );
+        assert_eq!(
+            err(&["-tp", "8"]).as_deref(),
+            Some("unrecognized arguments: -tp 8")
+        );
+        assert_eq!(
+            err(&["--tp", "8x"]).as_deref(),
+            Some("argument --tp-size/--tp: invalid int value: '8x'")
+        );
+        assert_eq!(
+            err(&["--level", "5"]).as_deref(),
+            Some("argument --level: invalid choice: 5 (choose from 0, 1)")
+        );
+        assert_eq!(err(&["--level", "01"]), None, "int('01') is 1");
+        assert_eq!(
+            err(&["--gone"]).as_deref(),
+            Some("--gone is no longer supported.")
+        );
+        assert_eq!(run(&["--gone"]).verdicts[0].status, Status::Retired);
+        assert_eq!(run(&["--hel"]).verdicts[0].status, Status::Help);
+        // Help stops parsing before unrecognized words are reported; a bad value before it wins.
+        assert!(err(&["--nope", "--help"])
+            .unwrap()
+            .contains("prints the help"));
+        assert!(err(&["--tp", "x", "--help"])
+            .unwrap()
+            .contains("invalid int"));
+        assert_eq!(err(&["--tp", "-1"]), None, "a negative number is a value");
+        assert_eq!(err(&["--tp", "$TP", "$EXTRA"]), None);
+        assert_eq!(run(&["--tp", "$TP", "$EXTRA"]).unexpanded, ["$EXTRA"]);
     }
 
     #[test]

@@ -270,6 +270,12 @@ fn dsr1_recipe_on_0_5_20_is_ambiguous_with_the_fix_from_0_5_19() {
     let names: Vec<&str> = env.iter().map(|e| e["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["SGLANG_USE_AITER", "SGLANG_AITER_MLA_PERSIST"]);
     assert!(env.iter().all(|e| e["status"] != "unchecked"));
+    // Not in environ.py, but the aiter backend reads it itself (get_bool_env_var): known.
+    assert_eq!(env[1]["status"], "ok");
+    assert_eq!(
+        env[1]["read_by"],
+        "sglang/srt/layers/attention/aiter_backend.py"
+    );
     // Removed (the baseline had it, with its replacement) versus unknown.
     let v = json_of(&flags(&[
         "audit",
@@ -341,6 +347,31 @@ fn environment_variables_are_checked_against_environ_py() {
         ]
     );
     assert_eq!(v["env"][1]["replacement"], "SGLANG_LOG_GC");
+    // Read directly by the package (os.environ / os.getenv outside environ.py), in the wheel
+    // and in an installed tree alike; a variable nobody reads stays unknown.
+    for source in [wheel("0.5.20"), venv_python()] {
+        let r2 = dir.join("r2.sh");
+        std::fs::write(
+            &r2,
+            "export SGLANG_AITER_MLA_PERSIST=1\nexport SGLANG_NO_SUCH_VARIABLE=1\npython3 -m sglang.launch_server --model-path m\n",
+        )
+        .unwrap();
+        let v = json_of(&flags(&[
+            "audit",
+            "--sglang",
+            &source,
+            "--format",
+            "json",
+            r2.to_str().unwrap(),
+        ]));
+        let st: Vec<&str> = v["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["status"].as_str().unwrap())
+            .collect();
+        assert_eq!(st, ["ok", "unknown"], "{source}: {}", v["env"]);
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 
