@@ -236,11 +236,16 @@ fn python_subprocess(python: &str, args: &[&str]) -> Result<Vec<u8>> {
     Ok(stdout)
 }
 
-/// Secret values (`--api-key sk-...`) never reach the output.
-pub fn redact(verdicts: &mut [Verdict], env: &mut [EnvVerdict]) {
+/// Secret values (`--api-key sk-...`) never reach the output; returns them, for the messages
+/// that quote them (argparse's error).
+pub fn redact(verdicts: &mut [Verdict], env: &mut [EnvVerdict]) -> Vec<String> {
+    let mut secrets = Vec::new();
     for x in verdicts {
         if is_secret_name(&x.flag.trim_start_matches('-').replace('-', "_")) && x.value.is_some() {
-            x.value = Some(REDACTED.into());
+            if let Some(v) = x.value.replace(REDACTED.into()) {
+                x.message = x.message.take().map(|m| m.replace(&v, REDACTED));
+                secrets.push(v);
+            }
         }
     }
     for e in env {
@@ -248,6 +253,8 @@ pub fn redact(verdicts: &mut [Verdict], env: &mut [EnvVerdict]) {
             e.value = REDACTED.into();
         }
     }
+    secrets.retain(|s| !s.is_empty());
+    secrets
 }
 
 /// One launch audited: where it runs, its verdicts and variables, and what argparse stops at.
@@ -313,7 +320,13 @@ pub fn audit_launches(
         let mut env = audit_env(schema, baseline, &launch.env);
         direct_reads(schema, &mut env, placement);
         let mut verdicts = result.verdicts;
-        redact(&mut verdicts, &mut env);
+        let secrets = redact(&mut verdicts, &mut env);
+        let error = result.error.map(|mut e| {
+            for v in &secrets {
+                e = e.replace(v, REDACTED);
+            }
+            e
+        });
         let status = exit_status(&verdicts, &env);
         let a = LaunchAudit {
             launch,
@@ -321,7 +334,7 @@ pub fn audit_launches(
             verdicts,
             env,
             unexpanded: result.unexpanded,
-            error: result.error,
+            error,
             status,
         };
         // Nothing checked and flags hidden in variables: this launch was seen, not read.
