@@ -74,7 +74,15 @@ struct Lexer<'a> {
     line: usize,
     /// Here-document delimiters seen on this line (`<<EOF`, `<<-EOF`): bodies follow it.
     heredocs: Vec<(String, bool)>,
+    /// How deep in nested arrays (`a=(b=(...))`) this lexer reads: bounded, so no input
+    /// exhausts the stack.
+    depth: usize,
 }
+
+/// Nested arrays deeper than this are not a recipe.
+const MAX_DEPTH: usize = 8;
+/// A command whose variables expand to more alternatives than this is cut there.
+const MAX_ALTERNATIVES: usize = 64;
 
 impl Lexer<'_> {
     fn next_char(&mut self) -> Option<char> {
@@ -414,8 +422,14 @@ impl Lexer<'_> {
                 c => inner.push(c),
             }
         }
+        if self.depth >= MAX_DEPTH {
+            return Err(RecipeError::Unreadable {
+                line: opened,
+                why: format!("arrays nested deeper than {MAX_DEPTH}"),
+            });
+        }
         // Lines inside the array keep their numbers.
-        let words = lex(&inner, opened)?;
+        let words = lex_nested(&inner, opened, self.depth + 1)?;
         Ok(words
             .into_iter()
             .filter_map(|t| match t {
@@ -427,10 +441,15 @@ impl Lexer<'_> {
 }
 
 fn lex(text: &str, first_line: usize) -> Result<Vec<Token>, RecipeError> {
+    lex_nested(text, first_line, 0)
+}
+
+fn lex_nested(text: &str, first_line: usize, depth: usize) -> Result<Vec<Token>, RecipeError> {
     Lexer {
         chars: text.chars().peekable(),
         line: first_line,
         heredocs: Vec::new(),
+        depth,
     }
     .tokens()
 }
@@ -527,6 +546,9 @@ impl Var {
                     }
                 }
             } else {
+                if alts.len() == MAX_ALTERNATIVES {
+                    alts.remove(0);
+                }
                 alts.push((words.clone(), *array));
             }
         }
@@ -687,7 +709,12 @@ fn split_string(v: &str) -> Vec<String> {
                 _ => None,
             })
             .collect(),
-        Err(_) => v.split_whitespace().map(String::from).collect(),
+        // Not valid shell on its own (a stray quote): its words, up to an operator.
+        Err(_) => v
+            .split_whitespace()
+            .take_while(|w| !w.starts_with(['|', '&', ';', '<', '>']))
+            .map(String::from)
+            .collect(),
     }
 }
 
@@ -713,7 +740,7 @@ fn expansions(
             let usable: Vec<Vec<String>> = values
                 .iter()
                 .filter_map(|(val, is_array)| {
-                    if *is_array && array_use || *is_array && !w.quoted {
+                    if *is_array && (array_use || !w.quoted) {
                         Some(val.clone())
                     } else if !*is_array && (!w.quoted || prev_reparse) {
                         Some(val.iter().flat_map(|s| split_string(s)).collect())
@@ -745,6 +772,7 @@ fn expansions(
                     n
                 })
             })
+            .take(MAX_ALTERNATIVES)
             .collect();
     }
     // A launch's arguments end at the command's end; `eval`/`bash -c` pieces end there too.
