@@ -189,6 +189,7 @@ pub fn server_url(argv: &[String], explicit: Option<&str>) -> anyhow::Result<Htt
         port,
         path: "/".into(),
         bearer,
+        tls: false,
     })
 }
 

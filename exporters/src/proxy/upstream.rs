@@ -1,10 +1,8 @@
 //! The upstream side of one client connection. Each client connection gets its own upstream
 //! connection, opened at its first request, reused for its next ones and closed with it, so the
-//! server sees exactly the connections it would see from the client directly. (A shared pool of
-//! kept-alive connections changed what a real SGLang measured: with no connect to accept,
-//! requests reached its event loop one by one instead of in bursts, and bench_serving at c=256
-//! and c=512 lost 2–14 % of its output throughput through the proxy while a plain byte relay lost
-//! nothing; docs/real-gpu.md, fourth session.)
+//! server sees exactly the connections it would see from the client directly: the same accepts,
+//! the same keep-alive, the same close when the client leaves (a shared pool kept connections
+//! the client had closed, and skipped the accepts a direct client costs the server).
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{handshake, SendRequest};
 use hyper::{Request, Response};
