@@ -7,6 +7,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use sglang_probes::sampler::SamplerHandle;
+use sglang_probes::sync::lock;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -57,10 +58,6 @@ pub type WindowSink = Arc<dyn Fn(serde_json::Value) + Send + Sync>;
 /// Evaluates a benchmark result file (`POST /-/window/stop?bench_result=PATH`) into the JSON of a
 /// window over the benchmark's own span (the lifecycle provides it; it may block on file reads).
 pub type BenchHook = Arc<dyn Fn(&str) -> serde_json::Value + Send + Sync>;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 impl Shared {
     pub fn update(&self, f: impl FnOnce(&mut Status)) {

@@ -144,7 +144,7 @@ impl GpuProbe for RocmProbe {
                 why: format!("index {index} is beyond the {} devices", self.count),
             });
         }
-        let _one = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = crate::sync::lock(&self.calls);
         let mut s = GpuSample {
             index,
             ..GpuSample::default()

@@ -13,6 +13,7 @@
 //! is let go (the CSV keeps everything).
 use crate::gpu::{GpuError, GpuProbe, GpuSample, Want};
 use crate::inferencex::{self, CounterEnergy, Row, Telemetry, Verdict};
+use crate::sync::lock;
 use serde::Serialize;
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -319,10 +320,6 @@ impl std::fmt::Debug for SamplerHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "SamplerHandle({} GPUs)", self.0.latest.len())
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn unix_now() -> f64 {

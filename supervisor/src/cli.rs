@@ -84,11 +84,12 @@ pub enum Command {
     /// Exit 0; 2 for bad input (a file that cannot be read or is not what it should be).
     Report(ReportArgs),
 
-    /// Internal: the watchdog that kills the server's process group if the supervisor dies.
+    /// Internal: the watchdog that kills the server's tree if the supervisor dies.
     #[command(hide = true, name = "__sentinel")]
     Sentinel {
+        /// The run's marker variable (see proctree).
         #[arg(long)]
-        pgid: i32,
+        marker: String,
     },
 }
 

@@ -9,6 +9,7 @@ pub mod flags;
 pub mod gpu;
 pub mod lifecycle;
 pub mod logs;
+pub mod proctree;
 pub mod pyjson;
 pub mod redact;
 pub mod report;

@@ -406,6 +406,14 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
             )
         }
     };
+    // The sentinel first: no moment of the server's life goes unwatched.
+    let mut sentinel = match Sentinel::start() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!("no sentinel ({e}): if the supervisor is killed, the server's workers may outlive it");
+            None
+        }
+    };
     let t0 = Instant::now();
     let spawned = child::spawn(SpawnSpec {
         argv: &args.command,
@@ -457,13 +465,9 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
         }
     }
 
-    let sentinel = match Sentinel::start(pid) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!("no sentinel ({e}): if the supervisor is SIGKILLed, the server's workers may outlive it");
-            None
-        }
-    };
+    if let Some(s) = &mut sentinel {
+        s.arm(pid);
+    }
     let exclude: Vec<i32> = sentinel.iter().map(|s| s.pid).collect();
 
     let shared = Shared::new(

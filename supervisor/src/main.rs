@@ -43,7 +43,7 @@ fn dispatch(command: Command) -> ExitCode {
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
     match command {
-        Command::Sentinel { pgid } => ExitCode::from(sentinel::sentinel_main(pgid) as u8),
+        Command::Sentinel { marker } => ExitCode::from(sentinel::sentinel_main(&marker) as u8),
         Command::Flags(cmd) => match flags::command(&cmd) {
             Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
             Err(e) => fail(e),

@@ -26,6 +26,7 @@ use hyper::{Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use record::{Recorder, Sink, Started};
+use sglang_probes::sync::lock;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -256,7 +257,7 @@ impl Proxy {
 
     fn signal_traffic(&self, busy: bool) {
         if let Some(tx) = &self.traffic {
-            let _ = tx.lock().unwrap_or_else(|p| p.into_inner()).send(busy);
+            let _ = lock(tx).send(busy);
         }
     }
 
@@ -331,7 +332,7 @@ impl Sink for Proxy {
         if let Some(f) = &self.log {
             if let Ok(mut line) = serde_json::to_vec(&r) {
                 line.push(b'\n');
-                let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
+                let mut f = lock(f);
                 if let Err(e) = f.write_all(&line) {
                     tracing::error!("writing the requests log: {e}");
                 }

@@ -8,6 +8,7 @@
 use super::parse::{batch_fields, is_plain, BatchKind, LogEvent, LogParser, LogSink, ParseStats};
 use crate::redact::{Secrets, StreamRedactor};
 use serde_json::{Map, Value};
+use sglang_probes::sync::lock;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -269,10 +270,6 @@ impl Shared {
             batches: Mutex::new(Batches::default()),
         })
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Our stdout or stderr, written by one thread from a bounded queue. Both the child's output and
