@@ -25,6 +25,30 @@ const CANDIDATES: &[&str] = &[
     "/opt/rocm/lib/librocm_smi64.so",
 ];
 
+/// rsmi_init prints its failures itself ("Exception caught: rsmi_init.", "Failed to open drm root
+/// directory") on stderr, where the user reads them as ours; its status says the same. So stderr
+/// points at /dev/null for the call (it runs before any thread of ours writes there).
+fn stderr_muted<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: fcntl/open/dup2/close on descriptors this function owns, and fd 2 restored.
+    unsafe {
+        let saved = libc::fcntl(2, libc::F_DUPFD_CLOEXEC, 3);
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if saved < 0 || null < 0 || libc::dup2(null, 2) < 0 {
+            for fd in [saved, null] {
+                if fd >= 0 {
+                    libc::close(fd);
+                }
+            }
+            return f();
+        }
+        libc::close(null);
+        let out = f();
+        libc::dup2(saved, 2);
+        libc::close(saved);
+        out
+    }
+}
+
 type FnInit = unsafe extern "C" fn(u64) -> Status;
 type FnShutDown = unsafe extern "C" fn() -> Status;
 type FnNum = unsafe extern "C" fn(*mut u32) -> Status;
@@ -75,7 +99,7 @@ impl RocmProbe {
         let init: Symbol<FnInit> =
             unsafe { lib.get(b"rsmi_init\0") }.map_err(|e| unavailable(e.to_string()))?;
         // SAFETY: rsmi_init takes flags by value.
-        let st = unsafe { init(0) };
+        let st = stderr_muted(|| unsafe { init(0) });
         if st == RSMI_STATUS_INIT_ERROR {
             // What a host without an AMD GPU gets (no /sys/class/kfd): the library is there, the
             // answer is "no AMD GPU". No other call may follow a failed init.

@@ -405,7 +405,7 @@ pub struct RunArgs {
     pub gpu: GpuArgs,
 
     /// GPU sampling period (instant and average power, memory, utilization, clocks).
-    #[arg(long, default_value = "100ms", value_parser = parse_duration, env = "SGLANG_SUPERVISOR_SAMPLE_INTERVAL", value_name = "DUR")]
+    #[arg(long, default_value = "100ms", value_parser = parse_interval, env = "SGLANG_SUPERVISOR_SAMPLE_INTERVAL", value_name = "DUR")]
     pub sample_interval: Duration,
 
     /// How often the (costly, ~3.6 ms on an H200) energy counter is read between the window's
@@ -437,6 +437,11 @@ pub struct RunArgs {
     #[arg(long, env = "SGLANG_SUPERVISOR_FLAGS_SCHEMA", value_name = "SOURCE")]
     pub flags_schema: Option<String>,
 
+    /// Give the pre-flight's Python this long; past it, it is killed and the launch goes on
+    /// unaudited (with --flags-schema: exit 125).
+    #[arg(long, default_value = "60s", value_parser = parse_duration, env = "SGLANG_SUPERVISOR_PREFLIGHT_TIMEOUT", value_name = "DUR")]
+    pub preflight_timeout: Duration,
+
     /// Skip the pre-flight flag audit.
     #[arg(long, env = "SGLANG_SUPERVISOR_NO_PREFLIGHT")]
     pub no_preflight: bool,
@@ -457,8 +462,30 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+/// The longest any duration option may be: a deadline that far is still on the clock (a larger
+/// one overflowed it after the spawn), and no run lasts a year.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The shortest sampling period: below it the sampler is a busy loop.
+const MIN_INTERVAL: Duration = Duration::from_millis(10);
+
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 30s, 20m, 1h)"))
+    let d =
+        humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 30s, 20m, 1h)"))?;
+    if d > MAX_DURATION {
+        return Err(format!("{s} is too long: at most 365d"));
+    }
+    Ok(d)
+}
+
+/// A sampling period: a duration of at least 10 ms.
+pub fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < MIN_INTERVAL {
+        return Err(format!(
+            "{s} is too short: at least 10ms (shorter would busy-loop)"
+        ));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -496,5 +523,36 @@ mod tests {
             ["python3", "-m", "sglang.launch_server", "--port", "1"]
         );
         assert!(Cli::try_parse_from(["s", "run", "--grace", "soon", "--", "x"]).is_err());
+    }
+
+    #[test]
+    fn durations_that_overflow_the_clock_or_busy_loop_are_refused_at_parse() {
+        for opt in [
+            "--ready-timeout",
+            "--grace",
+            "--energy-interval",
+            "--preflight-timeout",
+        ] {
+            let e = Cli::try_parse_from(["s", "run", opt, "18446744073709551615s", "--", "x"])
+                .unwrap_err();
+            assert!(e.to_string().contains("too long"), "{opt}: {e}");
+        }
+        let e = Cli::try_parse_from([
+            "s",
+            "wait",
+            "--url",
+            "u",
+            "--timeout",
+            "18446744073709551615s",
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("too long"), "{e}");
+        for bad in ["0", "0s", "9ms"] {
+            let e =
+                Cli::try_parse_from(["s", "run", "--sample-interval", bad, "--", "x"]).unwrap_err();
+            assert!(e.to_string().contains("at least 10ms"), "{bad}: {e}");
+        }
+        assert!(Cli::try_parse_from(["s", "run", "--sample-interval", "10ms", "--", "x"]).is_ok());
+        assert!(Cli::try_parse_from(["s", "run", "--ready-timeout", "365d", "--", "x"]).is_ok());
     }
 }

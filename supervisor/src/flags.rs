@@ -11,6 +11,8 @@ use sglang_python::audit::{audit, audit_env, exit_status, EnvVerdict, Verdict};
 use sglang_python::schema::{Schema, Source, FLAGS_PY};
 use std::io::Read;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 pub fn command(cmd: &FlagsCommand) -> Result<i32> {
     match cmd {
@@ -187,13 +189,26 @@ fn one_line_failure(python: Option<&str>, msg: &str) -> String {
     }
 }
 
+/// How long a Python subprocess may run, in ms (0: unbounded). `run` bounds its pre-flight
+/// (--preflight-timeout); the `flags` commands wait as long as the import takes.
+static PYTHON_TIMEOUT_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Bound every Python subprocess from now on (`run`'s pre-flight).
+pub fn bound_python(timeout: Duration) {
+    let ms = u64::try_from(timeout.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    PYTHON_TIMEOUT_MS.store(ms, Ordering::Relaxed);
+}
+
 /// Run a Python subprocess to its end and return its stdout; a failure is one line from stderr.
 fn python_subprocess(python: &str, args: &[&str]) -> Result<Vec<u8>> {
     let mut argv: Vec<std::ffi::OsString> = vec![python.into()];
     argv.extend(args.iter().map(std::ffi::OsString::from));
     let spawned = child::spawn(SpawnSpec {
         argv: &argv,
-        new_process_group: false,
+        // Its own group: past the timeout, whatever it started goes with it.
+        new_process_group: true,
         die_with_parent: true,
         stdin: Stdio::null(),
         stdout: Stdio::piped(),
@@ -207,15 +222,29 @@ fn python_subprocess(python: &str, args: &[&str]) -> Result<Vec<u8>> {
         }
         out
     };
-    let err_thread = spawned
-        .stderr
-        .map(|fd| std::thread::spawn(move || read(Some(fd))));
-    let stdout = read(spawned.stdout);
-    let stderr = err_thread.and_then(|t| t.join().ok()).unwrap_or_default();
+    let (out_fd, err_fd) = (spawned.stdout, spawned.stderr);
+    let out_thread = std::thread::spawn(move || read(out_fd));
+    let err_thread = std::thread::spawn(move || read(err_fd));
     let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
         .build()
         .context("a runtime to wait for the interpreter")?;
-    let status = rt.block_on(spawned.exit).ok();
+    let limit = match PYTHON_TIMEOUT_MS.load(Ordering::Relaxed) {
+        0 => Duration::MAX,
+        ms => Duration::from_millis(ms),
+    };
+    let status = match rt.block_on(async { tokio::time::timeout(limit, spawned.exit).await }) {
+        Ok(st) => st.ok(),
+        Err(_) => {
+            let _ = child::send_signal(-spawned.pid, libc::SIGKILL);
+            anyhow::bail!(
+                "{python} did not finish reading SGLang's flags within {} and was killed (a hung interpreter or import?): raise --preflight-timeout (SGLANG_SUPERVISOR_PREFLIGHT_TIMEOUT), or pass --no-preflight",
+                humantime::format_duration(limit)
+            );
+        }
+    };
+    let stdout = out_thread.join().unwrap_or_default();
+    let stderr = err_thread.join().unwrap_or_default();
     if status != Some(ExitStatus::Code(0)) {
         let stderr = String::from_utf8_lossy(&stderr);
         let last = stderr

@@ -2,6 +2,7 @@ use clap::Parser;
 use sglang_supervisor::cli::{Cli, Command, LogFormat};
 use sglang_supervisor::logs::tee::{terminal, StderrWriter};
 use sglang_supervisor::{compare, flags, gpu, lifecycle, report, sentinel, wait};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -12,14 +13,17 @@ const EXIT_SUPERVISOR_FAILED: u8 = 125;
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
+        Err(e) if e.use_stderr() => {
+            // One line, like every other error of ours: what was wrong, on which option.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("bad command line");
+            eprintln!("sglang-supervisor: {first} (see --help)");
+            return ExitCode::from(EXIT_SUPERVISOR_FAILED);
+        }
         Err(e) => {
-            let code = if e.use_stderr() {
-                EXIT_SUPERVISOR_FAILED
-            } else {
-                0
-            };
+            // --help, --version
             let _ = e.print();
-            return ExitCode::from(code);
+            return ExitCode::SUCCESS;
         }
     };
     init_tracing(cli.log_format);
@@ -74,6 +78,7 @@ fn dispatch(command: Command) -> ExitCode {
             Err(e) => fail(e),
         },
         Command::Run(args) => {
+            flags::bound_python(args.preflight_timeout);
             let preflight = match lifecycle::preflight(&args) {
                 Ok(Some(p)) if p.reject => {
                     lifecycle::record_rejection(&args, p.event);
@@ -112,8 +117,12 @@ fn fail(e: anyhow::Error) -> ExitCode {
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal who did not ask for none (https://no-color.org).
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(|| StderrWriter)
         .with_target(false);
     match format {
