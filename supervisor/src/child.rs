@@ -167,13 +167,13 @@ pub fn spawn(spec: SpawnSpec<'_>) -> Result<Spawned, SpawnError> {
     // Every process we start carries the run's marker, and so do its descendants: the sentinel
     // finds them by it after we are gone and they were re-parented away.
     cmd.env(proctree::marker(), "1");
-    // SAFETY: only async-signal-safe calls (signal) between fork and exec. The supervisor
-    // ignores SIGXFSZ (a file-size limit must fail its log writes, not kill it); the child gets
-    // the default back, as it would have.
+    // SAFETY: only async-signal-safe calls (signal, setrlimit) between fork and exec. The
+    // supervisor ignores SIGXFSZ (a file-size limit must fail its log writes, not kill it) and
+    // raised its open-file limit; the child gets both back as they would have been.
     unsafe {
         cmd.pre_exec(|| {
             nix::sys::signal::signal(Signal::SIGXFSZ, nix::sys::signal::SigHandler::SigDfl)?;
-            Ok(())
+            crate::rlimits::restore_nofile_for_child()
         });
     }
     if spec.die_with_parent {

@@ -13,5 +13,6 @@ pub mod proctree;
 pub mod pyjson;
 pub mod redact;
 pub mod report;
+pub mod rlimits;
 pub mod sentinel;
 pub mod wait;

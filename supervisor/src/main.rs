@@ -1,7 +1,7 @@
 use clap::Parser;
 use sglang_supervisor::cli::{Cli, Command, LogFormat};
 use sglang_supervisor::logs::tee::{terminal, StderrWriter};
-use sglang_supervisor::{compare, flags, gpu, lifecycle, report, sentinel, wait};
+use sglang_supervisor::{compare, flags, gpu, lifecycle, report, rlimits, sentinel, wait};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -27,6 +27,7 @@ fn main() -> ExitCode {
         }
     };
     init_tracing(cli.log_format);
+    rlimits::raise_nofile();
     let code = dispatch(cli.command);
     flush_terminal();
     code

@@ -18,9 +18,9 @@ pub use record::{ProxyMetrics, ReqLabels, RequestRecord, E2E_BUCKETS, LATENCY_BU
 pub use sse::{event_end, scan_event, Api, EventInfo};
 pub use stream::EventStream;
 
+use crate::listen::{proxy_connection_cap, spawn_accept_loop, Limits};
 use http_body_util::{combinators::BoxBody, BodyExt, Either, Full};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
@@ -31,7 +31,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Largest OpenAI request body read whole to ask for usage; larger ones pass through unread
 /// (their token counts may then be unknown).
@@ -96,22 +96,25 @@ pub async fn start(
         in_flight: AtomicUsize::new(0),
         traffic: traffic_window.and_then(traffic_thread),
     });
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            let p = proxy.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req| p.clone().forward(req));
-                if let Err(e) = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await
-                {
-                    tracing::debug!("proxy connection: {e}");
-                }
-            });
+    // Benchmark clients keep connections idle between requests (SGLang's own server closes
+    // them after 5 s); a minute covers any pause of theirs.
+    let limits = Limits {
+        max_connections: proxy_connection_cap(),
+        header_timeout: Duration::from_secs(60),
+        evict_oldest: false,
+    };
+    spawn_accept_loop(listener, limits, "proxy", move |stream| {
+        let _ = stream.set_nodelay(true);
+        let p = proxy.clone();
+        async move {
+            let svc = service_fn(move |req| p.clone().forward(req));
+            if let Err(e) = limits
+                .http1()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await
+            {
+                tracing::debug!("proxy connection: {e}");
+            }
         }
     });
     Ok(local)
