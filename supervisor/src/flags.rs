@@ -288,8 +288,16 @@ fn audit_command(a: &FlagsAuditArgs) -> Result<i32> {
         .transpose()?;
     let (args, env) = match &a.recipe {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading the recipe {}", path.display()))?;
+            let text = if path.as_os_str() == "-" {
+                let mut t = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut t)
+                    .context("reading the recipe from stdin")?;
+                t
+            } else {
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the recipe {}", path.display()))?
+            };
             let l = sglang_python::recipe::extract(&text)
                 .with_context(|| format!("{}", path.display()))?;
             (l.args, l.env)
@@ -380,7 +388,8 @@ fn diff_command(a: &FlagsDiffArgs) -> Result<i32> {
     );
     match a.format {
         CompareFormat::Json => println!("{}", serde_json::to_string_pretty(&d)?),
-        _ => {
+        CompareFormat::Markdown => print!("{}", diff_markdown(&d)),
+        CompareFormat::Text => {
             println!(
                 "SGLang {} → {}",
                 d["from"].as_str().unwrap_or("?"),
@@ -414,6 +423,52 @@ fn diff_command(a: &FlagsDiffArgs) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// The diff as Markdown: a heading, the added/removed option strings as lists, the deprecations
+/// and changes as tables.
+fn diff_markdown(d: &Value) -> String {
+    use std::fmt::Write;
+    let s = |v: &Value| v.as_str().unwrap_or("?").to_string();
+    let cell = |v: &Value| format!("`{}`", v.to_string().replace('|', "\\|"));
+    let mut out = format!("## SGLang {} → {}\n", s(&d["from"]), s(&d["to"]));
+    for (k, title) in [("added", "Added"), ("removed", "Removed")] {
+        let items: Vec<&str> = d[k]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let _ = write!(out, "\n### {title} ({})\n\n", items.len());
+        for i in items {
+            let _ = writeln!(out, "- `{i}`");
+        }
+    }
+    let deprecated = d["deprecated"].as_array().cloned().unwrap_or_default();
+    if !deprecated.is_empty() {
+        out.push_str("\n### Newly deprecated\n\n| flag | replacement |\n|---|---|\n");
+        for x in &deprecated {
+            let r = x["replacement"]
+                .as_str()
+                .map_or("(none)".into(), |r| format!("`{r}`"));
+            let _ = writeln!(out, "| `{}` | {r} |", s(&x["flag"]));
+        }
+    }
+    let changed = d["changed"].as_array().cloned().unwrap_or_default();
+    if !changed.is_empty() {
+        out.push_str("\n### Changed\n\n| flag | field | from | to |\n|---|---|---|---|\n");
+        for x in &changed {
+            let _ = writeln!(
+                out,
+                "| `{}` | {} | {} | {} |",
+                s(&x["flag"]),
+                s(&x["field"]),
+                cell(&x["from"]),
+                cell(&x["to"])
+            );
+        }
+    }
+    out
 }
 
 /// How a flag is deprecated, as the contract's `deprecated {kind, replacement, maps_to_dest, const}`.
