@@ -3,7 +3,7 @@
 //! no process is left. Faults already proven elsewhere (crash per phase, hang, SIGTERM ignored,
 //! setsid grandchildren, SIGINT twice, supervisor SIGKILLed, port in use, dead upstream, NVML
 //! errors) are listed in RELIABILITY.md with their tests.
-#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)] // test code: a panic is the failure report; it runs the binary directly
 mod common;
 use common::*;
 use serde_json::Value;
