@@ -29,24 +29,18 @@ const CANDIDATES: &[&str] = &[
 /// directory") on stderr, where the user reads them as ours; its status says the same. So stderr
 /// points at /dev/null for the call (it runs before any thread of ours writes there).
 fn stderr_muted<T>(f: impl FnOnce() -> T) -> T {
-    // SAFETY: fcntl/open/dup2/close on descriptors this function owns, and fd 2 restored.
-    unsafe {
-        let saved = libc::fcntl(2, libc::F_DUPFD_CLOEXEC, 3);
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if saved < 0 || null < 0 || libc::dup2(null, 2) < 0 {
-            for fd in [saved, null] {
-                if fd >= 0 {
-                    libc::close(fd);
-                }
-            }
-            return f();
-        }
-        libc::close(null);
-        let out = f();
-        libc::dup2(saved, 2);
-        libc::close(saved);
-        out
+    use std::os::fd::AsFd;
+    let saved = std::io::stderr().as_fd().try_clone_to_owned();
+    let null = std::fs::OpenOptions::new().write(true).open("/dev/null");
+    let (Ok(saved), Ok(null)) = (saved, null) else {
+        return f();
+    };
+    if nix::unistd::dup2_stderr(&null).is_err() {
+        return f();
     }
+    let out = f();
+    let _ = nix::unistd::dup2_stderr(&saved);
+    out
 }
 
 type FnInit = unsafe extern "C" fn(u64) -> Status;
