@@ -22,6 +22,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" ca-certificates >/dev/null
 fi
+# Python's prometheus_client: its strict OpenMetrics parser checks the exporter's output.
+python3 -c "import prometheus_client" 2>/dev/null || python3 -m pip install -q prometheus_client 2>/dev/null || python3 -m pip install -q --break-system-packages prometheus_client
 if ! command -v cargo >/dev/null; then
   [ -x "$HOME/.cargo/bin/cargo" ] || curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy >/dev/null
   # shellcheck disable=SC1091

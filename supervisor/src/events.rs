@@ -6,6 +6,7 @@
 use crate::redact::Secrets;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use sglang_probes::sync::lock;
 use std::fs::File;
 use std::io::Write;
 use std::sync::Mutex;
@@ -344,7 +345,7 @@ impl Events {
     pub fn kept(&self) -> Vec<Value> {
         self.kept
             .as_ref()
-            .map(|k| k.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .map(|k| lock(k).clone())
             .unwrap_or_default()
     }
 
@@ -393,13 +394,11 @@ impl Events {
             }
         };
         if let Some(k) = &self.kept {
-            k.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(Value::Object(obj));
+            lock(k).push(Value::Object(obj));
         }
         let Some(file) = &self.file else { return };
         line.push(b'\n');
-        let mut f = file.lock().unwrap_or_else(|p| p.into_inner());
+        let mut f = lock(file);
         // One write per line: a reader never sees half an event unless the disk is full.
         if let Err(e) = f.write_all(&line) {
             tracing::error!(

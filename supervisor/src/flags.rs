@@ -12,6 +12,8 @@ use sglang_python::recipe::Launch;
 use sglang_python::schema::{Schema, Source, FLAGS_PY};
 use std::io::Read;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 pub fn command(cmd: &FlagsCommand) -> Result<i32> {
     match cmd {
@@ -188,13 +190,26 @@ fn one_line_failure(python: Option<&str>, msg: &str) -> String {
     }
 }
 
+/// How long a Python subprocess may run, in ms (0: unbounded). `run` bounds its pre-flight
+/// (--preflight-timeout); the `flags` commands wait as long as the import takes.
+static PYTHON_TIMEOUT_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Bound every Python subprocess from now on (`run`'s pre-flight).
+pub fn bound_python(timeout: Duration) {
+    let ms = u64::try_from(timeout.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    PYTHON_TIMEOUT_MS.store(ms, Ordering::Relaxed);
+}
+
 /// Run a Python subprocess to its end and return its stdout; a failure is one line from stderr.
 fn python_subprocess(python: &str, args: &[&str]) -> Result<Vec<u8>> {
     let mut argv: Vec<std::ffi::OsString> = vec![python.into()];
     argv.extend(args.iter().map(std::ffi::OsString::from));
     let spawned = child::spawn(SpawnSpec {
         argv: &argv,
-        new_process_group: false,
+        // Its own group: past the timeout, whatever it started goes with it.
+        new_process_group: true,
         die_with_parent: true,
         stdin: Stdio::null(),
         stdout: Stdio::piped(),
@@ -208,15 +223,29 @@ fn python_subprocess(python: &str, args: &[&str]) -> Result<Vec<u8>> {
         }
         out
     };
-    let err_thread = spawned
-        .stderr
-        .map(|fd| std::thread::spawn(move || read(Some(fd))));
-    let stdout = read(spawned.stdout);
-    let stderr = err_thread.and_then(|t| t.join().ok()).unwrap_or_default();
+    let (out_fd, err_fd) = (spawned.stdout, spawned.stderr);
+    let out_thread = std::thread::spawn(move || read(out_fd));
+    let err_thread = std::thread::spawn(move || read(err_fd));
     let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
         .build()
         .context("a runtime to wait for the interpreter")?;
-    let status = rt.block_on(spawned.exit).ok();
+    let limit = match PYTHON_TIMEOUT_MS.load(Ordering::Relaxed) {
+        0 => Duration::MAX,
+        ms => Duration::from_millis(ms),
+    };
+    let status = match rt.block_on(async { tokio::time::timeout(limit, spawned.exit).await }) {
+        Ok(st) => st.ok(),
+        Err(_) => {
+            let _ = child::send_signal(-spawned.pid, libc::SIGKILL);
+            anyhow::bail!(
+                "{python} did not finish reading SGLang's flags within {} and was killed (a hung interpreter or import?): raise --preflight-timeout (SGLANG_SUPERVISOR_PREFLIGHT_TIMEOUT), or pass --no-preflight",
+                humantime::format_duration(limit)
+            );
+        }
+    };
+    let stdout = out_thread.join().unwrap_or_default();
+    let stderr = err_thread.join().unwrap_or_default();
     if status != Some(ExitStatus::Code(0)) {
         let stderr = String::from_utf8_lossy(&stderr);
         let last = stderr
@@ -394,8 +423,16 @@ fn audit_command(a: &FlagsAuditArgs) -> Result<i32> {
         .transpose()?;
     let launches: Vec<(Option<usize>, Launch)> = match &a.recipe {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading the recipe {}", path.display()))?;
+            let text = if path.as_os_str() == "-" {
+                let mut t = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut t)
+                    .context("reading the recipe from stdin")?;
+                t
+            } else {
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the recipe {}", path.display()))?
+            };
             sglang_python::recipe::launches(&text)
                 .with_context(|| format!("{}", path.display()))?
                 .into_iter()
@@ -528,7 +565,8 @@ fn diff_command(a: &FlagsDiffArgs) -> Result<i32> {
     );
     match a.format {
         CompareFormat::Json => println!("{}", serde_json::to_string_pretty(&d)?),
-        _ => {
+        CompareFormat::Markdown => print!("{}", diff_markdown(&d)),
+        CompareFormat::Text => {
             println!(
                 "SGLang {} → {}",
                 d["from"].as_str().unwrap_or("?"),
@@ -562,6 +600,52 @@ fn diff_command(a: &FlagsDiffArgs) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// The diff as Markdown: a heading, the added/removed option strings as lists, the deprecations
+/// and changes as tables.
+fn diff_markdown(d: &Value) -> String {
+    use std::fmt::Write;
+    let s = |v: &Value| v.as_str().unwrap_or("?").to_string();
+    let cell = |v: &Value| format!("`{}`", v.to_string().replace('|', "\\|"));
+    let mut out = format!("## SGLang {} → {}\n", s(&d["from"]), s(&d["to"]));
+    for (k, title) in [("added", "Added"), ("removed", "Removed")] {
+        let items: Vec<&str> = d[k]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let _ = write!(out, "\n### {title} ({})\n\n", items.len());
+        for i in items {
+            let _ = writeln!(out, "- `{i}`");
+        }
+    }
+    let deprecated = d["deprecated"].as_array().cloned().unwrap_or_default();
+    if !deprecated.is_empty() {
+        out.push_str("\n### Newly deprecated\n\n| flag | replacement |\n|---|---|\n");
+        for x in &deprecated {
+            let r = x["replacement"]
+                .as_str()
+                .map_or("(none)".into(), |r| format!("`{r}`"));
+            let _ = writeln!(out, "| `{}` | {r} |", s(&x["flag"]));
+        }
+    }
+    let changed = d["changed"].as_array().cloned().unwrap_or_default();
+    if !changed.is_empty() {
+        out.push_str("\n### Changed\n\n| flag | field | from | to |\n|---|---|---|---|\n");
+        for x in &changed {
+            let _ = writeln!(
+                out,
+                "| `{}` | {} | {} | {} |",
+                s(&x["flag"]),
+                s(&x["field"]),
+                cell(&x["from"]),
+                cell(&x["to"])
+            );
+        }
+    }
+    out
 }
 
 /// How a flag is deprecated, as the contract's `deprecated {kind, replacement, maps_to_dest, const}`.

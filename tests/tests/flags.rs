@@ -421,6 +421,124 @@ fn the_parser_imported_on_the_h200_equals_the_one_imported_on_a_cpu() {
     }
 }
 
+#[test]
+fn flags_diff_as_markdown_is_markdown_not_the_text_form() {
+    let args = |fmt: &'static str| {
+        [
+            "diff".to_string(),
+            "--from".into(),
+            schema("0.5.19"),
+            "--to".into(),
+            schema("0.5.20"),
+            "--format".into(),
+            fmt.into(),
+        ]
+    };
+    let run = |fmt| {
+        let a = args(fmt);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let o = flags(&a);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let (md, text) = (run("markdown"), run("text"));
+    assert_ne!(md, text);
+    assert!(md.starts_with("## SGLang 0.5.19 → 0.5.20\n"), "{md}");
+    assert!(
+        md.contains("\n### Removed (23)\n\n- `--cuda-graph-max-bs`\n")
+            || md.contains("- `--cuda-graph-max-bs`\n"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| flag | field | from | to |\n|---|---|---|---|\n"),
+        "{md}"
+    );
+}
+
+#[test]
+fn flags_audit_reads_the_recipe_from_stdin_given_a_dash() {
+    use std::io::Write;
+    let mut child = Command::new(supervisor_bin())
+        .args([
+            "flags",
+            "audit",
+            "--sglang",
+            &schema("0.5.20"),
+            "--format",
+            "json",
+            "-",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"python3 -m sglang.launch_server --model-path m --cuda-graph-max-bs 128\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json_of(&out);
+    assert!(
+        v["flags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["flag"] == "--cuda-graph-max-bs" && f["status"] == "ambiguous"),
+        "{v}"
+    );
+}
+
+#[test]
+fn version_names_the_commit_and_completions_and_man_page_are_printed() {
+    let out = Command::new(supervisor_bin())
+        .arg("--version")
+        .output()
+        .unwrap();
+    let v = String::from_utf8(out.stdout).unwrap();
+    assert!(v.starts_with("sglang-supervisor 0."), "{v}");
+    let commit = v
+        .split_once('(')
+        .unwrap()
+        .1
+        .trim_end()
+        .trim_end_matches(')');
+    assert!(
+        commit == "unknown"
+            || commit
+                .trim_end_matches("-dirty")
+                .chars()
+                .all(|c| c.is_ascii_hexdigit()),
+        "{v}"
+    );
+    for shell in ["bash", "zsh", "fish"] {
+        let out = Command::new(supervisor_bin())
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("ready-timeout") && text.contains("audit"),
+            "{shell}"
+        );
+    }
+    let out = Command::new(supervisor_bin()).arg("man").output().unwrap();
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && page.starts_with(".ie") || page.contains(".TH sglang-supervisor"),
+        "{page:.300}"
+    );
+}
+
 /// `run`'s pre-flight finds the launch behind whatever runs it, and inside `bash -c` and a bash
 /// recipe (every launch of it); a launch that parses is not refused.
 #[test]

@@ -303,7 +303,14 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
         Ok(s) => s,
         Err(e) => return Err(fail(&events, FatalReason::SupervisorFailed, e)),
     };
-    // 2. Spawn.
+    // 2. Spawn, the sentinel first: no moment of the server's life goes unwatched.
+    let sentinel = match Sentinel::start() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!("no sentinel ({e}): if the supervisor is killed, the server's workers may outlive it");
+            None
+        }
+    };
     let t0 = Instant::now();
     let spawned = match child::spawn(SpawnSpec {
         argv: &args.command,
@@ -327,8 +334,16 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
     // 3. Supervise until the child exits. What could not start after the spawn takes the
     //    server down with it.
     let log_file = services.log_file.take();
-    let mut watch = match Watch::start(&args, &services, log_file, spawned, events.clone(), secrets)
-    {
+    let watch = Watch::start(
+        &args,
+        &services,
+        log_file,
+        spawned,
+        events.clone(),
+        secrets,
+        sentinel,
+    );
+    let mut watch = match watch {
         Ok(w) => w,
         Err(e) => {
             child::kill_tree(pid, &[], KILL_WAIT).await;
@@ -370,8 +385,12 @@ impl Watch {
         spawned: child::Spawned,
         events: Arc<Events>,
         secrets: Secrets,
+        mut sentinel: Option<Sentinel>,
     ) -> Result<Watch> {
         let pid = spawned.pid;
+        if let Some(s) = &mut sentinel {
+            s.arm(pid);
+        }
         let window_events = events.clone();
         services.metrics.set_window_sink(Arc::new(move |w| {
             window_events.emit(Event::Window(Event::object(w)))
@@ -400,13 +419,6 @@ impl Watch {
                 );
             }
         }
-        let sentinel = match Sentinel::start(pid) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                tracing::warn!("no sentinel ({e}): if the supervisor is SIGKILLed, the server's workers may outlive it");
-                None
-            }
-        };
         let exclude: Vec<i32> = sentinel.iter().map(|s| s.pid).collect();
         let shared = Shared::new(
             LogFile::new(
