@@ -378,12 +378,13 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
     metrics.set_gpus(sampler.as_ref().map(|s| s.handle()));
     let mut registry = exporters::registry(metrics.clone());
     let proxy_metrics = sglang_exporters::proxy::ProxyMetrics::register(&mut registry);
-    let metrics_addr = match args.metrics_addr.as_str() {
-        "none" | "" => None,
-        addr => {
-            Some(sglang_exporters::server::start(addr, Arc::new(registry), metrics.clone()).await?)
-        }
-    };
+    let metrics_listener = crate::metrics_addr::serve(
+        args.metrics_addr.as_deref(),
+        Arc::new(registry),
+        metrics.clone(),
+    )
+    .await?;
+    let metrics_addr = metrics_listener.addr;
     let proxy_addr = match &args.proxy_addr {
         None => None,
         Some(addr) => {
@@ -445,10 +446,11 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
     tracing::info!(pid, url = %url.base(), "spawned the server");
     if metrics_addr.is_some() || proxy_addr.is_some() {
         let addr = |a: Option<std::net::SocketAddr>| a.map(|a| a.to_string());
-        events.emit(
-            "listening",
-            json!({"metrics": addr(metrics_addr), "proxy": addr(proxy_addr)}),
-        );
+        let mut listening = json!({"metrics": addr(metrics_addr), "proxy": addr(proxy_addr)});
+        if let Some(taken) = metrics_listener.default_taken {
+            listening["metrics_default_taken"] = taken;
+        }
+        events.emit("listening", listening);
         if let Some(a) = metrics_addr {
             tracing::info!("metrics on http://{a}/metrics");
         }
