@@ -9,6 +9,10 @@ for bin_pkg in "cc:build-essential" "curl:curl" "python3:python3" "pkg-config:pk
   if [ "$bin" = procps ]; then command -v ps >/dev/null || need_apt+=("$pkg"); continue; fi
   command -v "$bin" >/dev/null || need_apt+=("$pkg")
 done
+# A real 2-node Slurm on this machine (scripts/slurm-local-cluster.sh) runs the Slurm example in
+# tests/tests/slurm.rs: slurm-wlm and munge.
+command -v sbatch >/dev/null || need_apt+=(slurm-wlm)
+command -v munged >/dev/null || need_apt+=(munge)
 # Debian's real ROCm SMI library: tests prove it means "no AMD GPU" (never a crash) here.
 [ -e /usr/lib/librocm_smi64.so.1 ] || need_apt+=(librocm-smi64-1)
 # A real Prometheus server and promtool: the exporter's output is checked by both.
