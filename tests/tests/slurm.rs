@@ -18,7 +18,10 @@ const NODES: usize = 2;
 const KILL_WAIT: Duration = Duration::from_secs(10);
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// Starts the local cluster once per test binary; false (said on stderr) only when Slurm cannot
@@ -28,11 +31,20 @@ fn slurm() -> bool {
     *UP.get_or_init(|| {
         let installed = Command::new("sbatch").arg("--version").output().is_ok();
         let root = unsafe { libc::geteuid() } == 0;
-        let sudo = || Command::new("sudo").args(["-n", "true"]).status().is_ok_and(|s| s.success());
+        let sudo = || {
+            Command::new("sudo")
+                .args(["-n", "true"])
+                .status()
+                .is_ok_and(|s| s.success())
+        };
         if !installed || !(root || sudo()) {
             eprintln!(
                 "SKIPPED: Slurm cannot run here ({}): run scripts/setup.sh as root",
-                if installed { "neither root nor sudo" } else { "sbatch is not installed" }
+                if installed {
+                    "neither root nor sudo"
+                } else {
+                    "sbatch is not installed"
+                }
             );
             return false;
         }
@@ -136,13 +148,19 @@ impl Job {
     }
 
     fn gone(&self) -> bool {
-        let q = Command::new("squeue").args(["-h", "-j", &self.id]).output().unwrap();
+        let q = Command::new("squeue")
+            .args(["-h", "-j", &self.id])
+            .output()
+            .unwrap();
         String::from_utf8_lossy(&q.stdout).trim().is_empty()
     }
 
     /// `JobState` and `ExitCode` as slurmctld keeps them after the end.
     fn final_state(&self) -> (String, String) {
-        let s = Command::new("scontrol").args(["show", "job", &self.id]).output().unwrap();
+        let s = Command::new("scontrol")
+            .args(["show", "job", &self.id])
+            .output()
+            .unwrap();
         let s = String::from_utf8_lossy(&s.stdout).to_string();
         let field = |k: &str| {
             s.split_whitespace()
@@ -167,7 +185,12 @@ impl Job {
     /// Both supervisors ended the run: 143, a requested stop, the servers drained.
     fn assert_both_stopped_cleanly(&self) {
         for n in 0..NODES {
-            assert_eq!(self.exit_status(n), Some(143), "node {n}: {}", self.job_out());
+            assert_eq!(
+                self.exit_status(n),
+                Some(143),
+                "node {n}: {}",
+                self.job_out()
+            );
             let exited = self.event(n, "exited").unwrap();
             assert_eq!(exited["requested"], true, "node {n}: {exited}");
             assert_eq!(exited["exit_status"], 143, "node {n}: {exited}");
@@ -204,7 +227,9 @@ impl Job {
 impl Drop for Job {
     fn drop(&mut self) {
         if !self.gone() {
-            let _ = Command::new("scancel").args(["-s", "KILL", &self.id]).status();
+            let _ = Command::new("scancel")
+                .args(["-s", "KILL", &self.id])
+                .status();
         }
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.out);
@@ -222,7 +247,11 @@ fn sbatch_runs_a_supervisor_per_node_benchmarks_on_node_0_and_tears_down_with_14
         http://127.0.0.1:$PROXY_PORT/generate > /dev/null; done";
     let job = Job::submit("bench", bench);
     job.wait_until("the job's end", Duration::from_secs(120), || job.gone());
-    assert!(job.job_out().contains("all 2 nodes ready"), "{}", job.job_out());
+    assert!(
+        job.job_out().contains("all 2 nodes ready"),
+        "{}",
+        job.job_out()
+    );
     job.assert_both_nodes_ready();
     // The benchmark's window, on node 0: its three requests, measured by node 0's proxy.
     let window: Value =
@@ -257,7 +286,10 @@ fn scancel_ends_both_supervisors_with_143_within_kill_wait_and_leaves_no_process
         (0..NODES).all(|n| job.exit_status(n).is_some())
     });
     let took = cancelled.elapsed();
-    assert!(took < KILL_WAIT, "{took:?}: Slurm's SIGKILL would have come first");
+    assert!(
+        took < KILL_WAIT,
+        "{took:?}: Slurm's SIGKILL would have come first"
+    );
     job.assert_both_stopped_cleanly();
     job.wait_until("the job's end", KILL_WAIT, || job.gone());
     assert_eq!(job.final_state().0, "CANCELLED", "{}", job.job_out());
