@@ -101,7 +101,7 @@ fn the_dockerfiles_entrypoint_serves_metrics_on_every_interface_and_stops_with_1
         ["--", "python3", "-m", "sglang.launch_server"],
         "{cmd:?}"
     );
-    let run = Deployed::start("docker-entrypoint", &entrypoint[2..]);
+    let mut run = Deployed::start("docker-entrypoint", &entrypoint[2..], &cmd[4..]);
     assert_eq!(run.named_metrics, "0.0.0.0:19400");
     let exposed = dockerfile()
         .into_iter()

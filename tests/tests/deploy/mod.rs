@@ -19,17 +19,34 @@ pub fn repo() -> PathBuf {
 pub struct Deployed {
     child: Child,
     dir: PathBuf,
+    events: PathBuf,
     /// The --metrics-addr the deployment named, and the one this run got instead.
     pub named_metrics: String,
     pub metrics: String,
 }
 
 impl Deployed {
-    pub fn start(name: &str, options: &[String]) -> Deployed {
+    /// `launch` is what follows `python3 -m sglang.launch_server` (its --port moved to a free one).
+    pub fn start(name: &str, options: &[String], launch: &[String]) -> Deployed {
         let dir = std::env::temp_dir().join(format!("sglsup-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut options = options.to_vec();
+        // Files go where the deployment mounts its output volume (/out): here, a temp dir. Its
+        // own --events stays (the events the test follows).
+        let mut options: Vec<String> = options
+            .iter()
+            .map(|o| match o.strip_prefix("/out/") {
+                Some(file) => dir.join(file).display().to_string(),
+                None => o.clone(),
+            })
+            .collect();
+        if !options.iter().any(|o| o == "--events") {
+            options.extend([
+                "--events".into(),
+                dir.join("events.jsonl").display().to_string(),
+            ]);
+        }
+        let events = options[options.iter().position(|o| o == "--events").unwrap() + 1].clone();
         let i = options
             .iter()
             .position(|o| o == "--metrics-addr")
@@ -38,12 +55,23 @@ impl Deployed {
         let host = named_metrics.rsplit_once(':').unwrap().0.to_string();
         // The host as named (0.0.0.0 in a container), a free port: tests run side by side.
         options[i + 1] = format!("{host}:{}", free_port());
+        // The replay server takes the flags it knows only before the first one it does not:
+        // those go first (the port a free one), SGLang's others after, accepted and ignored.
+        let mut rest = launch.to_vec();
+        let mut launch = vec!["--port".to_string(), free_port().to_string()];
+        for flag in ["--port", "--nnodes", "--node-rank"] {
+            if let Some(i) = rest.iter().position(|a| a == flag) {
+                let pair: Vec<String> = rest.drain(i..(i + 2).min(rest.len())).collect();
+                if flag != "--port" {
+                    launch.extend(pair);
+                }
+            }
+        }
+        launch.extend(rest);
         let child = Command::new(supervisor_bin())
             .arg("run")
             .args(&options)
             .arg("--no-tee")
-            .arg("--events")
-            .arg(dir.join("events.jsonl"))
             .args([
                 "--",
                 replay_bin(),
@@ -54,11 +82,12 @@ impl Deployed {
             ])
             .env_remove("SGLANG_SUPERVISOR_METRICS_ADDR")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
             .spawn()
             .unwrap();
         let mut d = Deployed {
             child,
+            events: PathBuf::from(events),
             dir,
             named_metrics,
             metrics: String::new(),
@@ -70,10 +99,10 @@ impl Deployed {
         d
     }
 
-    pub fn wait_event(&self, name: &str) -> Value {
+    pub fn wait_event(&mut self, name: &str) -> Value {
         let end = Instant::now() + Duration::from_secs(60);
         loop {
-            let text = std::fs::read_to_string(self.dir.join("events.jsonl")).unwrap_or_default();
+            let text = std::fs::read_to_string(&self.events).unwrap_or_default();
             if let Some(e) = text
                 .lines()
                 .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -81,7 +110,14 @@ impl Deployed {
             {
                 return e;
             }
-            assert!(Instant::now() < end, "no {name} event: {text}");
+            let stderr = std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default();
+            assert!(
+                Instant::now() < end && !stderr.contains("cannot") && !stderr.contains("error:"),
+                "no {name} event: {text}\nstderr: {stderr}"
+            );
+            if let Some(st) = self.child.try_wait().unwrap() {
+                panic!("the supervisor exited ({st}) before {name}: {text}\nstderr: {stderr}");
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
