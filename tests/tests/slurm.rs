@@ -79,8 +79,9 @@ struct Job {
 }
 
 impl Job {
-    /// sbatch the example with the replay server as SGLang and `bench` as the benchmark.
-    fn submit(name: &str, bench: &str) -> Job {
+    /// sbatch the example with the replay server (`server_args`) as SGLang and `bench` as the
+    /// benchmark.
+    fn submit(name: &str, bench: &str, server_args: &str) -> Job {
         let tag = format!("slurm-{name}-{}", std::process::id());
         let out = std::env::temp_dir().join(format!("sglsup-{tag}"));
         let _ = std::fs::remove_dir_all(&out);
@@ -92,7 +93,7 @@ impl Job {
             .arg(repo().join("examples/slurm/sglang-multinode.sbatch"))
             .env("SUPERVISOR", supervisor_bin())
             .env("SERVER", replay_bin())
-            .env("SERVER_ARGS", "--speed 50")
+            .env("SERVER_ARGS", server_args)
             .env("PORT", port(free_pair()))
             .env("METRICS_PORT", port(free_pair()))
             .env("PROXY_PORT", port(free_port()))
@@ -184,6 +185,10 @@ impl Job {
 
     /// Both supervisors ended the run: 143, a requested stop, the servers drained.
     fn assert_both_stopped_cleanly(&self) {
+        self.assert_both_stopped(true)
+    }
+
+    fn assert_both_stopped(&self, drained: bool) {
         for n in 0..NODES {
             assert_eq!(
                 self.exit_status(n),
@@ -195,7 +200,7 @@ impl Job {
             assert_eq!(exited["requested"], true, "node {n}: {exited}");
             assert_eq!(exited["exit_status"], 143, "node {n}: {exited}");
             let log = std::fs::read_to_string(self.node_file(n, "server.log")).unwrap();
-            assert!(log.contains("SIGTERM received"), "node {n} drained: {log}");
+            assert_eq!(log.contains("SIGTERM received"), drained, "node {n}: {log}");
             let report: Value =
                 serde_json::from_slice(&std::fs::read(self.node_file(n, "report.json")).unwrap())
                     .unwrap();
@@ -245,7 +250,7 @@ fn sbatch_runs_a_supervisor_per_node_benchmarks_on_node_0_and_tears_down_with_14
     let bench = "for i in 1 2 3; do curl -fsS -H 'Content-Type: application/json' \
         -d '{\"text\":\"hi\",\"sampling_params\":{\"max_new_tokens\":4}}' \
         http://127.0.0.1:$PROXY_PORT/generate > /dev/null; done";
-    let job = Job::submit("bench", bench);
+    let job = Job::submit("bench", bench, "--speed 50");
     job.wait_until("the job's end", Duration::from_secs(120), || job.gone());
     assert!(
         job.job_out().contains("all 2 nodes ready"),
@@ -274,7 +279,7 @@ fn scancel_ends_both_supervisors_with_143_within_kill_wait_and_leaves_no_process
         return;
     }
     // A benchmark that would run for ten minutes: the job is cancelled in the middle of it.
-    let job = Job::submit("scancel", "sleep 600");
+    let job = Job::submit("scancel", "sleep 600", "--speed 50");
     job.wait_until("every node ready", Duration::from_secs(90), || {
         job.job_out().contains("all 2 nodes ready")
     });
@@ -293,5 +298,34 @@ fn scancel_ends_both_supervisors_with_143_within_kill_wait_and_leaves_no_process
     job.assert_both_stopped_cleanly();
     job.wait_until("the job's end", KILL_WAIT, || job.gone());
     assert_eq!(job.final_state().0, "CANCELLED", "{}", job.job_out());
+    job.assert_no_process_left();
+}
+
+#[test]
+fn scancel_of_servers_that_ignore_sigterm_still_ends_143_by_the_supervisors_before_kill_wait() {
+    if !slurm() {
+        return;
+    }
+    // The supervisors' --grace (KillWait - 2 s) runs out, they SIGKILL their trees themselves.
+    let job = Job::submit("deaf", "sleep 600", "--speed 50 --ignore-sigterm");
+    job.wait_until("every node ready", Duration::from_secs(90), || {
+        job.job_out().contains("all 2 nodes ready")
+    });
+    let cancelled = Instant::now();
+    assert!(Command::new("scancel")
+        .arg(&job.id)
+        .status()
+        .unwrap()
+        .success());
+    job.wait_until("both supervisors' exit", KILL_WAIT, || {
+        (0..NODES).all(|n| job.exit_status(n).is_some())
+    });
+    let took = cancelled.elapsed();
+    assert!(
+        took >= KILL_WAIT - Duration::from_secs(3) && took < KILL_WAIT,
+        "{took:?}: the grace period, then the supervisors' own SIGKILL, before Slurm's"
+    );
+    job.assert_both_stopped(false);
+    job.wait_until("the job's end", KILL_WAIT, || job.gone());
     job.assert_no_process_left();
 }
