@@ -369,6 +369,7 @@ pub struct RunArgs {
     /// a host (0.0.0.0) to expose it beyond the machine (in a container: 0.0.0.0:19400).
     /// A named address that is taken fails the start (125, naming the holder); the default,
     /// taken, moves to the next free of the 16 ports after it (said in the `listening` event).
+    ///
     /// [default: 127.0.0.1:19400]
     #[arg(long, env = "SGLANG_SUPERVISOR_METRICS_ADDR", value_name = "ADDR")]
     pub metrics_addr: Option<String>,
