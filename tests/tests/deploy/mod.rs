@@ -72,14 +72,8 @@ impl Deployed {
             .arg("run")
             .args(&options)
             .arg("--no-tee")
-            .args([
-                "--",
-                replay_bin(),
-                "--speed",
-                "50",
-                "--port",
-                &free_port().to_string(),
-            ])
+            .args(["--", replay_bin(), "--speed", "50"])
+            .args(&launch)
             .env_remove("SGLANG_SUPERVISOR_METRICS_ADDR")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
