@@ -62,11 +62,18 @@ fn slurm() -> bool {
     })
 }
 
-/// A port P with P+1 free too (node 1 of a one-host cluster takes P+1: NODE_PORT_STRIDE=1).
+/// A port P with P+1 free too (node 1 of a one-host cluster takes P+1: NODE_PORT_STRIDE=1),
+/// below Linux's ephemeral range: the job binds it seconds later, and a port the kernel hands out
+/// for outgoing connections (every test's HTTP) could be taken by then.
 fn free_pair() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let seed = std::process::id().wrapping_mul(7919) ^ now.map_or(0, |d| d.subsec_nanos());
     loop {
-        let p = free_port();
-        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let p = 20000 + (seed.wrapping_add(n.wrapping_mul(7907)) % 12000) as u16;
+        let free = |p: u16| std::net::TcpListener::bind(("0.0.0.0", p)).is_ok();
+        if free(p) && free(p + 1) {
             return p;
         }
     }
@@ -96,7 +103,7 @@ impl Job {
             .env("SERVER_ARGS", server_args)
             .env("PORT", port(free_pair()))
             .env("METRICS_PORT", port(free_pair()))
-            .env("PROXY_PORT", port(free_port()))
+            .env("PROXY_PORT", port(free_pair()))
             .env("NODE_PORT_STRIDE", "1")
             .env("READY_TIMEOUT", "60s")
             .env("OUT", &out)
