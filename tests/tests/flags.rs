@@ -420,3 +420,125 @@ fn the_parser_imported_on_the_h200_equals_the_one_imported_on_a_cpu() {
         assert!(v[k].as_array().unwrap().is_empty(), "{k}: {}", v[k]);
     }
 }
+
+/// `run`'s pre-flight finds the launch behind whatever runs it, and inside `bash -c` and a bash
+/// recipe (every launch of it); a launch that parses is not refused.
+#[test]
+fn run_preflight_reads_launches_behind_prefixes_and_in_bash_recipes() {
+    let dir = std::env::temp_dir().join(format!("sglsup-pre-shapes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ev = dir.join("events.jsonl");
+    let recipe = dir.join("r.sh");
+    std::fs::write(
+        &recipe,
+        "if [ -n \"$PD\" ]; then\n  python3 -m sglang.launch_server --model-path m --tp 4\nelse\n  cmd=(python3 -m sglang.launch_server --model-path m -tp 8)\n  \"${cmd[@]}\"\nfi\n",
+    )
+    .unwrap();
+    let run = |command: &[&str]| {
+        let out = Command::new(supervisor_bin())
+            .args([
+                "run",
+                "--metrics-addr",
+                "none",
+                "--no-tee",
+                "--ready-timeout",
+                "5s",
+            ])
+            .args(["--flags-schema", &schema("0.5.20"), "--events"])
+            .arg(&ev)
+            .arg("--")
+            .args(command)
+            .output()
+            .unwrap();
+        let events = std::fs::read_to_string(&ev).unwrap_or_default();
+        let first: serde_json::Value =
+            serde_json::from_str(events.lines().next().unwrap_or("null")).unwrap();
+        (out.status.code(), first)
+    };
+    let bad = [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "m",
+        "--trust-remote-code=1",
+    ];
+    for prefix in [
+        &["timeout", "60"][..],
+        &["env", "A=B"],
+        &["numactl", "--cpunodebind=0"],
+        &["nice", "-n", "5"],
+    ] {
+        let mut cmd: Vec<&str> = prefix.to_vec();
+        cmd.extend(bad);
+        let (code, first) = run(&cmd);
+        assert_eq!(code, Some(126), "{cmd:?}");
+        assert_eq!(first["event"], "preflight", "{cmd:?}");
+        assert_eq!(
+            first["error"],
+            "argument --trust-remote-code: ignored explicit argument '1'"
+        );
+        assert_eq!(first["flags"][0]["status"], "unexpected_value");
+    }
+    let (code, first) = run(&["bash", "-c", &format!("exec {}", bad.join(" "))]);
+    assert_eq!(
+        (code, &first["rejected"]),
+        (Some(126), &serde_json::json!(true))
+    );
+    // The recipe's second launch (built in an array) fails: refused, naming its line.
+    let (code, first) = run(&["bash", recipe.to_str().unwrap()]);
+    assert_eq!(code, Some(126), "{first}");
+    let lines: Vec<&serde_json::Value> = first["launches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| &l["line"])
+        .collect();
+    assert_eq!(lines, [2, 5]);
+    assert_eq!(
+        first["launches"][1]["error"],
+        "unrecognized arguments: -tp 8"
+    );
+    assert_eq!(first["launches"][0]["status"], 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A launch that is seen but cannot be read is an error naming its line, never "0 flags
+/// checked ... the launch will parse".
+#[test]
+fn a_launch_seen_but_not_read_is_an_error_naming_its_line() {
+    let dir = std::env::temp_dir().join(format!("sglsup-unread-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, text, want) in [
+        (
+            "kept.sh",
+            "#!/bin/bash\ncmd=(python3 -m sglang.launch_server --tp 8)\nrun_logged cmd\n",
+            "line 2: `cmd` holds an SGLang launch",
+        ),
+        (
+            "hidden.sh",
+            "#!/bin/bash\nARGS=\"--tp 8\"\npython3 -m sglang.launch_server $ARGS &\n",
+            "line 3: every flag of the launch is in $ARGS",
+        ),
+        (
+            "quote.sh",
+            "#!/bin/bash\necho start\nNOTE='never closed\npython3 -m sglang.launch_server --tp 8\n",
+            "line 3: unterminated '",
+        ),
+    ] {
+        let r = dir.join(name);
+        std::fs::write(&r, text).unwrap();
+        let out = Command::new(supervisor_bin())
+            .args(["flags", "audit", "--sglang", &schema("0.5.20")])
+            .arg(&r)
+            .env("RUST_LOG", "off")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{name}: {err}");
+        assert!(err.contains(want), "{name}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{name}: one line: {err}");
+        assert!(!err.contains("flags checked"), "{name}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
