@@ -255,6 +255,15 @@ pub struct WaitArgs {
 
     #[arg(long, default_value = "60m", value_parser = parse_duration, value_name = "DUR")]
     pub timeout: Duration,
+
+    /// With --url: the server's --api-key (its /ready and /model_info answer 401 without it).
+    #[arg(
+        long,
+        env = "SGLANG_SUPERVISOR_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

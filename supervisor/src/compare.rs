@@ -645,7 +645,7 @@ pub fn command(args: &CompareArgs) -> Result<i32> {
     match compare(&base, &cand, args.force, args.noise) {
         Err(why) => {
             eprintln!("sglang-supervisor: {why}");
-            Ok(2)
+            Ok(crate::exit::BAD_INPUT)
         }
         Ok(c) => {
             match args.format {

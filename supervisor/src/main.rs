@@ -7,7 +7,7 @@ use std::time::Duration;
 
 /// The supervisor's own failures (bad options included) exit 125, so they never look like the
 /// server's own exit status.
-const EXIT_SUPERVISOR_FAILED: u8 = 125;
+const EXIT_SUPERVISOR_FAILED: u8 = sglang_supervisor::exit::SUPERVISOR_FAILED as u8;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -79,7 +79,7 @@ fn dispatch(command: Command) -> ExitCode {
                     lifecycle::record_rejection(&args, p.event);
                     flush_terminal();
                     eprintln!("sglang-supervisor: the server's flags would fail to parse (see above); not launching. Fix them, or pass --no-preflight");
-                    return ExitCode::from(lifecycle::EXIT_PREFLIGHT as u8);
+                    return ExitCode::from(sglang_supervisor::exit::PREFLIGHT_REJECTED as u8);
                 }
                 Ok(p) => p.map(|p| p.event),
                 Err(e) => return fail(e),

@@ -26,6 +26,16 @@ fn check(e: &Value) {
         ts.len() >= 20 && ts.ends_with('Z') && ts.as_bytes()[10] == b'T',
         "RFC 3339 UTC: {ts}"
     );
+    // Every line reads back as the supervisor's own `Event` type (the H200 call-3 fixture's
+    // `power_window` predates it).
+    let typed = sglang_supervisor::events::Event::parse_line(&e.to_string());
+    match typed {
+        Some(sglang_supervisor::events::Event::Unknown) => {
+            assert_eq!(e["event"], "power_window", "not an Event: {e}")
+        }
+        Some(t) => assert_eq!(t.name(), e["event"].as_str().unwrap(), "{e}"),
+        None => panic!("does not read back as an Event: {e}"),
+    }
     let has = |k: &str| e.get(k).is_some();
     let num = |k: &str| e[k].is_number();
     match e["event"].as_str().unwrap() {

@@ -129,7 +129,10 @@ impl Run {
 
     pub fn events(&self) -> Vec<Value> {
         let text = std::fs::read_to_string(self.dir.join("events.jsonl")).unwrap_or_default();
-        text.lines()
+        // Only whole lines: a large event (server_args, 11 KB) may be read while being written.
+        let whole = text.rfind('\n').map_or("", |i| &text[..i]);
+        whole
+            .lines()
             .map(|l| {
                 serde_json::from_str(l).unwrap_or_else(|e| panic!("bad event line {l:?}: {e}"))
             })
