@@ -418,14 +418,13 @@ pub struct RunArgs {
 
     /// Serve Prometheus metrics (/metrics, /-/ready, /-/healthy) here; `none` disables.
     /// Port 0 picks a free port (the `listening` event says which); `:PORT` is loopback. Name
-    /// a host (0.0.0.0) to expose it beyond the machine.
-    #[arg(
-        long,
-        default_value = "127.0.0.1:9400",
-        env = "SGLANG_SUPERVISOR_METRICS_ADDR",
-        value_name = "ADDR"
-    )]
-    pub metrics_addr: String,
+    /// a host (0.0.0.0) to expose it beyond the machine (in a container: 0.0.0.0:19400).
+    /// A named address that is taken fails the start (125, naming the holder); the default,
+    /// taken, moves to the next free of the 16 ports after it (said in the `listening` event).
+    ///
+    /// [default: 127.0.0.1:19400]
+    #[arg(long, env = "SGLANG_SUPERVISOR_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
 
     /// Serve a latency-measuring reverse proxy in front of the server here (off by default);
     /// point the benchmark client at it. Port 0 picks a free port (see the `listening` event);

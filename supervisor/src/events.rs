@@ -204,6 +204,9 @@ pub enum Event {
     Listening {
         metrics: Option<String>,
         proxy: Option<String>,
+        /// The default metrics port was taken: `{addr, holder}` (the port used is `metrics`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        metrics_default_taken: Option<Value>,
     },
     ServerArgs {
         args: Map<String, Value>,

@@ -10,6 +10,8 @@ pub mod flags;
 pub mod gpu;
 pub mod lifecycle;
 pub mod logs;
+pub mod metrics_addr;
+pub mod port_holder;
 pub mod proctree;
 pub mod pyjson;
 pub mod readiness;

@@ -95,6 +95,7 @@ pub fn build(events: &[Value]) -> Value {
         "deprecations": all(events, "deprecation").map(body).collect::<Vec<_>>(),
         "warnings": all(events, "warning").map(|e| e["message"].clone()).collect::<Vec<_>>(),
         "fatal": first(events, "fatal").map(body),
+        "listening": first(events, "listening").map(body),
         "windows": windows,
         "teardown": {
             "exited": exited,

@@ -185,7 +185,7 @@ fn listeners_are_on_loopback_by_default() {
         .unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(
-        help.contains("[default: 127.0.0.1:9400]"),
+        help.contains("[default: 127.0.0.1:19400]"),
         "metrics default: {help}"
     );
     // The metrics listener a run really opens, with only a port given.

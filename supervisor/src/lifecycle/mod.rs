@@ -204,6 +204,8 @@ struct Services {
     metrics: Arc<exporters::Shared>,
     sampler: Option<sglang_probes::sampler::Sampler>,
     metrics_addr: Option<SocketAddr>,
+    /// The default metrics port was taken: where and by whom (for the `listening` event).
+    metrics_default_taken: Option<Value>,
     proxy_addr: Option<SocketAddr>,
 }
 
@@ -235,12 +237,12 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
     metrics.set_gpus(sampler.as_ref().map(|s| s.handle()));
     let mut registry = exporters::registry(metrics.clone());
     let proxy_metrics = sglang_exporters::proxy::ProxyMetrics::register(&mut registry);
-    let metrics_addr = match args.metrics_addr.as_str() {
-        "none" | "" => None,
-        addr => {
-            Some(sglang_exporters::server::start(addr, Arc::new(registry), metrics.clone()).await?)
-        }
-    };
+    let metrics_listener = crate::metrics_addr::serve(
+        args.metrics_addr.as_deref(),
+        Arc::new(registry),
+        metrics.clone(),
+    )
+    .await?;
     let proxy_addr = match &args.proxy_addr {
         None => None,
         Some(addr) => {
@@ -269,7 +271,8 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
         signals,
         metrics,
         sampler,
-        metrics_addr,
+        metrics_addr: metrics_listener.addr,
+        metrics_default_taken: metrics_listener.default_taken,
         proxy_addr,
     })
 }
@@ -408,6 +411,7 @@ impl Watch {
             events.emit(Event::Listening {
                 metrics: addr(services.metrics_addr),
                 proxy: addr(services.proxy_addr),
+                metrics_default_taken: services.metrics_default_taken.clone(),
             });
             if let Some(a) = services.metrics_addr {
                 tracing::info!("metrics on http://{a}/metrics");
