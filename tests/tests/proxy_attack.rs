@@ -307,7 +307,13 @@ fn an_upstream_that_dies_mid_stream_is_recorded_and_the_client_gets_what_it_sent
     };
     let via = raw(&proxy);
     let want = raw(&direct);
-    assert_eq!(via, want);
+    assert_eq!(
+        via,
+        want,
+        "through the proxy {} bytes, direct {}",
+        via.len(),
+        want.len()
+    );
     let recs = wait_records(&log, 1, Duration::from_secs(20));
     assert!(recs[0]["error"].is_string(), "{}", recs[0]);
     assert_ne!(recs[0]["completion_tokens"], 0);

@@ -32,7 +32,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
-use upstream::Upstream;
+use upstream::{Driven, Upstream};
 
 /// Largest OpenAI request body read whole to ask for usage; larger ones pass through unread
 /// (their token counts may then be unknown).
@@ -223,11 +223,12 @@ impl Proxy {
             },
             _ => (Either::Left(Prefixed::new(None, body)), false),
         };
-        let resp = match upstream.send(Request::from_parts(parts, body)).await {
-            Ok(resp) => resp,
+        let (resp, lent) = match upstream.send(Request::from_parts(parts, body)).await {
+            Ok(answer) => answer,
             Err(why) => return Ok(self.error_response(pending.started.take(), why)),
         };
         let (mut parts, body) = resp.into_parts();
+        let body = Driven::new(body, lent);
         for h in HOP_BY_HOP {
             parts.headers.remove(*h);
         }

@@ -4,7 +4,9 @@
 //! receives exactly the bytes a direct connection gives.
 use super::record::Recorder;
 use super::sse::{event_end, scan_event, Api, EventInfo};
-use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
+use super::upstream::{Deferred, Driven};
+use super::UpstreamBody;
+use hyper::body::{Body, Bytes, Frame, SizeHint};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -13,14 +15,14 @@ use std::time::Instant;
 const MAX_EVENT: usize = 4 << 20;
 
 pub struct Measured {
-    inner: Incoming,
+    inner: Driven<UpstreamBody>,
     rec: Option<Recorder>,
     stream: bool,
     events: EventStream,
     /// The upstream ended while bytes were held: they go out, then the end.
     ended: bool,
     /// The upstream failed while bytes were held: they go out, then the error.
-    failed: Option<hyper::Error>,
+    failed: Deferred<hyper::Error>,
 }
 
 /// The SSE events of one response, found in frames cut anywhere, and what of each frame goes to
@@ -163,7 +165,12 @@ impl EventStream {
 }
 
 impl Measured {
-    pub fn new(inner: Incoming, rec: Recorder, stream: bool, drop_usage: bool) -> Self {
+    pub(crate) fn new(
+        inner: Driven<UpstreamBody>,
+        rec: Recorder,
+        stream: bool,
+        drop_usage: bool,
+    ) -> Self {
         let events = EventStream::new(rec.api(), drop_usage && stream);
         Measured {
             inner,
@@ -171,7 +178,7 @@ impl Measured {
             stream,
             events,
             ended: false,
-            failed: None,
+            failed: Deferred::default(),
         }
     }
 
@@ -219,8 +226,8 @@ impl Body for Measured {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
         loop {
-            if let Some(e) = this.failed.take() {
-                return Poll::Ready(Some(Err(e)));
+            if let Some(p) = this.failed.poll(cx) {
+                return p;
             }
             if this.ended {
                 this.finish(None);
@@ -256,7 +263,7 @@ impl Body for Measured {
                     let tail = this.flush();
                     this.finish(Some(format!("upstream body: {e}")));
                     if let Some(tail) = tail {
-                        this.failed = Some(e);
+                        this.failed.set(e);
                         return Poll::Ready(Some(Ok(Frame::data(tail))));
                     }
                     return Poll::Ready(Some(Err(e)));
@@ -468,13 +475,12 @@ mod cut_tests {
             s.write_all(out.as_bytes()).await.unwrap();
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }); // closed without the last chunk
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build_http::<Full<Bytes>>();
-        let resp = client
-            .get(format!("http://{addr}/").parse().unwrap())
-            .await
+        let upstream = Arc::new(crate::proxy::upstream::Upstream::new(addr.to_string()));
+        let req = hyper::Request::get("/")
+            .header("host", addr.to_string())
+            .body(http_body_util::Either::Right(Full::new(Bytes::new())))
             .unwrap();
+        let (resp, lent) = upstream.send(req).await.unwrap();
         let sink = Arc::new(Collect(Mutex::new(Vec::new())));
         let started = Started {
             endpoint: "/v1/completions",
@@ -484,7 +490,7 @@ mod cut_tests {
         };
         let metrics = ProxyMetrics::register(&mut Default::default());
         let rec = Recorder::new(sink.clone(), metrics, started, 200, true);
-        let mut body = Measured::new(resp.into_body(), rec, true, true);
+        let mut body = Measured::new(Driven::new(resp.into_body(), lent), rec, true, true);
         let mut got = Vec::new();
         let mut failed = false;
         while let Some(f) = body.frame().await {

@@ -3,24 +3,81 @@
 //! server sees exactly the connections it would see from the client directly: the same accepts,
 //! the same keep-alive, the same close when the client leaves (a shared pool kept connections
 //! the client had closed, and skipped the accepts a direct client costs the server).
-use hyper::body::Incoming;
-use hyper::client::conn::http1::{handshake, SendRequest};
+//!
+//! The upstream connection is driven by the task that serves its client connection, not by a
+//! task of its own: hyper's client hands a response body over one chunk at a time through a
+//! channel, so a connection task of its own meant two task wake-ups and one client write per SSE
+//! event. Driven here, one poll drains every event the last read brought ([`Driven`]) and the
+//! client gets them in one write, as a direct connection or a byte relay gives them.
+use bytes::BytesMut;
+use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::{handshake, Connection, SendRequest};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use sglang_probes::sync::lock;
-use std::sync::Mutex;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use tokio::net::TcpStream;
 
-pub(crate) struct Upstream<B> {
+type Driver<B> = Pin<Box<Connection<TokioIo<TcpStream>, B>>>;
+
+/// One upstream connection: the handle requests are sent on and the future that does its I/O.
+struct Conn<B: Body + 'static> {
+    sender: SendRequest<B>,
+    /// `None` once the connection has ended (a finished future is not polled again).
+    driver: Option<Driver<B>>,
+}
+
+impl<B> Conn<B>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    /// Do the connection's pending I/O (send the request, read the answer into its body).
+    fn drive(&mut self, cx: &mut Context<'_>) {
+        if let Some(d) = self.driver.as_mut() {
+            if let Poll::Ready(r) = d.as_mut().poll(cx) {
+                if let Err(e) = r {
+                    tracing::debug!("proxy upstream connection: {e}");
+                }
+                self.driver = None;
+            }
+        }
+    }
+}
+
+pub(crate) struct Upstream<B: Body + 'static> {
     /// `host:port` to connect to.
     addr: String,
-    /// The connection of this client connection; taken while a request is on it (HTTP/1.1 has
-    /// one request at a time on a connection, and hyper serves a client connection in order).
-    conn: Mutex<Option<SendRequest<B>>>,
+    /// The connection of this client connection; lent out while a request is on it (HTTP/1.1
+    /// has one request at a time on a connection, and hyper serves a client connection in order).
+    conn: Mutex<Option<Conn<B>>>,
+}
+
+/// The upstream connection, lent to one request until its response body has been read to the
+/// end; a body dropped before its end closes the connection (the server sees the client leave).
+pub(crate) struct Lent<B: Body + 'static> {
+    home: Arc<Upstream<B>>,
+    conn: Option<Conn<B>>,
+    finished: bool,
+}
+
+impl<B: Body + 'static> Drop for Lent<B> {
+    fn drop(&mut self) {
+        if let (true, Some(c)) = (self.finished, self.conn.take()) {
+            if c.driver.is_some() {
+                *lock(&self.home.conn) = Some(c);
+            }
+        }
+    }
 }
 
 impl<B> Upstream<B>
 where
-    B: hyper::body::Body + Send + 'static,
+    B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
@@ -32,35 +89,243 @@ where
     }
 
     /// Send `req` on this client connection's upstream connection, opening it when there is none
-    /// or the server closed it.
-    pub(crate) async fn send(&self, req: Request<B>) -> Result<Response<Incoming>, String> {
+    /// or the server closed it. The answer's body comes with the connection that reads it.
+    pub(crate) async fn send(
+        self: &Arc<Self>,
+        req: Request<B>,
+    ) -> Result<(Response<Incoming>, Lent<B>), String> {
         let kept = lock(&self.conn).take();
-        let mut sender = match kept {
-            Some(mut s) => match s.ready().await {
-                Ok(()) => s,
+        let mut conn = match kept {
+            Some(mut c) => match poll_fn(|cx| c.ready(cx)).await {
+                Ok(()) => c,
                 Err(_) => self.connect().await?,
             },
             None => self.connect().await?,
         };
-        let resp = sender.send_request(req).await;
-        // The next request of this client connection waits in `ready` until this response ends.
-        *lock(&self.conn) = Some(sender);
-        resp.map_err(|e| format!("upstream http://{}: {e}", self.addr))
+        let mut answer = std::pin::pin!(conn.sender.send_request(req));
+        let resp = poll_fn(|cx| {
+            conn.drive(cx);
+            answer.as_mut().poll(cx)
+        })
+        .await
+        .map_err(|e| format!("upstream http://{}: {e}", self.addr))?;
+        let lent = Lent {
+            home: self.clone(),
+            conn: Some(conn),
+            finished: false,
+        };
+        Ok((resp, lent))
     }
 
-    async fn connect(&self) -> Result<SendRequest<B>, String> {
-        let stream = tokio::net::TcpStream::connect(&self.addr)
+    async fn connect(&self) -> Result<Conn<B>, String> {
+        let stream = TcpStream::connect(&self.addr)
             .await
             .map_err(|e| format!("upstream http://{}: cannot connect: {e}", self.addr))?;
         let _ = stream.set_nodelay(true);
-        let (sender, conn) = handshake(TokioIo::new(stream))
+        let (sender, driver) = handshake(TokioIo::new(stream))
             .await
             .map_err(|e| format!("upstream http://{}: {e}", self.addr))?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!("proxy upstream connection: {e}");
+        Ok(Conn {
+            sender,
+            driver: Some(Box::pin(driver)),
+        })
+    }
+}
+
+impl<B> Conn<B>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    /// Ready for the next request (the previous answer is fully read), or ended.
+    fn ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), hyper::Error>> {
+        self.drive(cx);
+        self.sender.poll_ready(cx)
+    }
+}
+
+/// An answer's body read by the client connection's own task: each poll drives the upstream
+/// connection and takes every chunk its buffered bytes hold, and gives them as one frame.
+pub(crate) struct Driven<B: Body + 'static> {
+    body: Incoming,
+    lent: Lent<B>,
+    /// A trailers frame that came after data in the same poll: given next.
+    next: Option<Frame<Bytes>>,
+    /// An error that came after data.
+    failed: Deferred<hyper::Error>,
+}
+
+impl<B: Body + 'static> Driven<B> {
+    pub(crate) fn new(body: Incoming, lent: Lent<B>) -> Self {
+        Driven {
+            body,
+            lent,
+            next: None,
+            failed: Deferred::default(),
+        }
+    }
+}
+
+impl<B> Body for Driven<B>
+where
+    B: Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        if let Some(f) = this.next.take() {
+            return Poll::Ready(Some(Ok(f)));
+        }
+        if let Some(p) = this.failed.poll(cx) {
+            return p;
+        }
+        let mut batch = Batch::default();
+        // The body asks the connection for more only when polled empty: one more round after a
+        // first empty poll lets the connection answer that ask from what it has read.
+        let mut asked = false;
+        loop {
+            if let Some(c) = this.lent.conn.as_mut() {
+                c.drive(cx);
             }
-        });
-        Ok(sender)
+            match Pin::new(&mut this.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        batch.push(data);
+                        asked = false;
+                    }
+                    Err(other) => match batch.take() {
+                        Some(data) => {
+                            this.next = Some(other);
+                            return Poll::Ready(Some(Ok(Frame::data(data))));
+                        }
+                        None => return Poll::Ready(Some(Ok(other))),
+                    },
+                },
+                Poll::Ready(Some(Err(e))) => match batch.take() {
+                    Some(data) => {
+                        this.failed.set(e);
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                    None => return Poll::Ready(Some(Err(e))),
+                },
+                Poll::Ready(None) => {
+                    this.lent.finished = true;
+                    return match batch.take() {
+                        Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                        None => Poll::Ready(None),
+                    };
+                }
+                Poll::Pending if !asked && batch.is_empty() => asked = true,
+                Poll::Pending => {
+                    return match batch.take() {
+                        Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                        None => Poll::Pending,
+                    };
+                }
+            }
+            if this.body.is_end_stream() {
+                this.lent.finished = true;
+                // Polled again, the body would say so; a body whose length is reached may not be.
+                if let Some(c) = this.lent.conn.as_mut() {
+                    c.drive(cx);
+                }
+                return match batch.take() {
+                    Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                    None => Poll::Ready(None),
+                };
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.next.is_none() && !self.failed.holds() && self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The chunks of one poll: the first kept as it is (no copy for the common single chunk), more
+/// joined.
+#[derive(Default)]
+struct Batch {
+    first: Option<Bytes>,
+    more: Option<BytesMut>,
+}
+
+impl Batch {
+    fn push(&mut self, data: Bytes) {
+        match (&self.first, &mut self.more) {
+            (None, _) => self.first = Some(data),
+            (Some(_), Some(m)) => m.extend_from_slice(&data),
+            (Some(f), None) => {
+                let mut m = BytesMut::with_capacity(2 * (f.len() + data.len()));
+                m.extend_from_slice(f);
+                m.extend_from_slice(&data);
+                self.more = Some(m);
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    fn take(&mut self) -> Option<Bytes> {
+        match self.more.take() {
+            Some(m) => {
+                self.first = None;
+                Some(m.freeze())
+            }
+            None => self.first.take(),
+        }
+    }
+}
+
+/// An error that follows data given in the same poll. hyper drops what it has buffered for the
+/// client when a body fails, so the error waits one poll, in which the connection writes what it
+/// holds: the client gets everything the server sent, as over a direct connection.
+pub(crate) struct Deferred<E> {
+    error: Option<E>,
+    waited: bool,
+}
+
+impl<E> Default for Deferred<E> {
+    fn default() -> Self {
+        Deferred {
+            error: None,
+            waited: false,
+        }
+    }
+}
+
+impl<E> Deferred<E> {
+    pub(crate) fn set(&mut self, e: E) {
+        self.error = Some(e);
+        self.waited = false;
+    }
+
+    pub(crate) fn holds(&self) -> bool {
+        self.error.is_some()
+    }
+
+    /// `None` when no error waits; else one `Pending` (woken at once), then the error.
+    pub(crate) fn poll<T>(&mut self, cx: &mut Context<'_>) -> Option<Poll<Option<Result<T, E>>>> {
+        self.error.as_ref()?;
+        if !self.waited {
+            self.waited = true;
+            cx.waker().wake_by_ref();
+            return Some(Poll::Pending);
+        }
+        self.error.take().map(|e| Poll::Ready(Some(Err(e))))
     }
 }
