@@ -74,12 +74,10 @@ fn dispatch(command: Command) -> ExitCode {
             Err(e) => fail(e),
         },
         Command::Wait(args) => {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
+            let rt = match build_runtime(tokio::runtime::Builder::new_current_thread().enable_all())
             {
                 Ok(rt) => rt,
-                Err(e) => return fail(anyhow::anyhow!("cannot start the async runtime: {e}")),
+                Err(e) => return fail(e),
             };
             match rt.block_on(wait::run(&args)) {
                 Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
@@ -102,13 +100,15 @@ fn dispatch(command: Command) -> ExitCode {
                 Ok(p) => p.map(|p| p.event),
                 Err(e) => return fail(e),
             };
-            let rt = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(runtime_threads())
-                .enable_all()
-                .build()
-            {
+            let threads = runtime_threads();
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(threads).enable_all();
+            let rt = match threads_available(threads).and_then(|()| build_runtime(&mut builder)) {
                 Ok(rt) => rt,
-                Err(e) => return fail(anyhow::anyhow!("cannot start the async runtime: {e}")),
+                Err(e) => {
+                    lifecycle::record_not_started(&args, preflight, &e);
+                    return fail(e);
+                }
             };
             // block_on runs `run` on this (main) thread, which spawns the child: PDEATHSIG is tied
             // to the spawning thread, and this one lives until we exit.
@@ -116,6 +116,66 @@ fn dispatch(command: Command) -> ExitCode {
                 Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
                 Err(e) => fail(e),
             }
+        }
+    }
+}
+
+/// Whether the OS gives `n` more threads now: tokio's runtime, refused one of its workers, panics
+/// and then waits forever for the ones it started, so that is found out before.
+fn threads_available(n: usize) -> anyhow::Result<()> {
+    // Each waits for the gate, so all `n` exist at once, as the runtime's workers will.
+    let gate = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let mut started = Vec::with_capacity(n);
+    let mut refused = None;
+    for _ in 0..n {
+        let g = gate.clone();
+        let spawned = std::thread::Builder::new().spawn(move || {
+            let (open, cv) = &*g;
+            let mut o = sglang_probes::sync::lock(open);
+            while !*o {
+                o = cv
+                    .wait(o)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+        });
+        match spawned {
+            Ok(t) => started.push(t),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    *sglang_probes::sync::lock(&gate.0) = true;
+    gate.1.notify_all();
+    started.into_iter().for_each(|t| drop(t.join()));
+    match refused {
+        None => Ok(()),
+        Some(e) => Err(anyhow::anyhow!(
+            "cannot start the supervisor's threads: {e} (the limit on processes and threads is reached: `ulimit -u`, or the cgroup's pids.max; raise it or end other processes)"
+        )),
+    }
+}
+
+/// tokio panics when the OS refuses it a thread (the limit on processes and threads reached):
+/// an error with what to do instead, before anything was started.
+fn build_runtime(builder: &mut tokio::runtime::Builder) -> anyhow::Result<tokio::runtime::Runtime> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| builder.build()));
+    std::panic::set_hook(hook);
+    match built {
+        Ok(Ok(rt)) => Ok(rt),
+        Ok(Err(e)) => Err(anyhow::anyhow!("cannot start the async runtime: {e}")),
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("a thread could not be started");
+            Err(anyhow::anyhow!(
+                "cannot start the async runtime: {why} (the limit on processes and threads is reached: `ulimit -u`, or the cgroup's pids.max; raise it or end other processes)"
+            ))
         }
     }
 }

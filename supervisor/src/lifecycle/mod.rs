@@ -171,6 +171,34 @@ fn write_report(path: Option<&Path>, events: &Events) {
 
 /// A refused launch still leaves its `preflight` event, and an end, where `--events` points.
 pub fn record_rejection(args: &RunArgs, event: Value) {
+    record_without_server(
+        args,
+        Some(event),
+        FatalReason::PreflightRejected,
+        "the server's flags would fail to parse; not launched".into(),
+        exit::PREFLIGHT_REJECTED,
+    );
+}
+
+/// The supervisor could not start its own machinery (before any server): the run still ends
+/// with its terminal events, so `wait --events` does not wait for a server that never comes.
+pub fn record_not_started(args: &RunArgs, preflight: Option<Value>, e: &anyhow::Error) {
+    record_without_server(
+        args,
+        preflight,
+        FatalReason::SupervisorFailed,
+        format!("{e:#}"),
+        exit::SUPERVISOR_FAILED,
+    );
+}
+
+fn record_without_server(
+    args: &RunArgs,
+    preflight: Option<Value>,
+    reason: FatalReason,
+    excerpt: String,
+    exit_status: i32,
+) {
     let file = match args.events.as_deref().map(|p| create(p, "events file")) {
         Some(Err(e)) => {
             tracing::error!("{e:#}");
@@ -186,13 +214,10 @@ pub fn record_rejection(args: &RunArgs, event: Value) {
         args.report.is_some(),
     )
     .with_secrets(command_and_secrets(args).1);
-    events.emit(Event::Preflight(Event::object(event)));
-    record_end_without_server(
-        &events,
-        FatalReason::PreflightRejected,
-        "the server's flags would fail to parse; not launched".into(),
-        exit::PREFLIGHT_REJECTED,
-    );
+    if let Some(p) = preflight {
+        events.emit(Event::Preflight(Event::object(p)));
+    }
+    record_end_without_server(&events, reason, excerpt, exit_status);
     write_report(args.report.as_deref(), &events);
 }
 
