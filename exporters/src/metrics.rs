@@ -41,6 +41,7 @@ pub struct Shared {
     pub window_sink: Mutex<Option<WindowSink>>,
     pub requests: Mutex<Option<Arc<crate::report::RequestStats>>>,
     pub bench_hook: Mutex<Option<BenchHook>>,
+    pub window_parts: Mutex<Vec<Arc<dyn WindowPart>>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -57,6 +58,14 @@ pub type WindowSink = Arc<dyn Fn(serde_json::Value) + Send + Sync>;
 /// Evaluates a benchmark result file (`POST /-/window/stop?bench_result=PATH`) into the JSON of a
 /// window over the benchmark's own span (the lifecycle provides it; it may block on file reads).
 pub type BenchHook = Arc<dyn Fn(&str) -> serde_json::Value + Send + Sync>;
+
+/// More that a measurement window reports (the server's own batch series): told when a window
+/// opens, asked for its member of the window's JSON when it closes.
+pub trait WindowPart: Send + Sync {
+    fn start(&self, name: &str);
+    /// (window name, member name, value) of the window that just closed; None when none was open.
+    fn stop(&self) -> Option<(String, &'static str, serde_json::Value)>;
+}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -102,6 +111,14 @@ impl Shared {
 
     pub fn bench_hook(&self) -> Option<BenchHook> {
         lock(&self.bench_hook).clone()
+    }
+
+    pub fn add_window_part(&self, part: Arc<dyn WindowPart>) {
+        lock(&self.window_parts).push(part);
+    }
+
+    pub fn window_parts(&self) -> Vec<Arc<dyn WindowPart>> {
+        lock(&self.window_parts).clone()
     }
 
     pub fn set_upstream(&self, text: Option<String>, ok: bool) {

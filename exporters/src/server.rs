@@ -139,8 +139,8 @@ fn traffic_power(s: &SamplerHandle, requests: &serde_json::Value) -> Option<serd
 /// span (see `report --bench-result`).
 async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<Bytes>> {
     let json = "application/json";
-    let (sampler, requests) = (shared.sampler(), shared.requests());
-    if sampler.is_none() && requests.is_none() {
+    let (sampler, requests, parts) = (shared.sampler(), shared.requests(), shared.window_parts());
+    if sampler.is_none() && requests.is_none() && parts.is_empty() {
         return reply(
             StatusCode::SERVICE_UNAVAILABLE,
             json,
@@ -156,6 +156,9 @@ async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<
             .to_string();
         if let Some(r) = &requests {
             r.window_start(&name);
+        }
+        for p in &parts {
+            p.start(&name);
         }
         if let Some(s) = sampler {
             let n = name.clone();
@@ -177,11 +180,13 @@ async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<
         None => None,
     };
     let reqs = requests.and_then(|r| r.window_stop(gpus));
+    let more: Vec<_> = parts.iter().filter_map(|p| p.stop()).collect();
     let bench_result = query_param(req, "bench_result");
     let name = power
         .as_ref()
         .map(|(n, _)| n.clone())
-        .or_else(|| reqs.as_ref().map(|(n, _)| n.clone()));
+        .or_else(|| reqs.as_ref().map(|(n, _)| n.clone()))
+        .or_else(|| more.first().map(|(n, _, _)| n.clone()));
     let Some(name) = name else {
         return reply(
             StatusCode::CONFLICT,
@@ -201,6 +206,9 @@ async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<
             }
         }
         v["requests"] = r;
+    }
+    for (_, key, part) in more {
+        v[key] = part;
     }
     if let Some(path) = bench_result {
         v["bench"] = match shared.bench_hook() {

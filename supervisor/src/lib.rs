@@ -13,4 +13,5 @@ pub mod pyjson;
 pub mod redact;
 pub mod report;
 pub mod sentinel;
+pub mod server_series;
 pub mod wait;

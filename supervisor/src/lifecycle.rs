@@ -377,6 +377,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
     let sampler = crate::gpu::start_sampler(&args)?;
     metrics.set_gpus(sampler.as_ref().map(|s| s.handle()));
     let mut registry = exporters::registry(metrics.clone());
+    let series = crate::server_series::register(&mut registry, &metrics);
     let proxy_metrics = sglang_exporters::proxy::ProxyMetrics::register(&mut registry);
     let metrics_addr = match args.metrics_addr.as_str() {
         "none" | "" => None,
@@ -472,6 +473,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
             args.log_file.as_ref().map(|p| p.display().to_string()),
         ),
         args.redact_log.then_some(secrets),
+        series.clone(),
     );
     let (log_tx, mut log_rx) = mpsc::unbounded_channel::<Timed>();
     let tee_to = |fd| (!args.no_tee).then(|| tee::terminal(fd));
@@ -582,6 +584,9 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
     }
     if let Some(summary) = requests {
         s.events.emit("requests_summary", summary);
+    }
+    if series.seen() {
+        s.events.emit("server_batches", series.summary());
     }
     if let Some(sampler) = sampler {
         // Blocking driver calls and a bounded wait: off the async threads.
@@ -746,8 +751,8 @@ impl Supervision {
                 reported_s,
                 detail,
             } => self.on_phase(name, rank, reported_s, detail, at),
-            // Batches are folded into `Shared::batches` by the readers; none arrive here.
-            LogEvent::Batch { .. } => {}
+            // Batches and retractions are folded into `Shared::batches`/`series` by the readers.
+            LogEvent::Batch { .. } | LogEvent::Retraction { .. } => {}
             LogEvent::Traceback { excerpt } => self.last_traceback = Some(excerpt),
             LogEvent::WorkerDied { line } => {
                 self.worker_deaths += 1;

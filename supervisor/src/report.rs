@@ -59,7 +59,15 @@ pub fn build(events: &[Value]) -> Value {
     });
     let mut windows: Vec<Value> = all(events, "window").map(body).collect();
     let run_requests = first(events, "requests_summary").map(body);
-    if power.is_some() || run_requests.is_some() {
+    // The server's batch series: its aggregates go to the run window, its points stand apart.
+    let mut batches = first(events, "server_batches").map(body);
+    let batch_series = batches
+        .as_mut()
+        .and_then(|b| b.as_object_mut()?.remove("series"));
+    if let Some(b) = batches.as_mut().and_then(Value::as_object_mut) {
+        b.remove("ts");
+    }
+    if power.is_some() || run_requests.is_some() || batches.is_some() {
         let mut w = Map::new();
         w.insert("name".into(), "run".into());
         if let Some(p) = power {
@@ -67,6 +75,9 @@ pub fn build(events: &[Value]) -> Value {
         }
         if let Some(r) = run_requests {
             w.insert("requests".into(), r);
+        }
+        if let Some(b) = batches {
+            w.insert("server_batches".into(), b);
         }
         windows.push(Value::Object(w));
     }
@@ -81,6 +92,7 @@ pub fn build(events: &[Value]) -> Value {
         "warnings": all(events, "warning").map(|e| e["message"].clone()).collect::<Vec<_>>(),
         "fatal": first(events, "fatal").map(body),
         "windows": windows,
+        "server_batch_series": batch_series,
         "teardown": {
             "exited": exited,
             "leftover": first(events, "leftover").map(|e| e["pids"].clone()),

@@ -80,7 +80,17 @@ fn check(e: &Value) {
         ),
         "listening" => assert!(e["metrics"].is_string() || e["proxy"].is_string(), "{e}"),
         "window" => assert!(
-            e["name"].is_string() && (e["power"].is_object() || e["requests"].is_object()),
+            e["name"].is_string()
+                && (e["power"].is_object()
+                    || e["requests"].is_object()
+                    || e["server_batches"].is_object()),
+            "{e}"
+        ),
+        "server_batches" => assert!(
+            e["decode"]["lines"].is_u64()
+                && e["prefill"]["lines"].is_u64()
+                && e["pressure"]["retractions"].is_u64()
+                && e["series"]["t_s"].is_array(),
             "{e}"
         ),
         "requests_summary" => assert!(e["completed"].is_u64() && e["errors"].is_u64(), "{e}"),
