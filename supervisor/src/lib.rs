@@ -14,4 +14,5 @@ pub mod redact;
 pub mod report;
 pub mod sentinel;
 pub mod server_series;
+pub mod startup;
 pub mod wait;

@@ -96,6 +96,8 @@ struct Supervision {
     /// `enable_metrics` from the resolved args: whether the server has a `/metrics` to re-expose.
     upstream_metrics: Option<bool>,
     next_health: Option<tokio::time::Instant>,
+    /// Where the start's time goes (process tree sampled until readiness).
+    startup: Arc<crate::startup::StartupProfile>,
 }
 
 /// The server URL: `--health-url`, `--upstream`, else `--host`/`--port` from the server's argv.
@@ -378,6 +380,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
     metrics.set_gpus(sampler.as_ref().map(|s| s.handle()));
     let mut registry = exporters::registry(metrics.clone());
     let series = crate::server_series::register(&mut registry, &metrics);
+    let startup = crate::startup::register(&mut registry);
     let proxy_metrics = sglang_exporters::proxy::ProxyMetrics::register(&mut registry);
     let metrics_addr = match args.metrics_addr.as_str() {
         "none" | "" => None,
@@ -466,6 +469,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
         }
     };
     let exclude: Vec<i32> = sentinel.iter().map(|s| s.pid).collect();
+    startup.start(pid, t0, exclude.clone());
 
     let shared = Shared::new(
         LogFile::new(
@@ -518,6 +522,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
         upstream_metrics: None,
         next_health: health_polling.then(tokio::time::Instant::now),
         args,
+        startup,
     };
 
     let mut exit_rx = spawned.exit;
@@ -584,6 +589,9 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
     }
     if let Some(summary) = requests {
         s.events.emit("requests_summary", summary);
+    }
+    if let Some(p) = s.startup.finish(s.events.elapsed(exited_at)) {
+        s.events.emit("startup_profile", p);
     }
     if series.seen() {
         s.events.emit("server_batches", series.summary());
@@ -722,6 +730,7 @@ impl Supervision {
                 }
             }
             LogEvent::ServerArgs(args) => {
+                self.startup.mark("server_args", at);
                 self.metrics.update(|st| st.args_info = args_info(&args));
                 self.upstream_metrics = args.get("enable_metrics").and_then(Value::as_bool);
                 let size =
@@ -794,6 +803,7 @@ impl Supervision {
         detail: Option<String>,
         at: f64,
     ) {
+        self.startup.mark(name, at);
         let key = rank.clone().unwrap_or_else(|| "main".into());
         let progress = self.ranks.entry(key).or_default();
         progress.last = Some((name, at));
@@ -802,6 +812,9 @@ impl Supervision {
             progress.begun.insert(base, at);
         } else if let Some(base) = name.strip_suffix("_end") {
             let measured = progress.begun.get(base).map(|b| at - b);
+            if let Some(b) = progress.begun.get(base) {
+                fields["jit_s"] = json!(round_ms(self.startup.jit_within(*b, at)));
+            }
             if let Some(d) = reported_s.or(measured) {
                 fields["duration_s"] = json!(round_ms(d));
                 // Across ranks the slowest one is what the server waited for.
@@ -990,8 +1003,13 @@ impl Supervision {
                 .update(|st| st.phases.push(("warmup".into(), round_ms(at - up))));
             self.events.emit(
                 "phase",
-                json!({"name": "warmup", "elapsed_s": at, "duration_s": round_ms(at - up)}),
+                json!({"name": "warmup", "elapsed_s": at, "duration_s": round_ms(at - up),
+                       "jit_s": round_ms(self.startup.jit_within(up, at))}),
             );
+        }
+        self.startup.mark("ready", at);
+        if let Some(p) = self.startup.finish(at) {
+            self.events.emit("startup_profile", p);
         }
         self.events
             .emit("ready", json!({"elapsed_s": at, "url": self.url.base()}));

@@ -56,6 +56,8 @@ pub fn build(events: &[Value]) -> Value {
         "ready": ready.is_some(),
         "time_to_ready_s": ready.map(|r| r["elapsed_s"].clone()),
         "phases": phases,
+        // Where the start's time went: segments, JIT compilation, what to do about it.
+        "profile": first(events, "startup_profile").map(body),
     });
     let mut windows: Vec<Value> = all(events, "window").map(body).collect();
     let run_requests = first(events, "requests_summary").map(body);

@@ -86,6 +86,10 @@ fn check(e: &Value) {
                     || e["server_batches"].is_object()),
             "{e}"
         ),
+        "startup_profile" => assert!(
+            e["segments"].is_array() && e["jit"]["wall_s"].is_number() && e["samples"].is_u64(),
+            "{e}"
+        ),
         "server_batches" => assert!(
             e["decode"]["lines"].is_u64()
                 && e["prefill"]["lines"].is_u64()

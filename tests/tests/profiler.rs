@@ -142,3 +142,135 @@ fn batch_lines_become_metrics_window_statistics_and_a_run_summary_with_retractio
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A start whose CUDA-graph capture runs from about 1 s to 3 s after spawn, ready at about 4 s.
+const SHORT_START: &str = "\
+[2026-12-02 10:00:00] server_args=ServerArgs(model_path='/models/tiny-llama', tp_size=1, port=30000)
+[2026-12-02 10:00:00] Init torch distributed begin.
+[2026-12-02 10:00:00] Init torch distributed ends. elapsed=0.25 s, mem usage=0.09 GB
+[2026-12-02 10:00:00] Load weight begin. avail mem=139.13 GB
+[2026-12-02 10:00:00] Load weight end. elapsed=0.12 s, type=LlamaForCausalLM, avail mem=139.10 GB, mem usage=0.02 GB.
+[2026-12-02 10:00:00] KV Cache is allocated. #tokens: 1000, K size: 1.00 GB, V size: 1.00 GB
+[2026-12-02 10:00:00] Memory pool end. avail mem=11.40 GB
+[2026-12-02 10:00:01] Capture cuda graph begin. This can take up to several minutes. avail mem=11.38 GB
+[2026-12-02 10:00:03] Capture cuda graph end. Time elapsed: 2.00 s. mem usage=0.04 GB. avail mem=11.34 GB.
+[2026-12-02 10:00:03] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)
+[2026-12-02 10:00:04] The server is fired up and ready to roll!
+";
+
+/// Busy processes named like compilers: symlinks to sh (a process's name is the name it was
+/// executed by).
+fn fake_compilers(dir: &std::path::Path) {
+    for name in ["nvcc", "cicc", "ptxas", "cc1plus", "ninja"] {
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("/bin/sh", &link).unwrap();
+    }
+}
+
+#[test]
+fn compilers_running_during_cuda_graph_capture_are_attributed_to_it_and_stop_being_sampled_at_ready(
+) {
+    let dir = std::env::temp_dir().join(format!("sglsup-jit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    fake_compilers(&dir);
+    let log = dir.join("server.log");
+    std::fs::write(&log, SHORT_START).unwrap();
+    // The server: a shell that starts the compilers in the background 1.2 s in (inside the
+    // capture) for 1.4 s, then becomes the replay server (they are its children).
+    let script = dir.join("server.sh");
+    std::fs::write(
+        &script,
+        r#"d=$1; shift
+busy='while :; do :; done'
+( sleep 1.2
+  "$d/ninja" -c 'sleep 1.4' &
+  "$d/nvcc" -c "$busy" & a=$!
+  "$d/cicc" -c "$busy" & b=$!
+  sleep 0.6; "$d/ptxas" -c 'sleep 0.3'; "$d/cc1plus" -c 'sleep 0.3'
+  sleep 0.2; kill $a $b ) &
+exec "$@"
+"#,
+    )
+    .unwrap();
+    let report_path = dir.join("report.json");
+    let port = free_port().to_string();
+    let tag = format!("jit-{}", std::process::id());
+    let events = dir.join("events.jsonl");
+    let mut sup = std::process::Command::new(supervisor_bin())
+        .args(["run", "--metrics-addr", "127.0.0.1:0", "--events"])
+        .arg(&events)
+        .arg("--report")
+        .arg(&report_path)
+        .args(["--", "sh"])
+        .arg(&script)
+        .arg(&dir)
+        .arg(replay_bin())
+        .args(["--port", &port, "--log"])
+        .arg(&log)
+        .env("REPLAY_TAG", &tag)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let read = || -> Vec<Value> {
+        std::fs::read_to_string(&events)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    let end = Instant::now() + T;
+    let profile = loop {
+        if let Some(p) = read().into_iter().find(|e| e["event"] == "startup_profile") {
+            break p;
+        }
+        assert!(
+            Instant::now() < end,
+            "no startup_profile event: {:#?}",
+            read()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let ev = read();
+    unsafe { libc::kill(sup.id() as i32, libc::SIGTERM) };
+    assert_eq!(sup.wait().unwrap().code(), Some(143));
+    assert!(ev.iter().any(|e| e["event"] == "ready"));
+    assert!(tagged_processes(&tag).is_empty(), "the tree is gone");
+    let seg = |n: &str| {
+        profile["segments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == n)
+            .cloned()
+            .unwrap_or_else(|| panic!("no segment {n}: {profile:#}"))
+    };
+    let capture = seg("cuda_graph_capture");
+    let jit = capture["jit_s"].as_f64().unwrap();
+    // Compilers ran 1.2 → 2.6 s, the capture 1 → 3 s: ~1.4 s, to a sample period either way.
+    assert!((0.9..=1.9).contains(&jit), "{profile:#}");
+    assert_eq!(seg("python_import")["jit_s"], json!(0.0), "{profile:#}");
+    assert_eq!(seg("weight_load")["jit_s"], json!(0.0));
+    let by = &profile["jit"]["by_compiler"];
+    for c in ["nvcc", "cicc", "ninja"] {
+        assert_eq!(by[c]["processes"], json!(1), "{c}: {profile:#}");
+    }
+    // The busy ones burnt CPU; the sleeping ones next to nothing.
+    assert!(by["nvcc"]["cpu_s"].as_f64().unwrap() > 0.05, "{profile:#}");
+    assert!(by["ninja"]["cpu_s"].as_f64().unwrap() < 0.05, "{profile:#}");
+    assert!(profile["jit"]["wall_s"].as_f64().unwrap() >= jit);
+    // Sampling stopped at ready: 4 Hz over about 4 s, and cheap.
+    let samples = profile["samples"].as_u64().unwrap();
+    assert!((8..=30).contains(&samples), "{profile:#}");
+    assert!(profile["profiler_cpu_s"].as_f64().unwrap() < 0.5);
+    // The capture's phase event carries its own JIT seconds.
+    let end_ev = ev
+        .iter()
+        .find(|e| e["event"] == "phase" && e["name"] == "cuda_graph_end")
+        .unwrap();
+    assert!(end_ev["jit_s"].as_f64().unwrap() > 0.5, "{end_ev}");
+    let report: Value = serde_json::from_slice(&std::fs::read(&report_path).unwrap()).unwrap();
+    assert_eq!(report["startup"]["profile"]["jit"], profile["jit"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
