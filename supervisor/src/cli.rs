@@ -176,6 +176,8 @@ pub enum CompareFormat {
     Text,
     Markdown,
     Json,
+    /// A page: the Markdown table above the two runs side by side (start-up, batch series).
+    Html,
 }
 
 #[derive(Debug, Args)]
@@ -240,6 +242,11 @@ pub struct ReportArgs {
     /// Write the report here instead of printing it.
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,
+
+    /// Also write the report as one self-contained HTML page here (plots from --power-csv and
+    /// --requests-log when given).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -425,6 +432,12 @@ pub struct RunArgs {
     /// proxy, power from the probes, InferenceX field names), teardown. Has a schema_version.
     #[arg(long, env = "SGLANG_SUPERVISOR_REPORT", value_name = "PATH")]
     pub report: Option<PathBuf>,
+
+    /// Write the report as one self-contained HTML page here at exit: start-up Gantt per rank
+    /// with the JIT share, GPU power over time (from --power-csv), latency distributions (from
+    /// --requests-log), the server's batch series, flags audit, teardown. No network needed.
+    #[arg(long, env = "SGLANG_SUPERVISOR_REPORT_HTML", value_name = "PATH")]
+    pub report_html: Option<PathBuf>,
 
     /// Pre-flight source. When COMMAND is an SGLang launch (`PY -m sglang.launch_server`,
     /// `sglang serve`), its flags are audited before launching: a flag that would fail to parse

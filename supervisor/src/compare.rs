@@ -650,6 +650,23 @@ pub fn command(args: &CompareArgs) -> Result<i32> {
         Ok(c) => {
             match args.format {
                 CompareFormat::Json => println!("{}", serde_json::to_string_pretty(&c)?),
+                CompareFormat::Html => {
+                    let table = render(&c, CompareFormat::Markdown);
+                    let raw = |p: &std::path::Path| -> Value {
+                        std::fs::read(p)
+                            .ok()
+                            .and_then(|b| serde_json::from_slice(&b).ok())
+                            .unwrap_or(Value::Null)
+                    };
+                    print!(
+                        "{}",
+                        crate::html::compare_page(
+                            &raw(&args.baseline),
+                            &raw(&args.candidate),
+                            &table
+                        )
+                    )
+                }
                 f => print!("{}", render(&c, f)),
             }
             Ok(0)

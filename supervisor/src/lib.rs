@@ -7,6 +7,7 @@ pub mod compare;
 pub mod events;
 pub mod flags;
 pub mod gpu;
+pub mod html;
 pub mod lifecycle;
 pub mod logs;
 pub mod pyjson;

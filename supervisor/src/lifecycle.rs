@@ -426,7 +426,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
             events_file,
             args.events.as_ref().map(|p| p.display().to_string()),
             t0,
-            args.report.is_some(),
+            args.report.is_some() || args.report_html.is_some(),
         )
         .with_secrets(secrets.clone()),
     );
@@ -641,12 +641,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
                "exit_status": exit_status, "log": log}),
     );
     tracing::info!(?status, exit_status, requested, "server exited");
-    if let Some(path) = &s.args.report {
-        match crate::report::write(path, &crate::report::build(&s.events.kept())) {
-            Ok(()) => tracing::info!("report written to {}", path.display()),
-            Err(e) => tracing::error!("cannot write the report {}: {e}", path.display()),
-        }
-    }
+    crate::report::write_at_exit(&s.args, &s.events.kept());
     if let Some(sen) = sentinel {
         sen.disarm().await;
     }

@@ -91,6 +91,7 @@ pub fn build(events: &[Value]) -> Value {
         "server_args": args,
         "startup": startup,
         "deprecations": all(events, "deprecation").map(body).collect::<Vec<_>>(),
+        "preflight": first(events, "preflight").map(body),
         "warnings": all(events, "warning").map(|e| e["message"].clone()).collect::<Vec<_>>(),
         "fatal": first(events, "fatal").map(body),
         "windows": windows,
@@ -197,12 +198,44 @@ pub fn command(args: &ReportArgs) -> anyhow::Result<i32> {
             return Ok(EXIT_BAD_INPUT);
         }
     };
+    if let Some(path) = &args.html {
+        let inputs = crate::html::Inputs {
+            power_csv: args.power_csv.as_deref(),
+            requests_log: args.requests_log.as_deref(),
+        };
+        crate::html::write(path, &crate::html::page(&report, &inputs))
+            .map_err(|e| anyhow::anyhow!("cannot write the HTML report {}: {e}", path.display()))?;
+    }
     match &args.output {
         Some(path) => write(path, &report)
             .map_err(|e| anyhow::anyhow!("cannot write the report {}: {e}", path.display()))?,
         None => println!("{}", serde_json::to_string_pretty(&report)?),
     }
     Ok(0)
+}
+
+/// `run --report` and `--report-html`, from the run's events.
+pub fn write_at_exit(args: &crate::cli::RunArgs, events: &[Value]) {
+    if args.report.is_none() && args.report_html.is_none() {
+        return;
+    }
+    let report = build(events);
+    if let Some(path) = &args.report {
+        match write(path, &report) {
+            Ok(()) => tracing::info!("report written to {}", path.display()),
+            Err(e) => tracing::error!("cannot write the report {}: {e}", path.display()),
+        }
+    }
+    if let Some(path) = &args.report_html {
+        let inputs = crate::html::Inputs {
+            power_csv: args.power_csv.as_deref(),
+            requests_log: args.requests_log.as_deref(),
+        };
+        match crate::html::write(path, &crate::html::page(&report, &inputs)) {
+            Ok(()) => tracing::info!("HTML report written to {}", path.display()),
+            Err(e) => tracing::error!("cannot write the HTML report {}: {e}", path.display()),
+        }
+    }
 }
 
 /// Write atomically (a reader never sees half a report).

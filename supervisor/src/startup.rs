@@ -323,6 +323,8 @@ impl StartupProfile {
                 "processes": compilers.len(),
                 "cpu_s": r3(compilers.iter().map(|p| p.cpu_s).sum()),
                 "by_compiler": by_compiler,
+                // When compilers ran (merged; to half a sample period), for the Gantt chart.
+                "intervals": st.busy.iter().map(|(a, b)| [r3(*a), r3(b.min(until))]).collect::<Vec<_>>(),
             },
         });
         if share >= ADVICE_SHARE {

@@ -274,3 +274,213 @@ exec "$@"
     assert_eq!(report["startup"]["profile"]["jit"], profile["jit"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Debian's chromium, headless, offline: every request it would make goes nowhere (a dead
+/// proxy, no name resolution) and is logged to a net log, which is read back.
+fn chromium(args: &[&str], netlog: &std::path::Path) -> std::process::Output {
+    let bin = ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|b| {
+            std::process::Command::new("sh")
+                .args(["-c", &format!("command -v {b}")])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .expect("chromium is missing: install Debian's chromium (scripts/setup.sh does)");
+    std::process::Command::new(bin)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--proxy-server=127.0.0.1:9",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "--enable-logging=stderr",
+            "--v=0",
+        ])
+        .arg(format!("--log-net-log={}", netlog.display()))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// URLs the page asked for (the browser's own update and account checks left aside).
+fn page_requests(netlog: &std::path::Path) -> Vec<String> {
+    let text = std::fs::read_to_string(netlog).unwrap_or_default();
+    let mut urls: Vec<String> = text
+        .split("\"url\":\"")
+        .skip(1)
+        .filter_map(|s| s.split('"').next())
+        .filter(|u| {
+            ![
+                "google.com/",
+                "googleapis.com/",
+                "gvt1.com/",
+                "file://",
+                "data:",
+            ]
+            .iter()
+            .any(|own| u.contains(own))
+        })
+        .map(str::to_string)
+        .collect();
+    urls.sort();
+    urls.dedup();
+    urls
+}
+
+#[test]
+fn the_html_report_of_a_run_opens_offline_in_chromium_with_every_section_and_no_console_error() {
+    let dec = |r: u32| {
+        format!("] Decode batch, #running-req: {r}, #token: 900, token usage: 0.{r}, cuda graph: True, gen throughput (token/s): {}.0, #queue-req: 1", 100 * r)
+    };
+    let lines: Vec<(u64, String)> = (1..=6).map(|i| (40 + 5 * i, dec(i as u32))).collect();
+    let after: Vec<(u64, &str)> = lines.iter().map(|(s, l)| (*s, l.as_str())).collect();
+    let dir = std::env::temp_dir().join(format!("sglsup-html-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("server.log");
+    std::fs::write(&log, start_then(&after)).unwrap();
+    let (html, requests) = (dir.join("report.html"), dir.join("requests.jsonl"));
+    let mut run = Run::start(
+        "html",
+        Opts {
+            supervisor: &[
+                "--report-html",
+                html.to_str().unwrap(),
+                "--proxy-addr",
+                "127.0.0.1:0",
+                "--requests-log",
+                requests.to_str().unwrap(),
+            ],
+            replay: &[
+                "--speed",
+                "50",
+                "--ranks",
+                "TP0",
+                "--log",
+                log.to_str().unwrap(),
+            ],
+            ..Default::default()
+        },
+    );
+    let listening = run.wait_event("listening", T);
+    let (metrics, proxy) = (
+        listening["metrics"].as_str().unwrap().to_string(),
+        listening["proxy"].as_str().unwrap().to_string(),
+    );
+    run.wait_event("ready", T);
+    http(&metrics, "POST", "/-/window/start?name=c1", "");
+    for n in [4, 8, 16] {
+        let body =
+            format!(r#"{{"text":"a b","sampling_params":{{"max_new_tokens":{n}}},"stream":true}}"#);
+        let t = sglang_supervisor_tests::post_timed(&proxy, "/generate", &body).unwrap();
+        assert!(t.status.contains("200"), "{}", t.status);
+    }
+    scrape_until(&metrics, "server_batch_lines_total{kind=\"decode\"} 6");
+    let (status, _) = http(&metrics, "POST", "/-/window/stop", "");
+    assert!(status.contains("200"), "{status}");
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(T), 143);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.len() < 2 << 20, "small: {} bytes", page.len());
+
+    let netlog = dir.join("net.json");
+    let url = format!("file://{}", html.display());
+    let out = chromium(&["--dump-dom", &url], &netlog);
+    let dom = String::from_utf8_lossy(&out.stdout);
+    for id in [
+        "identity", "startup", "gpu", "latency", "batches", "flags", "teardown",
+    ] {
+        assert!(
+            dom.contains(&format!("<section id=\"{id}\">")),
+            "section {id} missing"
+        );
+    }
+    // Start-up Gantt, three latency CDFs (TPOT needs more tokens than one), three batch plots.
+    assert!(
+        dom.matches("<svg").count() >= 6,
+        "{} plots",
+        dom.matches("<svg").count()
+    );
+    assert!(
+        dom.contains("c1 (n=3)"),
+        "the window's requests in the distributions"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let console: Vec<&str> = stderr.lines().filter(|l| l.contains(":CONSOLE")).collect();
+    assert!(console.is_empty(), "console messages: {console:?}");
+    assert_eq!(
+        page_requests(&netlog),
+        Vec::<String>::new(),
+        "the page fetched something"
+    );
+
+    // The screenshot is kept for CI (target/ci-artifacts/).
+    let artifacts = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/ci-artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let shot = artifacts.join("report-html.png");
+    let _ = std::fs::remove_file(&shot);
+    let out = chromium(
+        &[
+            "--window-size=1000,3400",
+            &format!("--screenshot={}", shot.display()),
+            &url,
+        ],
+        &dir.join("net2.json"),
+    );
+    assert!(
+        shot.metadata().is_ok_and(|m| m.len() > 10_000),
+        "no screenshot: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::copy(&html, artifacts.join("report.html")).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn report_html_from_files_and_compare_html_are_pages_with_their_sections() {
+    let fx = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/real-h200-supervised");
+    let dir = std::env::temp_dir().join(format!("sglsup-rhtml-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let html = dir.join("r.html");
+    let out = std::process::Command::new(supervisor_bin())
+        .arg("report")
+        .arg("--events")
+        .arg(fx.join("B_events.jsonl"))
+        .arg("--power-csv")
+        .arg(fx.join("P_power.csv"))
+        .arg("--html")
+        .arg(&html)
+        .arg("-o")
+        .arg(dir.join("r.json"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<section id=\"gpu\">") && page.contains("GPU power"));
+    assert!(
+        page.matches("<svg").count() >= 2,
+        "start-up and power plots"
+    );
+    let out = std::process::Command::new(supervisor_bin())
+        .args(["compare", "--format", "html", "--force"])
+        .arg(dir.join("r.json"))
+        .arg(fx.join("R_report.json"))
+        .output()
+        .unwrap();
+    let cmp = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(cmp.starts_with("<!DOCTYPE html>") && cmp.contains("<section id=\"compare\">"));
+    assert!(cmp.contains("baseline") && cmp.contains("candidate"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
