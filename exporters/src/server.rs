@@ -224,6 +224,40 @@ async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<
     reply(StatusCode::OK, json, format!("{v}\n"))
 }
 
+/// `POST /-/profile/start?steps=N` / `POST /-/profile/stop`: the server's torch profiler, driven
+/// by the lifecycle (which knows the server, its key and the trace directory).
+async fn profile(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<Bytes>> {
+    let json = "application/json";
+    let Some(hook) = shared.profile_hook() else {
+        return reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json,
+            "{\"error\":\"profiling is off: run with --profile-dir DIR (or --report)\"}\n".into(),
+        );
+    };
+    let call = if req.uri().path() == "/-/profile/start" {
+        let steps = query_param(req, "steps");
+        let parsed = steps.as_deref().map(str::parse::<u64>).transpose();
+        match parsed {
+            Ok(steps) => crate::metrics::ProfileCall::Start { steps },
+            Err(_) => return reply(
+                StatusCode::BAD_REQUEST,
+                json,
+                "{\"error\":\"steps must be a whole number of forward steps, e.g. ?steps=20\"}\n"
+                    .into(),
+            ),
+        }
+    } else {
+        crate::metrics::ProfileCall::Stop
+    };
+    let (code, v) = hook(call).await;
+    reply(
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        json,
+        format!("{v}\n"),
+    )
+}
+
 async fn handle(
     req: Request<Incoming>,
     registry: Arc<Registry>,
@@ -260,6 +294,10 @@ async fn handle(
             reply(StatusCode::METHOD_NOT_ALLOWED, text, "use POST\n".into())
         }
         "/-/window/start" | "/-/window/stop" => window(&req, &shared).await,
+        "/-/profile/start" | "/-/profile/stop" if req.method() != hyper::Method::POST => {
+            reply(StatusCode::METHOD_NOT_ALLOWED, text, "use POST\n".into())
+        }
+        "/-/profile/start" | "/-/profile/stop" => profile(&req, &shared).await,
         _ => reply(
             StatusCode::NOT_FOUND,
             text,

@@ -161,6 +161,45 @@ pub async fn get_body(
     timeout: Duration,
     max_bytes: usize,
 ) -> Result<(u16, Vec<u8>), ProbeError> {
+    exchange(
+        url,
+        get_request(url, "Accept: text/plain\r\n"),
+        timeout,
+        max_bytes,
+    )
+    .await
+}
+
+/// One `POST` of a JSON body (an admin call such as SGLang's `/start_profile`), with the server's
+/// key when it has one; the status and the answer's body (up to `max_bytes`).
+pub async fn post_json(
+    url: &HttpUrl,
+    json: &str,
+    timeout: Duration,
+    max_bytes: usize,
+) -> Result<(u16, Vec<u8>), ProbeError> {
+    let auth = url
+        .bearer
+        .as_ref()
+        .map(|b| format!("Authorization: Bearer {}\r\n", b.0))
+        .unwrap_or_default();
+    let request = format!(
+        "POST {} HTTP/1.1\r\nHost: {}:{}\r\nUser-Agent: sglang-supervisor\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{auth}Connection: close\r\n\r\n{json}",
+        url.path,
+        url.host,
+        url.port,
+        json.len()
+    );
+    exchange(url, request, timeout, max_bytes).await
+}
+
+/// Send `request`, read the whole answer (to close), split status and body.
+async fn exchange(
+    url: &HttpUrl,
+    request: String,
+    timeout: Duration,
+    max_bytes: usize,
+) -> Result<(u16, Vec<u8>), ProbeError> {
     let text = url.to_string();
     let fut = async {
         let host = url.host.trim_start_matches('[').trim_end_matches(']');
@@ -168,7 +207,7 @@ pub async fn get_body(
             .await
             .map_err(Inner::Io)?;
         stream
-            .write_all(get_request(url, "Accept: text/plain\r\n").as_bytes())
+            .write_all(request.as_bytes())
             .await
             .map_err(Inner::Io)?;
         let mut buf = Vec::new();

@@ -158,11 +158,20 @@ pub fn orphans_reaped() -> u64 {
 
 /// Start a process. Every process this program starts goes through here.
 pub fn spawn(spec: SpawnSpec<'_>) -> Result<Spawned, SpawnError> {
+    spawn_with_env(spec, &[])
+}
+
+/// [`spawn`] with variables added to the inherited environment.
+pub fn spawn_with_env(
+    spec: SpawnSpec<'_>,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Result<Spawned, SpawnError> {
     let (program, args) = spec.argv.split_first().ok_or(SpawnError::Empty)?;
     let r = reaper();
     #[allow(clippy::disallowed_methods)] // this is the one place allowed to build a Command
     let mut cmd = std::process::Command::new(program);
     cmd.args(args)
+        .envs(env.iter().copied())
         .stdin(spec.stdin)
         .stdout(spec.stdout)
         .stderr(spec.stderr);

@@ -439,6 +439,25 @@ pub struct RunArgs {
     #[arg(long, env = "SGLANG_SUPERVISOR_REPORT_HTML", value_name = "PATH")]
     pub report_html: Option<PathBuf>,
 
+    /// Where the server writes torch-profiler traces: set as SGLANG_TORCH_PROFILER_DIR in its
+    /// environment (unless that is set already: then that directory is used). Enables
+    /// `POST /-/profile/start?steps=N` and `POST /-/profile/stop` on the metrics address, which
+    /// drive SGLang's /start_profile and /stop_profile and list the traces (one per TP rank) in a
+    /// `profile` event and the report. Default with --report or --report-html: `<stem>-profiles`
+    /// beside the report.
+    #[arg(long, env = "SGLANG_SUPERVISOR_PROFILE_DIR", value_name = "DIR")]
+    pub profile_dir: Option<PathBuf>,
+
+    /// Profile the measurement window of this name: its start and stop drive the server's
+    /// profiler (needs a trace directory: --profile-dir or a report).
+    #[arg(long, env = "SGLANG_SUPERVISOR_PROFILE_WINDOW", value_name = "NAME")]
+    pub profile_window: Option<String>,
+
+    /// With --profile-window: profile this many forward steps (SGLang's num_steps), not the
+    /// whole window.
+    #[arg(long, value_name = "N")]
+    pub profile_steps: Option<u64>,
+
     /// Pre-flight source. When COMMAND is an SGLang launch (`PY -m sglang.launch_server`,
     /// `sglang serve`), its flags are audited before launching: a flag that would fail to parse
     /// stops the launch with exit 126; deprecated flags and unknown SGLANG_* variables are logged

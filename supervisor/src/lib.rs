@@ -10,6 +10,7 @@ pub mod gpu;
 pub mod html;
 pub mod lifecycle;
 pub mod logs;
+pub mod profile;
 pub mod pyjson;
 pub mod redact;
 pub mod report;

@@ -410,15 +410,24 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
             )
         }
     };
+    let trace_dir = crate::profile::trace_dir(&args);
+    let profiler_env: Vec<(&str, &std::ffi::OsStr)> = trace_dir
+        .iter()
+        .filter(|(_, tell)| *tell)
+        .map(|(d, _)| (crate::profile::DIR_ENV, d.as_os_str()))
+        .collect();
     let t0 = Instant::now();
-    let spawned = child::spawn(SpawnSpec {
-        argv: &args.command,
-        new_process_group: true,
-        die_with_parent: true,
-        stdin: Stdio::null(),
-        stdout: Stdio::piped(),
-        stderr: Stdio::piped(),
-    })?;
+    let spawned = child::spawn_with_env(
+        SpawnSpec {
+            argv: &args.command,
+            new_process_group: true,
+            die_with_parent: true,
+            stdin: Stdio::null(),
+            stdout: Stdio::piped(),
+            stderr: Stdio::piped(),
+        },
+        &profiler_env,
+    )?;
     let pid = spawned.pid;
     let (argv_text, secrets) = command_and_secrets(&args);
     let events = Arc::new(
@@ -433,6 +442,8 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
     if let Some(p) = preflight {
         events.emit("preflight", p);
     }
+    let trace_dir = trace_dir.map(|(d, _)| d);
+    crate::profile::setup(&args, trace_dir.as_deref(), &url, &events, &metrics);
     let window_events = events.clone();
     metrics.set_window_sink(Arc::new(move |w| window_events.emit("window", w)));
     let (bench_sampler, bench_log) = (

@@ -92,6 +92,8 @@ pub fn build(events: &[Value]) -> Value {
         "startup": startup,
         "deprecations": all(events, "deprecation").map(body).collect::<Vec<_>>(),
         "preflight": first(events, "preflight").map(body),
+        // Torch-profiler captures: the traces (one per TP rank) with their sizes.
+        "profiles": all(events, "profile").map(body).collect::<Vec<_>>(),
         "warnings": all(events, "warning").map(|e| e["message"].clone()).collect::<Vec<_>>(),
         "fatal": first(events, "fatal").map(body),
         "windows": windows,

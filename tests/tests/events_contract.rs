@@ -90,6 +90,7 @@ fn check(e: &Value) {
             e["segments"].is_array() && e["jit"]["wall_s"].is_number() && e["samples"].is_u64(),
             "{e}"
         ),
+        "profile" => assert!(e["ok"].is_boolean() && e["traces"].is_array(), "{e}"),
         "server_batches" => assert!(
             e["decode"]["lines"].is_u64()
                 && e["prefill"]["lines"].is_u64()

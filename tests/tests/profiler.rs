@@ -484,3 +484,86 @@ fn report_html_from_files_and_compare_html_are_pages_with_their_sections() {
     assert!(cmp.contains("baseline") && cmp.contains("candidate"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn profile_start_stop_drive_sglang_with_its_key_and_judge_by_the_trace_files_not_the_500() {
+    let dir = std::env::temp_dir().join(format!("sglsup-prof-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (traces, report) = (dir.join("traces"), dir.join("report.json"));
+    let mut run = Run::start(
+        "profile",
+        Opts {
+            supervisor: &[
+                "--profile-dir",
+                traces.to_str().unwrap(),
+                "--profile-window",
+                "w2",
+                "--report",
+                report.to_str().unwrap(),
+            ],
+            replay: &["--speed", "50", "--api-key", "sk-test-key"],
+            ..Default::default()
+        },
+    );
+    let metrics = run.wait_event("listening", T)["metrics"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    run.wait_event("ready", T);
+    // The server was told where to write: SGLANG_TORCH_PROFILER_DIR in its environment.
+    let pid = run.events_named("spawned")[0]["pid"].as_i64().unwrap();
+    let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let want = format!("SGLANG_TORCH_PROFILER_DIR={}", traces.display());
+    assert!(env.split(|b| *b == 0).any(|kv| kv == want.as_bytes()));
+
+    let (status, body) = http(&metrics, "POST", "/-/profile/start?steps=5", "");
+    assert!(status.contains("200"), "{status} {body}");
+    let started: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        started["server"]["answer"], "Start profiling.",
+        "the key was accepted"
+    );
+    let (status, _) = http(&metrics, "POST", "/-/profile/start", "");
+    assert!(status.contains("409"), "one capture at a time: {status}");
+    let (status, body) = http(&metrics, "POST", "/-/profile/stop", "");
+    assert!(status.contains("200"), "{status} {body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(
+        v["stop"]["status"], 500,
+        "the server's own answer is kept: {v}"
+    );
+    let t = &v["traces"][0];
+    assert_eq!(
+        (t["rank"].clone(), t["bytes"].clone()),
+        (json!(0), json!(4096)),
+        "{v}"
+    );
+    assert!(t["file"].as_str().unwrap().ends_with("-TP-0.trace.json.gz"));
+    let (status, _) = http(&metrics, "POST", "/-/profile/start?steps=x", "");
+    assert!(status.contains("400"), "{status}");
+
+    // --profile-window: the window's start and stop drive a second capture.
+    http(&metrics, "POST", "/-/window/start?name=w2", "");
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, w) = http(&metrics, "POST", "/-/window/stop", "");
+    assert!(w.contains("\"profile\""), "{w}");
+    let end = Instant::now() + T;
+    while run.events_named("profile").len() < 2 {
+        assert!(Instant::now() < end, "no profile event for the window");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(T), 143);
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let profiles = r["profiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), 2);
+    assert_eq!(profiles[1]["name"], "w2");
+    assert_eq!(
+        profiles[1]["traces"].as_array().unwrap().len(),
+        1,
+        "only the new file"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -24,6 +24,7 @@ pub const SECTIONS: &[(&str, &str)] = &[
     ("latency", "Latency and throughput per window"),
     ("batches", "The server's batch series"),
     ("flags", "Flags audit and deprecations"),
+    ("profiles", "Torch-profiler traces"),
     ("teardown", "Teardown"),
 ];
 
@@ -506,6 +507,43 @@ fn flags(r: &Value) -> String {
     out
 }
 
+fn profiles(r: &Value) -> String {
+    let mut rows = Vec::new();
+    for p in r["profiles"].as_array().into_iter().flatten() {
+        for t in p["traces"].as_array().into_iter().flatten() {
+            rows.push(vec![
+                text(&p["name"]),
+                text(&t["rank"]),
+                format!("<code>{}</code>", text(&t["file"])),
+                text(&t["bytes"]),
+                text(&p["stop"]["status"]),
+            ]);
+        }
+        if p["traces"].as_array().is_none_or(|t| t.is_empty()) {
+            rows.push(vec![
+                text(&p["name"]),
+                "—".into(),
+                "no trace written".into(),
+                "0".into(),
+                text(&p["stop"]["status"]),
+            ]);
+        }
+    }
+    if rows.is_empty() {
+        return "<p class=\"note\">No profile was captured (POST /-/profile/start?steps=N, or --profile-window NAME).</p>".into();
+    }
+    table(
+        &[
+            "capture",
+            "TP rank",
+            "trace",
+            "bytes",
+            "/stop_profile status",
+        ],
+        &rows,
+    ) + "<p class=\"note\">Open a trace in Perfetto (ui.perfetto.dev) or chrome://tracing.</p>"
+}
+
 fn teardown(r: &Value) -> String {
     let t = &r["teardown"];
     let mut out = format!(
@@ -548,6 +586,7 @@ pub fn page(report: &Value, inputs: &Inputs) -> String {
     body += &section("latency", &latency(report, inputs));
     body += &section("batches", &batches(report));
     body += &section("flags", &flags(report));
+    body += &section("profiles", &profiles(report));
     body += &section("teardown", &teardown(report));
     document(&title, &body)
 }
