@@ -2,7 +2,7 @@
 # The proxy held against the benchmark it wraps, on the lent H200 (docs/real-gpu.md): a real
 # SGLang 0.5.14 (tiny dummy Llama) under the supervisor.
 #   usage (GPU machine, repo root): scripts/gpu/proxy_acceptance.sh BINDIR BUNDLE OUTDIR [PHASES]
-#   BINDIR  sglang-supervisor, sglang-replay, proxy-bench (x86-64); BUNDLE the prepared .sgldev
+#   BINDIR  sglang-supervisor, sglang-replay, proxy-bench, tcp-relay (x86-64); BUNDLE the prepared .sgldev
 #   PHASES  default "M E S":
 #     M  the hot-path benchmarks on this quiet 16-core host: benches/proxy.sh at 256 and 1024
 #        streams, benches/proxy_fair.sh (1024 streams + 100 scrapes/s), benches/log_path.sh
@@ -15,7 +15,9 @@
 #        ..., so a drift of the host cancels), PAIRS pairs each (default 4), cache flushed before
 #        every run. Noise controls, both arms alike: GRAPH_BS=N captures CUDA graphs up to batch N
 #        (a batch past the largest graph runs eager and slower, a step change at c=256/512);
-#        PIN="SERVER_CPUS CLIENT_CPUS SUPERVISOR_CPUS" pins the three apart (taskset lists)
+#        PIN="SERVER_CPUS CLIENT_CPUS SUPERVISOR_CPUS" pins the three apart (taskset lists).
+#        SIDES="direct relay proxy" adds a third arm through tcp-relay (a hop that reads nothing):
+#        the cost of any extra hop, apart from the proxy's own. The server's CPU is read per run.
 # Needs dev-device/ (a copy of shared/sglang-device) next to it.
 set -u
 BINDIR=$(realpath "${1:?bin dir}"); B=$(realpath "${2:?bundle}"); O=$(realpath -m "${3:?outdir}"); PHASES=${4:-M E S}
@@ -67,6 +69,21 @@ start_sup() { # start_sup DIR
   done
   PPORT=$(grep -o '"proxy":"[^"]*"' "$1/events.jsonl" | cut -d'"' -f4 | cut -d: -f2)
   say "ready after $(grep -o '"event":"ready"[^}]*' "$1/events.jsonl" | grep -o '"elapsed_s":[0-9.]*'); proxy on $PPORT"
+}
+tree_cpu() { # CPU ticks of every descendant of PID (the server's tree), living ones
+  python3 - "$1" <<'PY'
+import os, sys
+kids, ticks = {}, {}
+for d in os.listdir("/proc"):
+    if not d.isdigit(): continue
+    try: f = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+    except OSError: continue
+    kids.setdefault(int(f[1]), []).append(int(d)); ticks[int(d)] = int(f[11]) + int(f[12])
+todo, total = list(kids.get(int(sys.argv[1]), [])), 0
+while todo:
+    p = todo.pop(); total += ticks.get(p, 0); todo += kids.get(p, [])
+print(total)
+PY
 }
 stop_sup() { kill -TERM "$SUP"; wait "$SUP"; say "supervisor exit $?"; }
 bench() { # bench PORT BACKEND CONC PROMPTS OUTFILE [RANGE]
@@ -139,21 +156,29 @@ if [[ " $PHASES " == *" S "* ]]; then
   say "S: start (the E phase's server when it ran)"
   if { [ -n "${SUP:-}" ] && kill -0 "$SUP" 2>/dev/null; } || start_sup "$P"; then
     bench "$PPORT" sglang 32 64 "$P/warm.jsonl"   # JIT and graphs warm before timing anything
+    RPORT=30007; RELAY=""
+    if [[ " ${SIDES:-} " == *" relay "* ]]; then
+      "${SUP_PREFIX[@]}" "$BINDIR/tcp-relay" 127.0.0.1:$RPORT 127.0.0.1:$PORT & RELAY=$!
+    fi
     for conc in ${CONCS:-256 512}; do
+      read -r -a arms <<< "${SIDES:-direct proxy}"
       for i in $(seq "${PAIRS:-4}"); do
-        order="direct proxy"; [ $((i % 2)) = 0 ] && order="proxy direct"
-        for side in $order; do
-          port=$PORT; [ $side = proxy ] && port=$PPORT
+        # each round rotates the arms (a Latin square; ABBA for two), so a drift of the host cancels
+        order=(); n=${#arms[@]}
+        for k in $(seq 0 $((n - 1))); do order+=("${arms[$(( (k + i - 1) % n ))]}"); done
+        [ "$n" = 2 ] && [ $((i % 2)) = 0 ] && order=("${arms[1]}" "${arms[0]}")
+        for side in "${order[@]}"; do
+          case $side in proxy) port=$PPORT ;; relay) port=$RPORT ;; *) port=$PORT ;; esac
           post "http://127.0.0.1:$PORT/flush_cache" > /dev/null 2>&1 || true
-          cpu0=$(awk '{print $14+$15}' "/proc/$SUP/stat")
+          cpu0=$(awk '{print $14+$15}' "/proc/$SUP/stat"); srv0=$(tree_cpu "$SUP")
           DATASET=random-ids bench "$port" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
-          cpu1=$(awk '{print $14+$15}' "/proc/$SUP/stat")
-          python3 - "$P/c$conc-$side-$i.jsonl" "$side" "$conc" "$i" "$cpu0" "$cpu1" <<'PY'
+          cpu1=$(awk '{print $14+$15}' "/proc/$SUP/stat"); srv1=$(tree_cpu "$SUP")
+          python3 - "$P/c$conc-$side-$i.jsonl" "$side" "$conc" "$i" "$cpu0" "$cpu1" "$srv0" "$srv1" <<'PY'
 import json, sys, os
-f, side, conc, i, c0, c1 = sys.argv[1:]
+f, side, conc, i, c0, c1, s0, s1 = sys.argv[1:]
 b = [json.loads(l.replace("Infinity", "1e999")) for l in open(f)][-1]
 hz = os.sysconf("SC_CLK_TCK")
-print(f"S c={conc} pair {i} {side:6s}: out {b['output_throughput']:.1f} tok/s, median E2E {b['median_e2e_latency_ms']:.1f} ms, median TPOT {b['median_tpot_ms']:.3f} ms, median TTFT {b['median_ttft_ms']:.2f} ms, completed {b['completed']}, supervisor CPU {(float(c1)-float(c0))/hz:.2f} s over {b['duration']:.2f} s")
+print(f"S c={conc} round {i} {side:6s}: out {b['output_throughput']:.1f} tok/s, median E2E {b['median_e2e_latency_ms']:.1f} ms, median TPOT {b['median_tpot_ms']:.3f} ms, median TTFT {b['median_ttft_ms']:.2f} ms, completed {b['completed']}, supervisor CPU {(float(c1)-float(c0))/hz:.2f} s, server CPU {(float(s1)-float(s0))/hz:.2f} s, over {b['duration']:.2f} s")
 PY
         done
       done
@@ -167,20 +192,23 @@ for f in sorted(glob.glob(f"{sys.argv[1]}/c*-*-*.jsonl")):
     runs.setdefault(int(conc), {}).setdefault(side, {})[int(i)] = b
 keys = [("output_throughput", "out tok/s"), ("median_e2e_latency_ms", "median E2E ms"), ("median_tpot_ms", "median TPOT ms"), ("median_ttft_ms", "median TTFT ms")]
 for conc, sides in sorted(runs.items()):
-    d, p = sides.get("direct", {}), sides.get("proxy", {})
-    both = sorted(set(d) & set(p))
-    for k, label in keys:
-        dv, pv = [d[i][k] for i in both], [p[i][k] for i in both]
-        if not both: continue
-        ratios = [b / a for a, b in zip(dv, pv)]
-        print(f"S c={conc} {label}: direct median {st.median(dv):.2f} (runs {', '.join(f'{x:.1f}' for x in dv)}), "
-              f"proxy median {st.median(pv):.2f} (runs {', '.join(f'{x:.1f}' for x in pv)}); "
-              f"proxy/direct of medians {st.median(pv) / st.median(dv):.4f}, median of pair ratios {st.median(ratios):.4f}")
+    d = sides.get("direct", {})
+    for arm in [a for a in sides if a != "direct"]:
+        p = sides[arm]
+        both = sorted(set(d) & set(p))
+        for k, label in keys:
+            dv, pv = [d[i][k] for i in both], [p[i][k] for i in both]
+            if not both: continue
+            ratios = [b / a for a, b in zip(dv, pv)]
+            print(f"S c={conc} {label}: direct median {st.median(dv):.2f} (runs {', '.join(f'{x:.1f}' for x in dv)}), "
+                  f"{arm} median {st.median(pv):.2f} (runs {', '.join(f'{x:.1f}' for x in pv)}); "
+                  f"{arm}/direct of medians {st.median(pv) / st.median(dv):.4f}, median of round ratios {st.median(ratios):.4f}")
 PY
   else
     say "S: not ready"; tail -20 "$P/supervisor.err"; kill -KILL "$SUP"
   fi
 fi
+[ -n "${RELAY:-}" ] && kill "$RELAY" 2>/dev/null
 if [ -n "${SUP:-}" ] && kill -0 "$SUP" 2>/dev/null; then stop_sup; fi
 if [[ " $PHASES " == *" E "* ]]; then
   P=$O/E
