@@ -226,7 +226,7 @@ impl ServerSeries {
         }
         i.stride = i.stride.max(1);
         i.offered += 1;
-        if i.offered % i.stride == 0 {
+        if i.offered.is_multiple_of(i.stride) {
             if i.points.len() >= MAX_POINTS {
                 let mut n = 0;
                 i.points.retain(|_| {
