@@ -641,3 +641,94 @@ fn real_sglang_answers_are_read_exactly_however_they_are_cut() {
         }
     }
 }
+
+/// A keep-alive HTTP/1.1 upstream that answers every request `ok` and tells, per connection it
+/// accepted, how many requests came on it and whether it was closed.
+fn counting_upstream() -> (u16, std::sync::mpsc::Receiver<(usize, usize)>) {
+    use std::io::BufRead;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for (id, conn) in l.incoming().flatten().enumerate() {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut w = conn.try_clone().unwrap();
+                let mut r = std::io::BufReader::new(conn);
+                let mut served = 0;
+                'conn: loop {
+                    let mut len = 0;
+                    loop {
+                        let mut line = String::new();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            break 'conn; // closed by the proxy
+                        }
+                        let l = line.trim_end().to_ascii_lowercase();
+                        if let Some(v) = l.strip_prefix("content-length:") {
+                            len = v.trim().parse().unwrap();
+                        }
+                        if l.is_empty() {
+                            break;
+                        }
+                    }
+                    let mut body = vec![0; len];
+                    r.read_exact(&mut body).unwrap();
+                    served += 1;
+                    w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .unwrap();
+                }
+                tx.send((id, served)).unwrap();
+            });
+        }
+    });
+    (port, rx)
+}
+
+#[test]
+fn the_server_sees_one_connection_per_client_connection_kept_and_closed_with_it() {
+    let (port, closed) = counting_upstream();
+    let upstream = format!("http://127.0.0.1:{port}");
+    let (run, proxy, _, log) = start(
+        "proxy-affine",
+        &[
+            "--upstream",
+            &upstream,
+            "--health-url",
+            "http://127.0.0.1:{port}",
+        ],
+    );
+    let mut clients: Vec<TcpStream> = (0..3)
+        .map(|_| TcpStream::connect(&proxy).unwrap())
+        .collect();
+    for round in 0..2 {
+        for c in &mut clients {
+            let body = format!(r#"{{"text":"round {round}"}}"#);
+            let req = format!(
+                "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            c.write_all(req.as_bytes()).unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 512];
+            while !got.ends_with(b"ok") {
+                let n = c.read(&mut buf).unwrap();
+                assert!(n > 0, "proxy closed the client connection");
+                got.extend_from_slice(&buf[..n]);
+            }
+        }
+    }
+    // Nothing closed while the clients keep their connections.
+    assert!(closed.recv_timeout(Duration::from_millis(300)).is_err());
+    drop(clients);
+    let mut seen: Vec<(usize, usize)> = (0..3)
+        .map(|_| closed.recv_timeout(Duration::from_secs(5)).unwrap())
+        .collect();
+    seen.sort();
+    // Exactly three upstream connections, two requests each, all closed with their clients.
+    assert_eq!(seen, [(0, 2), (1, 2), (2, 2)]);
+    assert!(closed.recv_timeout(Duration::from_millis(300)).is_err());
+    let recs = wait_records(&log, 6);
+    assert_eq!(recs.len(), 6, "{recs:?}");
+    stop(run);
+    let _ = std::fs::remove_file(log);
+}

@@ -13,6 +13,7 @@
 mod record;
 mod sse;
 mod stream;
+mod upstream;
 pub use hyper::body::Bytes;
 pub use record::{ProxyMetrics, ReqLabels, RequestRecord, E2E_BUCKETS, LATENCY_BUCKETS};
 pub use sse::{event_end, scan_event, Api, EventInfo};
@@ -23,14 +24,14 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode, Uri};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use record::{Recorder, Sink, Started};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
+use upstream::Upstream;
 
 /// Largest OpenAI request body read whole to ask for usage; larger ones pass through unread
 /// (their token counts may then be unknown).
@@ -50,7 +51,8 @@ type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
 pub struct Proxy {
     upstream: Uri,
-    client: Client<HttpConnector, UpstreamBody>,
+    /// `host:port` of the server, for each client connection's own upstream connection.
+    upstream_addr: String,
     metrics: Arc<ProxyMetrics>,
     stats: Arc<crate::report::RequestStats>,
     log: Option<Mutex<std::fs::File>>,
@@ -81,14 +83,22 @@ pub async fn start(
             format!("bad upstream URL: {e}"),
         ),
     })?;
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    let client = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(4096)
-        .build(connector);
+    let upstream_addr = match (upstream.host(), upstream.port_u16()) {
+        (Some(h), Some(p)) => format!("{h}:{p}"),
+        (Some(h), None) => format!("{h}:80"),
+        _ => {
+            return Err(ProxyError::Bind {
+                addr: upstream.to_string(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "the server URL has no host",
+                ),
+            })
+        }
+    };
     let proxy = Arc::new(Proxy {
         upstream,
-        client,
+        upstream_addr,
         metrics,
         stats,
         log: requests_log.map(Mutex::new),
@@ -103,7 +113,8 @@ pub async fn start(
             let _ = stream.set_nodelay(true);
             let p = proxy.clone();
             tokio::spawn(async move {
-                let svc = service_fn(move |req| p.clone().forward(req));
+                let up = Arc::new(Upstream::new(p.upstream_addr.clone()));
+                let svc = service_fn(move |req| p.clone().forward(req, up.clone()));
                 if let Err(e) = http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), svc)
                     .await
@@ -167,6 +178,7 @@ impl Proxy {
     async fn forward(
         self: Arc<Self>,
         req: Request<Incoming>,
+        upstream: Arc<Upstream<UpstreamBody>>,
     ) -> Result<Response<ProxyBody>, hyper::Error> {
         let started = measured_endpoint(req.uri().path()).map(|(endpoint, api)| Started {
             endpoint,
@@ -183,10 +195,9 @@ impl Proxy {
             started,
         };
         let (mut parts, body) = req.into_parts();
+        // Origin form on the upstream connection, as the client sent it.
         let path_q = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let mut uri = self.upstream.clone().into_parts();
-        uri.path_and_query = path_q.parse().ok();
-        parts.uri = match Uri::from_parts(uri) {
+        parts.uri = match path_q.parse::<Uri>() {
             Ok(u) => u,
             Err(e) => {
                 let why = format!("bad request path {path_q:?}: {e}");
@@ -208,12 +219,9 @@ impl Proxy {
             },
             _ => (Either::Left(Prefixed::new(None, body)), false),
         };
-        let resp = match self.client.request(Request::from_parts(parts, body)).await {
+        let resp = match upstream.send(Request::from_parts(parts, body)).await {
             Ok(resp) => resp,
-            Err(e) => {
-                let why = format!("upstream {}: {e}", self.upstream);
-                return Ok(self.error_response(pending.started.take(), why));
-            }
+            Err(why) => return Ok(self.error_response(pending.started.take(), why)),
         };
         let (mut parts, body) = resp.into_parts();
         for h in HOP_BY_HOP {
