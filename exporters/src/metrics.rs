@@ -168,12 +168,13 @@ struct StatusCollector(Arc<Shared>);
 type Labels = Vec<(String, String)>;
 
 fn gauge<
+    L: prometheus_client::encoding::EncodeLabelSet,
     V: prometheus_client::encoding::EncodeGaugeValue + Copy + std::fmt::Debug + Send + Sync + 'static,
 >(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
-    rows: &[(Labels, V)],
+    rows: &[(L, V)],
 ) -> Result<(), std::fmt::Error>
 where
     ConstGauge<V>: EncodeMetric,
@@ -189,6 +190,22 @@ where
     Ok(())
 }
 
+/// A GPU's labels: ours (`gpu`, `uuid`, `name`) and dcgm-exporter's names for the same values
+/// (`UUID`, `modelName`; its `gpu` is ours), so its series and ours join on either.
+type GpuLabels<'a> = [(&'static str, &'a str); 5];
+
+fn gpu_labels<'a>(index: &'a str, s: &'a sglang_probes::gpu::GpuSample) -> GpuLabels<'a> {
+    let uuid = s.uuid.as_deref().unwrap_or_default();
+    let name = s.name.as_deref().unwrap_or_default();
+    [
+        ("gpu", index),
+        ("uuid", uuid),
+        ("name", name),
+        ("UUID", uuid),
+        ("modelName", name),
+    ]
+}
+
 impl Collector for StatusCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let st = lock(&self.0.status).clone();
@@ -196,16 +213,13 @@ impl Collector for StatusCollector {
             &mut enc,
             "up",
             "1 while the supervisor runs",
-            &[(vec![], 1i64)],
+            &[(Labels::new(), 1i64)],
         )?;
         gauge(
             &mut enc,
             "build_info",
             "sglang-supervisor build",
-            &[(
-                vec![("version".into(), env!("CARGO_PKG_VERSION").into())],
-                1i64,
-            )],
+            &[([("version", env!("CARGO_PKG_VERSION"))], 1i64)],
         )?;
         let states: Vec<(Labels, i64)> = STATES
             .iter()
@@ -227,7 +241,7 @@ impl Collector for StatusCollector {
                 &mut enc,
                 "server_ready_seconds",
                 "Seconds from spawn to readiness",
-                &[(vec![], r)],
+                &[(Labels::new(), r)],
             )?;
         }
         let phases: Vec<(Labels, f64)> = st
@@ -254,7 +268,7 @@ impl Collector for StatusCollector {
                 &mut enc,
                 "child_exit_code",
                 "Exit status of the server (128+N for signal N)",
-                &[(vec![], c)],
+                &[(Labels::new(), c)],
             )?;
         }
         let up = lock(&self.0.upstream).clone();
@@ -263,7 +277,7 @@ impl Collector for StatusCollector {
                 &mut enc,
                 "upstream_scrape_ok",
                 "1 if the last fetch of the server's /metrics succeeded",
-                &[(vec![], i64::from(ok))],
+                &[(Labels::new(), i64::from(ok))],
             )?;
         }
         if let Some(at) = up.fetched_at {
@@ -271,7 +285,7 @@ impl Collector for StatusCollector {
                 &mut enc,
                 "upstream_scrape_age_seconds",
                 "Age of the re-exposed sglang:* series",
-                &[(vec![], at.elapsed().as_secs_f64())],
+                &[(Labels::new(), at.elapsed().as_secs_f64())],
             )?;
         }
         let Some(gpus) = lock(&self.0.gpus).clone() else {
@@ -281,21 +295,14 @@ impl Collector for StatusCollector {
             .latest()
             .into_iter()
             .flatten()
-            .map(|t| t.sample)
+            .map(|t| (t.sample.index.to_string(), t.sample))
             .collect();
-        let labels = |s: &sglang_probes::gpu::GpuSample| -> Labels {
-            let mut l = vec![("gpu".to_string(), s.index.to_string())];
-            l.push(("uuid".into(), s.uuid.clone().unwrap_or_default()));
-            l.push(("name".into(), s.name.clone().unwrap_or_default()));
-            l
+        let rows = |f: &dyn Fn(&sglang_probes::gpu::GpuSample) -> Option<f64>| {
+            samples
+                .iter()
+                .filter_map(|(i, s)| f(s).map(|v| (gpu_labels(i, s), v)))
+                .collect::<Vec<_>>()
         };
-        let rows =
-            |f: &dyn Fn(&sglang_probes::gpu::GpuSample) -> Option<f64>| -> Vec<(Labels, f64)> {
-                samples
-                    .iter()
-                    .filter_map(|s| f(s).map(|v| (labels(s), v)))
-                    .collect()
-            };
         gauge(
             &mut enc,
             "gpu_power_watts",

@@ -153,6 +153,7 @@ pub fn server_url(args: &RunArgs) -> Result<HttpUrl> {
         port,
         path: "/".into(),
         bearer,
+        tls: false,
     })
 }
 

@@ -482,6 +482,60 @@ fn the_grafana_dashboard_queries_only_series_that_exist() {
     assert_eq!(run.wait(Duration::from_secs(60)), 143);
 }
 
+/// The driver is asked for uuid and name once; every later scrape still has them, under our
+/// label names and dcgm-exporter's (`UUID`, `modelName`, `gpu`), so dashboards can join the two.
+#[test]
+fn gpu_series_carry_uuid_and_model_under_ours_and_dcgm_exporters_label_names() {
+    let lib = stub_lib().to_str().unwrap().to_string();
+    let mut run = Run::start(
+        "gpu-labels",
+        Opts {
+            supervisor: &[
+                "--nvml-lib",
+                &lib,
+                "--gpu-backend",
+                "nvml",
+                "--sample-interval",
+                "20ms",
+            ],
+            replay: &["--speed", "50"],
+            env: &[("STUB_NVML_GPUS", "2")],
+            ..Default::default()
+        },
+    );
+    let l = run.wait_event("listening", Duration::from_secs(60));
+    run.wait_event("ready", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(300)); // many samples after the first
+    let (_, body) = http(l["metrics"].as_str().unwrap(), "GET", "/metrics", "");
+    for gpu in 0..2 {
+        let uuid = format!("GPU-00000000-0000-0000-0000-00000000000{gpu}");
+        let want = format!(
+            r#"{{gpu="{gpu}",uuid="{uuid}",name="NVIDIA H200 (stub)",UUID="{uuid}",modelName="NVIDIA H200 (stub)"}}"#
+        );
+        for series in [
+            "sglang_supervisor_gpu_power_watts",
+            "sglang_supervisor_gpu_memory_used_bytes",
+            "sglang_supervisor_gpu_energy_joules_total",
+        ] {
+            assert!(
+                body.contains(&format!("\n{series}{want} ")),
+                "{series}{want} missing from:\n{body}"
+            );
+        }
+    }
+    let gpu_lines = body
+        .lines()
+        .filter(|l| l.starts_with("sglang_supervisor_gpu_"))
+        .count();
+    assert!(gpu_lines >= 10, "{body}");
+    assert!(
+        !body.contains(r#"uuid="""#) && !body.contains(r#"name="""#),
+        "no GPU series with empty identity labels:\n{body}"
+    );
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.wait(Duration::from_secs(60)), 143);
+}
+
 #[test]
 fn the_report_has_identity_startup_windows_and_teardown() {
     let lib = stub_lib().to_str().unwrap().to_string();

@@ -1,0 +1,239 @@
+//! The power CSV (`nvidia-smi --format=csv` layout) and its energy sidecar, streamed as samples
+//! come, and the rows written kept per GPU (timestamp and power as the CSV has them, and the
+//! counter readings), so that InferenceX's verdict can be asked over any span of the run on
+//! exactly what the CSV holds. Memory stays bounded: past `MAX_KEPT_ROWS` rows per GPU (29 h at
+//! 10 Hz) the oldest half is let go (the CSV keeps everything).
+use super::lock;
+use crate::gpu::GpuSample;
+use crate::inferencex::{self, CounterEnergy, Row, Telemetry, Verdict, MAX_SAMPLE_GAP_S};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::sync::Mutex;
+
+/// Rows kept per GPU for verdicts over spans of the run (16 bytes each).
+pub const MAX_KEPT_ROWS: usize = 1 << 20;
+
+/// The header `nvidia-smi --query-gpu=timestamp,index,power.draw,temperature.gpu,clocks.current.sm,
+/// clocks.current.memory,utilization.gpu,utilization.memory --format=csv` prints.
+pub const CSV_HEADER: &str = "timestamp, index, power.draw [W], temperature.gpu, clocks.current.sm [MHz], clocks.current.memory [MHz], utilization.gpu [%], utilization.memory [%]";
+
+/// The CSV files being written and the rows kept from them.
+pub(super) struct PowerCsv {
+    csv: Option<Mutex<BufWriter<File>>>,
+    /// The counter readings next to the CSV (`<stem>_energy.csv`).
+    energy_csv: Option<Mutex<BufWriter<File>>>,
+    kept: Vec<Mutex<Kept>>,
+}
+
+/// What is kept per GPU for verdicts over spans: the CSV's rows and counter readings.
+#[derive(Debug, Default)]
+struct Kept {
+    /// (CSV timestamp, power as written; None for `[N/A]`)
+    power: Vec<(f64, Option<f64>)>,
+    /// (CSV timestamp, counter joules)
+    energy: Vec<(f64, f64)>,
+    /// The first row kept after older ones were let go.
+    trimmed_from: Option<f64>,
+}
+
+impl PowerCsv {
+    /// For `gpus` GPUs; each file given gets its header at once.
+    pub fn create(
+        gpus: usize,
+        csv: Option<File>,
+        energy_csv: Option<File>,
+    ) -> std::io::Result<PowerCsv> {
+        let with_header = |f: Option<File>, header: &str| -> std::io::Result<_> {
+            match f {
+                Some(f) => {
+                    let mut w = BufWriter::new(f);
+                    writeln!(w, "{header}")?;
+                    Ok(Some(Mutex::new(w)))
+                }
+                None => Ok(None),
+            }
+        };
+        Ok(PowerCsv {
+            csv: with_header(csv, CSV_HEADER)?,
+            energy_csv: with_header(energy_csv, inferencex::ENERGY_CSV_HEADER)?,
+            kept: (0..gpus).map(|_| Mutex::new(Kept::default())).collect(),
+        })
+    }
+
+    /// A row of the power CSV (and of the energy sidecar when the counter was read), kept for
+    /// verdicts over spans with the very values written.
+    pub fn write(&self, index: u32, unix_s: f64, s: &GpuSample) {
+        if let Some(csv) = &self.csv {
+            let _ = lock(csv).write_all(csv_row(unix_s, s).as_bytes());
+        }
+        let t = inferencex::csv_time(unix_s);
+        let power = s
+            .power_w
+            .or(s.power_avg_w)
+            .and_then(|w| format!("{w:.2}").parse::<f64>().ok());
+        if let (Some(e), Some(csv)) = (s.energy_j, &self.energy_csv) {
+            let _ = writeln!(
+                lock(csv),
+                "{}, {}, {e:.3}",
+                nvidia_smi_timestamp(unix_s),
+                s.index
+            );
+        }
+        let Some(k) = self.kept.get(index as usize) else {
+            return;
+        };
+        let mut k = lock(k);
+        for rows in [k.power.len(), k.energy.len()] {
+            if rows >= MAX_KEPT_ROWS {
+                k.power.drain(..MAX_KEPT_ROWS / 2);
+                let from = k.power.first().map_or(t, |r| r.0);
+                k.energy.retain(|r| r.0 >= from);
+                k.trimmed_from = Some(from);
+            }
+        }
+        k.power.push((t, power));
+        if let Some(e) = s.energy_j {
+            k.energy.push((t, e));
+        }
+    }
+
+    pub fn flush(&self) {
+        for csv in [&self.csv, &self.energy_csv].into_iter().flatten() {
+            let _ = lock(csv).flush();
+        }
+    }
+
+    /// InferenceX's verdict and the counter over `span`, from the rows kept.
+    pub fn over_span(
+        &self,
+        span: (f64, f64),
+        expected_gpus: Option<usize>,
+    ) -> (Verdict, Option<CounterEnergy>) {
+        let margin = MAX_SAMPLE_GAP_S + 1.0;
+        let mut rows = Vec::new();
+        let mut reads = Vec::with_capacity(self.kept.len());
+        for (i, k) in self.kept.iter().enumerate() {
+            let k = lock(k);
+            let id = i.to_string();
+            rows.extend(
+                k.power
+                    .iter()
+                    .filter(|r| r.0 >= span.0 - margin && r.0 <= span.1 + margin)
+                    .map(|&(t, p)| Row {
+                        unix_s: Some(t),
+                        gpu: Some(id.clone()),
+                        power_w: p,
+                    }),
+            );
+            reads.push(k.energy.clone());
+        }
+        let v = inferencex::verdict(
+            &Telemetry::Rows(rows),
+            span,
+            expected_gpus,
+            MAX_SAMPLE_GAP_S,
+        );
+        (v, inferencex::counter_energy(&reads, span))
+    }
+
+    /// Where the kept rows of every GPU begin, when older ones were let go after `start`.
+    pub fn kept_from(&self, start: f64) -> Option<f64> {
+        self.kept
+            .iter()
+            .filter_map(|k| lock(k).trimmed_from)
+            .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.max(t))))
+            .filter(|t| *t > start)
+    }
+}
+
+fn csv_row(unix_s: f64, s: &GpuSample) -> String {
+    let na = || "[N/A]".to_string();
+    let power = s
+        .power_w
+        .or(s.power_avg_w)
+        .map_or_else(na, |w| format!("{w:.2} W"));
+    let temp = s.temperature_c.map_or_else(na, |t| format!("{t:.0}"));
+    let mhz = |hz: Option<u64>| hz.map_or_else(na, |h| format!("{} MHz", h / 1_000_000));
+    let pct = |r: Option<f64>| r.map_or_else(na, |r| format!("{:.0} %", r * 100.0));
+    format!(
+        "{}, {}, {power}, {temp}, {}, {}, {}, {}\n",
+        nvidia_smi_timestamp(unix_s),
+        s.index,
+        mhz(s.sm_clock_hz),
+        mhz(s.memory_clock_hz),
+        pct(s.utilization),
+        pct(s.memory_utilization)
+    )
+}
+
+/// `2026/12/02 09:19:31.105` (UTC), nvidia-smi's timestamp format: milliseconds floored, as
+/// `inferencex::csv_time` reads them back.
+pub fn nvidia_smi_timestamp(unix_s: f64) -> String {
+    let secs = unix_s.floor();
+    let ms = ((unix_s - secs) * 1000.0).floor() as u32;
+    // Outside years 1-9999 (not a clock reading) the epoch stands in.
+    let t = time::OffsetDateTime::from_unix_timestamp(secs as i64)
+        .ok()
+        .filter(|t| t.year() >= 1)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    format!(
+        "{:04}/{:02}/{:02} {:02}:{:02}:{:02}.{ms:03}",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_rows_match_nvidia_smis_layout() {
+        let s = GpuSample {
+            index: 3,
+            power_w: Some(123.456),
+            temperature_c: Some(33.0),
+            sm_clock_hz: Some(1_980_000_000),
+            utilization: Some(0.5),
+            ..GpuSample::default()
+        };
+        assert_eq!(
+            csv_row(1_796_210_437.105, &s),
+            "2026/12/02 11:20:37.105, 3, 123.46 W, 33, 1980 MHz, [N/A], 50 %, [N/A]\n"
+        );
+    }
+
+    #[test]
+    fn timestamps_are_utc_calendar_dates_with_floored_milliseconds() {
+        for (unix_s, want) in [
+            (0.0, "1970/01/01 00:00:00.000"),
+            (951_782_400.999_9, "2000/02/29 00:00:00.999"), // a leap day of a century year
+            (4_107_542_399.5, "2100/02/28 23:59:59.500"),   // 2100 is not a leap year
+            (4_107_542_400.0, "2100/03/01 00:00:00.000"),
+            (1_796_210_437.105, "2026/12/02 11:20:37.105"),
+            (1_798_761_599.001_5, "2026/12/31 23:59:59.001"),
+        ] {
+            assert_eq!(nvidia_smi_timestamp(unix_s), want, "{unix_s}");
+        }
+    }
+
+    /// Every week from 1970 to 2200: what we write reads back (through the CSV reader's own
+    /// calendar arithmetic) as the instant it stands for.
+    #[test]
+    fn timestamps_read_back_to_the_csv_time_they_stand_for() {
+        let mut t = 45_296.789;
+        while t < 7_258_118_400.0 {
+            let text = nvidia_smi_timestamp(t);
+            assert_eq!(
+                inferencex::parse_timestamp(&text),
+                Some(inferencex::csv_time(t)),
+                "{text}"
+            );
+            t += 86_400.0 * 7.0 + 1.0;
+        }
+    }
+}
