@@ -10,19 +10,26 @@ for bin_pkg in "cc:build-essential" "curl:curl" "python3:python3" "pkg-config:pk
   if [ "$bin" = procps ]; then command -v ps >/dev/null || need_apt+=("$pkg"); continue; fi
   command -v "$bin" >/dev/null || need_apt+=("$pkg")
 done
+# A real 2-node Slurm on this machine (scripts/slurm-local-cluster.sh) runs the Slurm example in
+# tests/tests/slurm.rs: slurm-wlm and munge.
+command -v sbatch >/dev/null || need_apt+=(slurm-wlm)
+command -v munged >/dev/null || need_apt+=(munge)
 # Debian's real ROCm SMI library: tests prove it means "no AMD GPU" (never a crash) here.
 [ -e /usr/lib/librocm_smi64.so.1 ] || need_apt+=(librocm-smi64-1)
 # A real Prometheus server and promtool: the exporter's output is checked by both.
 [ -x /usr/bin/promtool ] && [ -x /usr/bin/prometheus ] || need_apt+=(prometheus)
 # The embedded interpreter links Debian's static libpython3.11 (python/pyo3-static.cfg), which needs
 # zlib and expat; venv and pip fetch the real SGLang wheels and build the import-mode venv.
-for pkg in libpython3.11-dev python3.11-venv python3-pip zlib1g-dev libexpat1-dev; do
+# python3-yaml reads the Kubernetes examples in tests/tests/kubernetes_manifests.rs.
+for pkg in libpython3.11-dev python3.11-venv python3-pip zlib1g-dev libexpat1-dev python3-yaml; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" ca-certificates >/dev/null
 fi
+# Python's prometheus_client: its strict OpenMetrics parser checks the exporter's output.
+python3 -c "import prometheus_client" 2>/dev/null || python3 -m pip install -q prometheus_client 2>/dev/null || python3 -m pip install -q --break-system-packages prometheus_client
 if ! command -v cargo >/dev/null; then
   [ -x "$HOME/.cargo/bin/cargo" ] || curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy >/dev/null
   # shellcheck disable=SC1091

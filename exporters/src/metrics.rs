@@ -7,6 +7,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use sglang_probes::sampler::SamplerHandle;
+use sglang_probes::sync::lock;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -83,10 +84,6 @@ pub trait WindowPart: Send + Sync {
     fn start(&self, name: &str);
     /// (window name, member name, value) of the window that just closed; None when none was open.
     fn stop(&self) -> Option<(String, &'static str, serde_json::Value)>;
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Shared {
@@ -391,35 +388,108 @@ pub fn render(
     Ok(out)
 }
 
-/// SGLang's text 0.0.4 as OpenMetrics: the sample lines are the same (Python's client already
-/// names counter samples `_total`); HELP texts must escape `"`, and there must be no `# EOF` but
-/// ours. (A single bad line would make Prometheus drop the whole scrape, ours included.)
+/// SGLang's text 0.0.4 as OpenMetrics. The sample lines are the same (Python's client already
+/// names counter samples `_total`), but a counter *family* is named without `_total` (its
+/// `# TYPE x_total counter` clashes with its own sample in a strict parser), a `x_created` gauge
+/// family of a counter or histogram `x` clashes with the sample OpenMetrics reserves for it (left
+/// out), HELP texts must escape `"`, and there must be no `# EOF` but ours. (A single bad line
+/// makes Prometheus drop the whole scrape, ours included.)
 fn push_openmetrics(out: &mut String, text: &str) {
+    // Metadata lines are few: one look at them finds the families to rename or leave out.
+    let mut counters: Vec<&str> = Vec::new();
+    let mut families: Vec<&str> = Vec::new();
+    for l in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let mut w = l["# TYPE ".len()..].split(' ');
+        if let (Some(name), Some(kind)) = (w.next(), w.next()) {
+            if kind == "counter" {
+                counters.push(name);
+            }
+            if matches!(kind, "counter" | "histogram" | "summary") {
+                families.push(name.strip_suffix("_total").unwrap_or(name));
+            }
+        }
+    }
+    let created: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" gauge"))
+        .filter(|n| {
+            n.strip_suffix("_created")
+                .is_some_and(|b| families.contains(&b))
+        })
+        .collect();
     for line in text.lines() {
         if line.is_empty() || line == "# EOF" {
             continue;
         }
-        match line.strip_prefix("# HELP ") {
-            Some(help) if help.contains('"') => {
-                out.push_str("# HELP ");
-                let mut prev_backslash = false;
-                for c in help.chars() {
-                    if c == '"' && !prev_backslash {
-                        out.push('\\');
-                    }
-                    prev_backslash = c == '\\' && !prev_backslash;
-                    out.push(c);
+        if !created.is_empty() && created.contains(&metric_of(line)) {
+            continue;
+        }
+        match metadata(line) {
+            Some((head, name, rest)) => {
+                out.push_str(head);
+                let counter = counters.contains(&name);
+                out.push_str(
+                    name.strip_suffix("_total")
+                        .filter(|_| counter)
+                        .unwrap_or(name),
+                );
+                if head == "# HELP " {
+                    push_help(out, rest);
+                } else {
+                    out.push_str(rest);
                 }
             }
-            _ => out.push_str(line),
+            None => out.push_str(line),
         }
         out.push('\n');
+    }
+}
+
+/// `# HELP|TYPE|UNIT NAME REST` split as (`# HELP `, NAME, ` REST`).
+fn metadata(line: &str) -> Option<(&str, &str, &str)> {
+    let head = ["# HELP ", "# TYPE ", "# UNIT "]
+        .into_iter()
+        .find(|h| line.starts_with(h))?;
+    let body = &line[head.len()..];
+    let end = body.find(' ').unwrap_or(body.len());
+    Some((head, &body[..end], &body[end..]))
+}
+
+/// The metric a line is about: a sample's name, or a metadata line's.
+fn metric_of(line: &str) -> &str {
+    if let Some((_, name, _)) = metadata(line) {
+        return name;
+    }
+    let end = line.find(['{', ' ']).unwrap_or(line.len());
+    &line[..end]
+}
+
+/// A HELP text (` text`), its `"` escaped as OpenMetrics wants.
+fn push_help(out: &mut String, help: &str) {
+    let mut prev_backslash = false;
+    for c in help.chars() {
+        if c == '"' && !prev_backslash {
+            out.push('\\');
+        }
+        prev_backslash = c == '\\' && !prev_backslash;
+        out.push(c);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn upstream_counters_are_named_as_openmetrics_families_and_created_gauges_left_out() {
+        let up = "# HELP sglang:x_total Total \"x\".\n# TYPE sglang:x_total counter\nsglang:x_total{a=\"1\"} 3.0\n# HELP sglang:x_created Created.\n# TYPE sglang:x_created gauge\nsglang:x_created{a=\"1\"} 1.7e9\n# HELP sglang:g_total A gauge.\n# TYPE sglang:g_total gauge\nsglang:g_total 1.0\n";
+        let mut out = String::new();
+        push_openmetrics(&mut out, up);
+        assert_eq!(
+            out,
+            "# HELP sglang:x Total \\\"x\\\".\n# TYPE sglang:x counter\nsglang:x_total{a=\"1\"} 3.0\n# HELP sglang:g_total A gauge.\n# TYPE sglang:g_total gauge\nsglang:g_total 1.0\n"
+        );
+    }
 
     #[test]
     fn renders_status_and_leaves_unknown_values_out() {

@@ -3,6 +3,7 @@
 //! and InferenceX's aggregated ones (`tput_per_gpu`, `median_ttft` in seconds, `median_intvty`).
 use crate::proxy::RequestRecord;
 use serde_json::{Map, Value};
+use sglang_probes::sync::lock;
 use std::sync::Mutex;
 use std::time::SystemTime;
 
@@ -250,10 +251,6 @@ pub fn summary_over_span<'a>(
 pub struct RequestStats {
     run: Mutex<LatencyWindow>,
     window: Mutex<Option<(String, LatencyWindow)>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl RequestStats {

@@ -1,9 +1,9 @@
 //! The metrics HTTP server: `/metrics` (Prometheus text 0.0.4, or OpenMetrics when the `Accept`
 //! header asks), `/-/ready` (200 only while the SGLang server is ready), `/-/healthy`.
+use crate::listen::{spawn_accept_loop, Limits};
 use crate::metrics::{render, Shared};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -12,6 +12,7 @@ use sglang_probes::sampler::SamplerHandle;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::TcpListener;
 
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +24,13 @@ pub enum ServeError {
     },
 }
 
+/// A scraper needs one connection; a flood of idle ones evicts its own oldest, not a scrape.
+const METRICS_LIMITS: Limits = Limits {
+    max_connections: 64,
+    header_timeout: Duration::from_secs(10),
+    evict_oldest: true,
+};
+
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Bind a listener and say where it landed. `:PORT` (no host) means loopback: nothing we serve
@@ -32,9 +40,30 @@ pub async fn bind(addr: &str) -> std::io::Result<(TcpListener, SocketAddr)> {
         Some(port) => format!("127.0.0.1:{port}"),
         None => addr.to_string(),
     };
-    let listener = TcpListener::bind(&addr).await?;
-    let local = listener.local_addr()?;
-    Ok((listener, local))
+    let mut last = None;
+    for a in tokio::net::lookup_host(&addr).await? {
+        match listen(a) {
+            Ok(l) => {
+                let local = l.local_addr()?;
+                return Ok((l, local));
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other(format!("{addr} names no address"))))
+}
+
+/// A listener with a deep backlog: past the connection cap, newcomers wait there (the kernel
+/// caps it at net.core.somaxconn) instead of having their SYNs dropped.
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(4096)
 }
 
 /// Bind now (so a port in use is an error at start), serve in the background.
@@ -47,21 +76,17 @@ pub async fn start(
         addr: addr.to_string(),
         source,
     })?;
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let (registry, shared) = (registry.clone(), shared.clone());
-            tokio::spawn(async move {
-                let svc = service_fn(move |req| handle(req, registry.clone(), shared.clone()));
-                if let Err(e) = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await
-                {
-                    tracing::debug!("metrics connection: {e}");
-                }
-            });
+    spawn_accept_loop(listener, METRICS_LIMITS, "metrics", move |stream| {
+        let (registry, shared) = (registry.clone(), shared.clone());
+        async move {
+            let svc = service_fn(move |req| handle(req, registry.clone(), shared.clone()));
+            if let Err(e) = METRICS_LIMITS
+                .http1()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await
+            {
+                tracing::debug!("metrics connection: {e}");
+            }
         }
     });
     Ok(local)

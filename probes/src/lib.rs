@@ -6,4 +6,5 @@ pub mod inferencex;
 pub mod nvml;
 pub mod rocm;
 pub mod sampler;
+pub mod sync;
 pub mod sysfs;

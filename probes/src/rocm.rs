@@ -25,6 +25,24 @@ const CANDIDATES: &[&str] = &[
     "/opt/rocm/lib/librocm_smi64.so",
 ];
 
+/// rsmi_init prints its failures itself ("Exception caught: rsmi_init.", "Failed to open drm root
+/// directory") on stderr, where the user reads them as ours; its status says the same. So stderr
+/// points at /dev/null for the call (it runs before any thread of ours writes there).
+fn stderr_muted<T>(f: impl FnOnce() -> T) -> T {
+    use std::os::fd::AsFd;
+    let saved = std::io::stderr().as_fd().try_clone_to_owned();
+    let null = std::fs::OpenOptions::new().write(true).open("/dev/null");
+    let (Ok(saved), Ok(null)) = (saved, null) else {
+        return f();
+    };
+    if nix::unistd::dup2_stderr(&null).is_err() {
+        return f();
+    }
+    let out = f();
+    let _ = nix::unistd::dup2_stderr(&saved);
+    out
+}
+
 type FnInit = unsafe extern "C" fn(u64) -> Status;
 type FnShutDown = unsafe extern "C" fn() -> Status;
 type FnNum = unsafe extern "C" fn(*mut u32) -> Status;
@@ -75,7 +93,7 @@ impl RocmProbe {
         let init: Symbol<FnInit> =
             unsafe { lib.get(b"rsmi_init\0") }.map_err(|e| unavailable(e.to_string()))?;
         // SAFETY: rsmi_init takes flags by value.
-        let st = unsafe { init(0) };
+        let st = stderr_muted(|| unsafe { init(0) });
         if st == RSMI_STATUS_INIT_ERROR {
             // What a host without an AMD GPU gets (no /sys/class/kfd): the library is there, the
             // answer is "no AMD GPU". No other call may follow a failed init.
@@ -144,7 +162,7 @@ impl GpuProbe for RocmProbe {
                 why: format!("index {index} is beyond the {} devices", self.count),
             });
         }
-        let _one = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = crate::sync::lock(&self.calls);
         let mut s = GpuSample {
             index,
             ..GpuSample::default()

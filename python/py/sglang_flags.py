@@ -452,7 +452,8 @@ class Static:
                         actions.append(make_action(names, kw, lambda n: self.action_defaults(n, sa)))
 
         walk(add.body)
-        return {"sglang_version": self.version(), "method": "static", "actions": actions, "env": self.env_vars()}
+        return {"sglang_version": self.version(), "method": "static", "actions": actions, "env": self.env_vars(),
+                "root": os.path.abspath(self.src.path)}
 
     def version(self):
         """sglang/_version.py (setuptools-scm), else the dist-info METADATA next to the package."""
@@ -512,6 +513,9 @@ def make_action(names, kw, defaults_of):
         entry["help_unresolved"] = help_text["unresolved"]
     if "const_value" in kw:
         entry["const_value"] = kw["const_value"]
+    if kw.get("error_message") is not None:
+        # DeprecatedAction(error_message=...) stops the launch with it (parser.error).
+        entry["error_message"] = kw["error_message"]
     return mark_deprecated(entry, kw.get("new_flag"))
 
 
@@ -570,11 +574,13 @@ def import_schema():
                  "help": a.help if isinstance(a.help, str) else None}
         if hasattr(a, "const_value"):
             entry["const_value"] = jsonable(a.const_value)
+        if getattr(a, "error_message", None) is not None:
+            entry["error_message"] = jsonable(a.error_message)
         actions.append(mark_deprecated(entry, getattr(a, "new_flag", None)))
     # environ.py is read the same way in both modes: statically, from the tree just imported.
     root = os.path.dirname(os.path.dirname(os.path.abspath(sglang.__file__)))
     return {"sglang_version": getattr(sglang, "__version__", None), "method": "import",
-            "python": sys.version.split()[0], "actions": actions, "env": Static(root).env_vars(),
+            "python": sys.version.split()[0], "actions": actions, "env": Static(root).env_vars(), "root": root,
             "timings": {"import_s": round(t1 - t0, 3), "parser_s": round(t2 - t1, 3)}}
 
 
@@ -588,12 +594,49 @@ def installed_root():
     return os.path.dirname(list(spec.submodule_search_locations)[0])
 
 
+def env_reads(path, names):
+    """Where the package reads each of `names` itself (os.environ[...], os.environ.get, os.getenv,
+    get_bool_env_var, a module's own _env_int, ...) rather than through environ.py: {name: file}.
+    Asked only for the variables environ.py does not define, so the usual read stays fast."""
+    import re
+
+    src = Sources(path)
+    wanted = {n.encode() for n in names}
+    call = rb"(?:environ\s*\[|\w*(?:environ|getenv|env)\w*\s*(?:\.\s*(?:get|setdefault|pop)\s*)?\()\s*[\"'](SGLANG_[A-Za-z0-9_]+)[\"']"
+    rx = re.compile(call)
+    if src.zip is not None:
+        files = sorted(n for n in src.names if n.startswith("sglang/") and n.endswith(".py"))
+        read = src.zip.read
+    else:
+        files = []
+        for d, _, fs in os.walk(os.path.join(src.root, "sglang")):
+            files += [os.path.relpath(os.path.join(d, f), src.root) for f in fs if f.endswith(".py")]
+        files.sort()
+
+        def read(rel):
+            with open(os.path.join(src.root, rel), "rb") as f:
+                return f.read()
+    found = {}
+    for rel in files:
+        text = read(rel)
+        if not any(w in text for w in wanted - set(found)):
+            continue
+        for m in rx.finditer(text):
+            name = m.group(1)
+            if name in wanted and name.decode() not in found:
+                found[name.decode()] = rel
+    return found
+
+
 def schema(mode, path=None):
     """The schema as a JSON string (the embedded entry point).
     mode: "import" | "static" (path: a .whl or tree) | "installed" (static read of what this
     interpreter would import)."""
     if mode == "import":
         return json.dumps(import_schema())
+    if mode == "env_reads":
+        req = json.loads(path)
+        return json.dumps(env_reads(req["root"], req["names"]))
     if mode == "installed":
         out = Static(installed_root()).schema()
         out["method"] = "static (the installed package)"

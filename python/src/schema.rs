@@ -54,9 +54,33 @@ pub struct Opt {
     pub default: Value,
     /// Fields a static read left as `{"unresolved": source}` (default, choices, type, help).
     pub unresolved: Vec<String>,
+    /// What a retired flag (`DeprecatedAction(error_message=...)`) stops the launch with.
+    pub error_message: Option<String>,
+    /// argparse's own `-h/--help`: prints the help and exits 0.
+    pub is_help: bool,
 }
 
 impl Opt {
+    /// argparse's `-h/--help` action.
+    pub fn argparse_help() -> Opt {
+        Opt {
+            option_strings: vec!["-h".into(), "--help".into()],
+            dest: "help".into(),
+            nargs: Nargs::Zero,
+            choices: None,
+            deprecated: false,
+            replacement: None,
+            help: None,
+            kind: None,
+            action: Some("_HelpAction".into()),
+            const_value: Value::Null,
+            default: Value::Null,
+            unresolved: Vec::new(),
+            error_message: None,
+            is_help: true,
+        }
+    }
+
     /// The canonical spelling: the first long option string.
     pub fn canonical(&self) -> &str {
         self.option_strings
@@ -75,6 +99,11 @@ pub struct Schema {
     pub method: Option<String>,
     /// The variables environ.py defines; `None` when unknown (an old dump, or no environ.py).
     pub env: Option<Vec<EnvVar>>,
+    /// argparse's `-h/--help`, first in the parser (kept apart: it is no SGLang option, but it
+    /// takes part in argparse's matching).
+    pub help: Option<Opt>,
+    /// The wheel or tree the schema was read from (for the package's own environment reads).
+    pub root: Option<String>,
 }
 
 fn replacement_from_help(help: &str) -> Option<String> {
@@ -168,6 +197,7 @@ impl Schema {
             .or_else(|| v["options"].as_array())
             .ok_or("no \"actions\" array")?;
         let mut options = Vec::new();
+        let mut help_action = None;
         for a in actions {
             let strings: Vec<String> = a["option_strings"]
                 .as_array()
@@ -177,7 +207,7 @@ impl Schema {
                         .collect()
                 })
                 .unwrap_or_default();
-            if strings.is_empty() || a["dest"] == "help" {
+            if strings.is_empty() {
                 continue;
             }
             let nargs = match &a["nargs"] {
@@ -215,7 +245,14 @@ impl Schema {
                         None
                     }
                 });
-            options.push(Opt {
+            let error_message = match &a["error_message"] {
+                Value::Null => None,
+                Value::String(m) => Some(m.clone()),
+                // Unresolved by a static read: the launch still stops, with a message we lack.
+                other => Some(other.to_string()),
+            };
+            let is_help = a["dest"] == "help";
+            let opt = Opt {
                 option_strings: strings,
                 dest: a["dest"].as_str().unwrap_or("").to_string(),
                 nargs,
@@ -240,7 +277,14 @@ impl Schema {
                     .map(|f| f.to_string())
                     .chain(a.get("help_unresolved").map(|_| "help".to_string()))
                     .collect(),
-            });
+                error_message,
+                is_help,
+            };
+            if is_help {
+                help_action = Some(opt);
+            } else {
+                options.push(opt);
+            }
         }
         let env = v["env"].as_array().map(|vars| {
             vars.iter()
@@ -258,20 +302,26 @@ impl Schema {
             options,
             method: v["method"].as_str().map(String::from),
             env,
+            // Every SGLang parser has argparse's default help (`add_help=True`), dumped or not.
+            help: Some(help_action.unwrap_or_else(Opt::argparse_help)),
+            root: v["root"].as_str().map(String::from),
         })
+    }
+
+    /// Every action argparse matches against, help first, in the parser's order.
+    fn actions(&self) -> impl Iterator<Item = &Opt> {
+        self.help.iter().chain(&self.options)
     }
 
     /// The option that has exactly this option string.
     pub fn exact(&self, flag: &str) -> Option<&Opt> {
-        self.options
-            .iter()
+        self.actions()
             .find(|o| o.option_strings.iter().any(|s| s == flag))
     }
 
     /// Option strings that start with `prefix`, in the parser's order (argparse's abbreviation rule).
     pub fn prefixed(&self, prefix: &str) -> Vec<(&Opt, &str)> {
-        self.options
-            .iter()
+        self.actions()
             .flat_map(|o| {
                 o.option_strings
                     .iter()

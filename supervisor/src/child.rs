@@ -6,7 +6,13 @@
 //! a child someone else waits for. So every status goes through this reaper: it peeks with
 //! `WNOWAIT`, then takes the registry lock (which `spawn` holds from fork to registration), then
 //! reaps exactly that pid and hands the status to whoever registered it.
-use std::collections::{HashMap, HashSet};
+use crate::proctree::{self, Table, Tree};
+use nix::errno::Errno;
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use sglang_probes::sync::lock;
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
@@ -34,11 +40,11 @@ pub enum ExitStatus {
 }
 
 impl ExitStatus {
-    pub fn from_raw(status: i32) -> Self {
-        if libc::WIFSIGNALED(status) {
-            ExitStatus::Signal(libc::WTERMSIG(status))
-        } else {
-            ExitStatus::Code(libc::WEXITSTATUS(status))
+    fn from_wait(status: WaitStatus) -> Option<Self> {
+        match status {
+            WaitStatus::Exited(_, code) => Some(ExitStatus::Code(code)),
+            WaitStatus::Signaled(_, sig, _) => Some(ExitStatus::Signal(sig as i32)),
+            _ => None,
         }
     }
 
@@ -104,48 +110,37 @@ fn reaper() -> &'static Reaper {
     })
 }
 
-fn lock(r: &Reaper) -> std::sync::MutexGuard<'_, Registry> {
-    // A poisoned lock only means another thread panicked mid-update of a plain map: keep going.
-    r.registry.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn reap_forever(r: &'static Reaper) {
     loop {
-        // SAFETY: siginfo_t is plain data; waitid fills it.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: valid pointer to a siginfo_t; P_ALL ignores the id.
-        let rc = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT) };
-        if rc != 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EINTR) {
+        let pid = match waitid(Id::All, WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+            Ok(ws) => match ws.pid() {
+                Some(p) => p,
+                None => continue,
+            },
+            Err(Errno::EINTR) => continue,
+            Err(_) => {
+                // ECHILD: nothing to wait for until the next spawn.
+                let g = lock(&r.registry);
+                let _unused = r.has_children.wait_timeout(g, Duration::from_millis(500));
                 continue;
             }
-            // ECHILD: nothing to wait for until the next spawn.
-            let g = lock(r);
-            let _unused = r.has_children.wait_timeout(g, Duration::from_millis(500));
-            continue;
-        }
-        // SAFETY: waitid succeeded with WEXITED, so si_pid is set.
-        let pid = unsafe { info.si_pid() };
-        if pid <= 0 {
-            continue;
-        }
+        };
         // Taking the lock first means a spawn in progress has registered its pid (or, if its exec
         // failed, std has already reaped it and the waitpid below finds nothing).
-        let mut g = lock(r);
-        let mut status = 0;
-        // SAFETY: plain waitpid on one pid.
-        let got = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if got != pid {
+        let mut g = lock(&r.registry);
+        let Some(status) = waitpid(pid, Some(WaitPidFlag::WNOHANG))
+            .ok()
+            .and_then(ExitStatus::from_wait)
+        else {
             continue;
-        }
-        match g.watchers.remove(&pid) {
+        };
+        match g.watchers.remove(&pid.as_raw()) {
             Some(tx) => {
-                let _ = tx.send(ExitStatus::from_raw(status));
+                let _ = tx.send(status);
             }
             None => {
                 g.orphans_reaped += 1;
-                tracing::debug!(pid, status = ?ExitStatus::from_raw(status), "reaped an orphaned descendant");
+                tracing::debug!(pid = pid.as_raw(), ?status, "reaped an orphaned descendant");
             }
         }
     }
@@ -153,19 +148,12 @@ fn reap_forever(r: &'static Reaper) {
 
 /// Orphans reaped so far (descendants re-parented to us that we collected).
 pub fn orphans_reaped() -> u64 {
-    lock(reaper()).orphans_reaped
+    lock(&reaper().registry).orphans_reaped
 }
 
 /// Start a process. Every process this program starts goes through here.
-pub fn spawn(spec: SpawnSpec<'_>) -> Result<Spawned, SpawnError> {
-    spawn_with_env(spec, &[])
-}
-
-/// [`spawn`] with variables added to the inherited environment.
-pub fn spawn_with_env(
-    spec: SpawnSpec<'_>,
-    env: &[(&str, &std::ffi::OsStr)],
-) -> Result<Spawned, SpawnError> {
+/// `env`: variables added to the inherited environment (the profiler's trace directory).
+pub fn spawn(spec: SpawnSpec<'_>, env: &[(&str, &std::ffi::OsStr)]) -> Result<Spawned, SpawnError> {
     let (program, args) = spec.argv.split_first().ok_or(SpawnError::Empty)?;
     let r = reaper();
     #[allow(clippy::disallowed_methods)] // this is the one place allowed to build a Command
@@ -178,32 +166,33 @@ pub fn spawn_with_env(
     if spec.new_process_group {
         cmd.process_group(0);
     }
-    // SAFETY: signal() is async-signal-safe. The supervisor ignores SIGXFSZ (a file-size limit
-    // must fail its log writes, not kill it); the child gets the default back, as it would have.
+    // Every process we start carries the run's marker, and so do its descendants: the sentinel
+    // finds them by it after we are gone and they were re-parented away.
+    cmd.env(proctree::marker(), "1");
+    // SAFETY: only async-signal-safe calls (signal, setrlimit) between fork and exec. The
+    // supervisor ignores SIGXFSZ (a file-size limit must fail its log writes, not kill it) and
+    // raised its open-file limit; the child gets both back as they would have been.
     unsafe {
         cmd.pre_exec(|| {
-            libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
-            Ok(())
+            nix::sys::signal::signal(Signal::SIGXFSZ, nix::sys::signal::SigHandler::SigDfl)?;
+            crate::rlimits::restore_nofile_for_child()
         });
     }
     if spec.die_with_parent {
-        // SAFETY: getpid is async-signal-safe.
-        let parent = unsafe { libc::getpid() };
+        let parent = nix::unistd::getpid();
         // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
                 // The parent may have died between fork and prctl: then nobody will signal us.
-                if libc::getppid() != parent {
+                if nix::unistd::getppid() != parent {
                     libc::_exit(137);
                 }
                 Ok(())
             });
         }
     }
-    let mut g = lock(r);
+    let mut g = lock(&r.registry);
     let mut child = cmd.spawn().map_err(|source| SpawnError::Exec {
         program: program.to_string_lossy().into_owned(),
         source,
@@ -224,117 +213,71 @@ pub fn spawn_with_env(
 
 /// Make this process the subreaper of its descendants (orphans come to us, not to PID 1).
 pub fn become_subreaper() -> std::io::Result<()> {
-    // SAFETY: plain prctl.
-    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// `/proc/PID/stat` fields we need.
-#[derive(Debug, Clone, Copy)]
-struct ProcStat {
-    ppid: i32,
-    pgid: i32,
-    state: u8,
-}
-
-fn read_stat(pid: i32) -> Option<ProcStat> {
-    let text = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    // comm is in parentheses and may contain anything: the fields follow the *last* ')'.
-    let close = text.iter().rposition(|&b| b == b')')?;
-    let rest = std::str::from_utf8(text.get(close + 2..)?).ok()?;
-    let mut f = rest.split(' ');
-    let state = f.next()?.bytes().next()?;
-    let ppid = f.next()?.parse().ok()?;
-    let pgid = f.next()?.parse().ok()?;
-    Some(ProcStat { ppid, pgid, state })
-}
-
-fn all_pids() -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect()
-}
-
-/// Processes (zombies included) that descend from `root` or belong to process group `pgid`,
-/// minus `exclude`.
-pub fn tree_members(root: i32, pgid: Option<i32>, exclude: &[i32]) -> Vec<i32> {
-    let stats: HashMap<i32, ProcStat> = all_pids()
-        .into_iter()
-        .filter_map(|p| Some((p, read_stat(p)?)))
-        .collect();
-    let mut out = Vec::new();
-    for (&pid, st) in &stats {
-        if pid == root || exclude.contains(&pid) {
-            continue;
-        }
-        let in_group = pgid.is_some_and(|g| st.pgid == g);
-        let mut seen = HashSet::new();
-        let mut p = st.ppid;
-        let mut descends = false;
-        // Up the parent chain; the root may be PID 1 (we run as init), so walk to 0.
-        while p > 0 && seen.insert(p) {
-            if p == root {
-                descends = true;
-                break;
-            }
-            p = stats.get(&p).map_or(0, |s| s.ppid);
-        }
-        if descends || in_group {
-            out.push(pid);
-        }
-    }
-    out.sort_unstable();
-    out
+    nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::from)
 }
 
 pub fn send_signal(pid: i32, sig: i32) -> bool {
-    // SAFETY: plain kill(2).
-    unsafe { libc::kill(pid, sig) == 0 }
+    match Signal::try_from(sig) {
+        Ok(sig) => kill(Pid::from_raw(pid), sig).is_ok(),
+        Err(_) => false,
+    }
 }
 
-/// SIGKILL the process group and every descendant of this process (except `exclude`); wait up to
-/// `wait` for them to be gone, and return the pids that are still alive.
+/// SIGKILL the process group and every process of the server's tree (see `proctree`) except
+/// `exclude`; wait up to `wait` for them to be gone, and return the pids that are still alive.
 pub async fn kill_tree(pgid: i32, exclude: &[i32], wait: Duration) -> Vec<i32> {
-    // SAFETY: getpid never fails.
-    let me = unsafe { libc::getpid() };
+    let tree = Tree {
+        root: Some(nix::unistd::getpid().as_raw()),
+        pgid: Some(pgid),
+        marker: Some(proctree::marker()),
+        known: &[],
+        exclude,
+    };
     let deadline = Instant::now() + wait;
     loop {
-        send_signal(-pgid, libc::SIGKILL);
-        let members = tree_members(me, Some(pgid), exclude);
-        for &p in &members {
-            send_signal(p, libc::SIGKILL);
+        if pgid > 1 {
+            let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+        }
+        let members = Table::read().members(&tree);
+        for p in &members {
+            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
         }
         // Wait until they are reaped, not merely zombies: a GPU process whose main thread is a
         // zombie can still have threads tearing down its CUDA context (seen on a real H200).
         if members.is_empty() {
-            return members;
+            return Vec::new();
         }
         if Instant::now() >= deadline {
-            return members.into_iter().filter(|&p| is_running(p)).collect();
+            return members
+                .into_iter()
+                .filter(|p| p.is_running())
+                .map(|p| p.pid)
+                .collect();
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
-/// Not yet a plain zombie: running, or a zombie thread-group leader whose other threads still run.
+/// Is this process (anyone's, e.g. another run's supervisor) still running: present and not a
+/// zombie.
 pub fn is_running(pid: i32) -> bool {
-    match read_stat(pid) {
-        None => false,
-        Some(s) if s.state == b'Z' || s.state == b'X' => {
-            std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count()) > 1
-        }
-        Some(_) => true,
-    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().bytes().next());
+    !matches!(state, None | Some(b'Z' | b'X'))
 }
 
-/// Is this pid an exited, not yet reaped process (or gone)? Used to tell "the child exited by
-/// itself" from "we stopped a live child" when both happen within a millisecond.
+/// Is this child of ours an exited, not yet reaped process (or gone)? Used to tell "the child
+/// exited by itself" from "we stopped a live child" when both happen within a millisecond.
 pub fn has_exited(pid: i32) -> bool {
-    read_stat(pid).is_none_or(|s| s.state == b'Z' || s.state == b'X')
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG;
+    !matches!(
+        waitid(Id::Pid(Pid::from_raw(pid)), flags),
+        Ok(WaitStatus::StillAlive)
+    )
 }
 
 #[cfg(test)]
@@ -347,24 +290,30 @@ mod tests {
 
     #[tokio::test]
     async fn exit_codes_and_signals_are_reported() {
-        let s = spawn(SpawnSpec {
-            argv: &argv(&["sh", "-c", "exit 7"]),
-            new_process_group: true,
-            die_with_parent: true,
-            stdin: Stdio::null(),
-            stdout: Stdio::null(),
-            stderr: Stdio::null(),
-        })
+        let s = spawn(
+            SpawnSpec {
+                argv: &argv(&["sh", "-c", "exit 7"]),
+                new_process_group: true,
+                die_with_parent: true,
+                stdin: Stdio::null(),
+                stdout: Stdio::null(),
+                stderr: Stdio::null(),
+            },
+            &[],
+        )
         .unwrap();
         assert_eq!(s.exit.await.unwrap(), ExitStatus::Code(7));
-        let s = spawn(SpawnSpec {
-            argv: &argv(&["sh", "-c", "kill -9 $$"]),
-            new_process_group: false,
-            die_with_parent: false,
-            stdin: Stdio::null(),
-            stdout: Stdio::null(),
-            stderr: Stdio::null(),
-        })
+        let s = spawn(
+            SpawnSpec {
+                argv: &argv(&["sh", "-c", "kill -9 $$"]),
+                new_process_group: false,
+                die_with_parent: false,
+                stdin: Stdio::null(),
+                stdout: Stdio::null(),
+                stderr: Stdio::null(),
+            },
+            &[],
+        )
         .unwrap();
         assert_eq!(s.exit.await.unwrap(), ExitStatus::Signal(9));
         assert_eq!(ExitStatus::Signal(9).shell_code(), 137);
@@ -372,23 +321,19 @@ mod tests {
 
     #[test]
     fn missing_program_is_a_clear_error() {
-        let e = spawn(SpawnSpec {
-            argv: &argv(&["/nonexistent/server"]),
-            new_process_group: true,
-            die_with_parent: true,
-            stdin: Stdio::null(),
-            stdout: Stdio::null(),
-            stderr: Stdio::null(),
-        })
+        let e = spawn(
+            SpawnSpec {
+                argv: &argv(&["/nonexistent/server"]),
+                new_process_group: true,
+                die_with_parent: true,
+                stdin: Stdio::null(),
+                stdout: Stdio::null(),
+                stderr: Stdio::null(),
+            },
+            &[],
+        )
         .err()
         .unwrap();
         assert!(e.to_string().contains("/nonexistent/server"), "{e}");
-    }
-
-    #[test]
-    fn stat_parsing_survives_odd_comm_names() {
-        let me = std::process::id() as i32;
-        let st = read_stat(me).unwrap();
-        assert!(st.ppid > 0 && st.pgid > 0);
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 #[derive(Debug, Parser)]
 #[command(
     name = "sglang-supervisor",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("SGLANG_SUPERVISOR_COMMIT"), ")"),
     about = "Supervise an SGLang server: launch, lossless log tee, log parsing, readiness, fail-fast, teardown",
     long_about = None
 )]
@@ -48,8 +48,9 @@ pub enum Command {
     Probe(ProbeArgs),
 
     /// SGLang's launch flags: audit a launch (or a bash recipe) against a version's real parser,
-    /// diff two versions, dump a schema. SOURCE today: a saved schema .json (argparse dump);
-    /// importing a python3 / venv / wheel / source tree is issue #3.
+    /// diff two versions, dump a schema. SOURCE is a python3 or a venv (import mode: its SGLang is
+    /// imported and its real parser read), a .whl or a source tree (static mode: read with
+    /// Python's ast, nothing imported), or a saved schema .json.
     #[command(subcommand)]
     Flags(FlagsCommand),
 
@@ -84,11 +85,22 @@ pub enum Command {
     /// Exit 0; 2 for bad input (a file that cannot be read or is not what it should be).
     Report(ReportArgs),
 
-    /// Internal: the watchdog that kills the server's process group if the supervisor dies.
+    /// Print a completion script for SHELL, e.g.
+    /// `sglang-supervisor completions bash > /etc/bash_completion.d/sglang-supervisor`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+
+    /// Print the man page (roff), e.g. `sglang-supervisor man > /usr/local/share/man/man1/sglang-supervisor.1`.
+    Man,
+
+    /// Internal: the watchdog that kills the server's tree if the supervisor dies.
     #[command(hide = true, name = "__sentinel")]
     Sentinel {
+        /// The run's marker variable (see proctree).
         #[arg(long)]
-        pgid: i32,
+        marker: String,
     },
 }
 
@@ -117,11 +129,17 @@ pub struct FlagsAuditArgs {
     )]
     pub sglang: String,
     /// The version the recipe worked with: names removed flags and where they went.
-    #[arg(long, value_name = "SOURCE")]
+    #[arg(long, value_name = "SOURCE", env = "SGLANG_SUPERVISOR_FLAGS_BASELINE")]
     pub baseline: Option<String>,
-    #[arg(long, value_enum, default_value = "text")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "text",
+        env = "SGLANG_SUPERVISOR_FLAGS_FORMAT"
+    )]
     pub format: CompareFormat,
-    /// A bash recipe with the launch in it (`python3 -m sglang.launch_server ...` / `sglang serve ...`).
+    /// A bash recipe with the launch in it (`python3 -m sglang.launch_server ...` / `sglang serve ...`);
+    /// `-` reads it from stdin.
     #[arg(value_name = "RECIPE.sh")]
     pub recipe: Option<PathBuf>,
     /// Or the launch arguments themselves, after `--`.
@@ -142,11 +160,16 @@ pub struct PythonPlacement {
 
 #[derive(Debug, Args)]
 pub struct FlagsDiffArgs {
-    #[arg(long, value_name = "SOURCE")]
+    #[arg(long, value_name = "SOURCE", env = "SGLANG_SUPERVISOR_FLAGS_FROM")]
     pub from: String,
-    #[arg(long, value_name = "SOURCE")]
+    #[arg(long, value_name = "SOURCE", env = "SGLANG_SUPERVISOR_FLAGS_TO")]
     pub to: String,
-    #[arg(long, value_enum, default_value = "text")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "text",
+        env = "SGLANG_SUPERVISOR_FLAGS_FORMAT"
+    )]
     pub format: CompareFormat,
     #[command(flatten)]
     pub python: PythonPlacement,
@@ -161,11 +184,16 @@ pub struct FlagsDumpArgs {
         default_value = "python3"
     )]
     pub sglang: String,
-    #[arg(long, value_enum, default_value = "json")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "json",
+        env = "SGLANG_SUPERVISOR_FLAGS_FORMAT"
+    )]
     pub format: CompareFormat,
     /// Print the parser's actions as read (argparse's fields, the shape of a saved dump, usable
     /// as a SOURCE later), with the SGLANG_* variables and, in import mode, the timings.
-    #[arg(long)]
+    #[arg(long, env = "SGLANG_SUPERVISOR_FLAGS_RAW")]
     pub raw: bool,
     #[command(flatten)]
     pub python: PythonPlacement,
@@ -173,6 +201,14 @@ pub struct FlagsDumpArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum CompareFormat {
+    Text,
+    Markdown,
+    Json,
+}
+
+/// `compare --format`: the table formats, or a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CompareOutput {
     Text,
     Markdown,
     Json,
@@ -187,14 +223,19 @@ pub struct CompareArgs {
     pub baseline: PathBuf,
     /// The same kinds as BASELINE, in any pairing with it.
     pub candidate: PathBuf,
-    #[arg(long, value_enum, default_value = "text")]
-    pub format: CompareFormat,
+    #[arg(
+        long,
+        value_enum,
+        default_value = "text",
+        env = "SGLANG_SUPERVISOR_COMPARE_FORMAT"
+    )]
+    pub format: CompareOutput,
     /// Compare even when model, GPU count, ISL/OSL or precision differ. Models are matched by
     /// their last path component (`/models/X` and `org/X` are the same model).
-    #[arg(long)]
+    #[arg(long, env = "SGLANG_SUPERVISOR_COMPARE_FORCE")]
     pub force: bool,
     /// The noise band in percent: a change whose size is within it prints ≈, not better/worse.
-    #[arg(long, value_name = "PCT", default_value_t = 1.0, value_parser = parse_noise)]
+    #[arg(long, value_name = "PCT", default_value_t = 1.0, value_parser = parse_noise, env = "SGLANG_SUPERVISOR_COMPARE_NOISE")]
     pub noise: f64,
 }
 
@@ -210,42 +251,56 @@ fn parse_noise(s: &str) -> Result<f64, String> {
 #[derive(Debug, Args)]
 pub struct ReportArgs {
     /// The --events file of the run (JSON lines).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "SGLANG_SUPERVISOR_EVENTS")]
     pub events: PathBuf,
 
     /// A benchmark result: bench_serving's (`--output-file`, JSON lines: the last line) or
     /// InferenceX benchmark_serving.py's (`--save-result`). Its span is
     /// `benchmark_start_time_unix` → `benchmark_end_time_unix` when present; else (SGLang's
     /// bench_serving) its `duration`, ending at the end of the last request in --requests-log.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "SGLANG_SUPERVISOR_BENCH_RESULT")]
     pub bench_result: Option<PathBuf>,
 
     /// The run's --requests-log: request figures over the benchmark's span come from it.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "SGLANG_SUPERVISOR_REQUESTS_LOG")]
     pub requests_log: Option<PathBuf>,
 
     /// The run's --power-csv (or any nvidia-smi --format=csv capture with timestamp, index and
     /// power.draw): power over the benchmark's span. Naive timestamps are read as UTC (what `run`
     /// writes). The counter readings are read from `<stem>_energy.csv` next to it when present.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "SGLANG_SUPERVISOR_POWER_CSV")]
     pub power_csv: Option<PathBuf>,
 
     /// GPUs the server used (InferenceX's expected_num_gpus, tp × pp). Default: from the
     /// events' server_args; unknown leaves the count unchecked.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "SGLANG_SUPERVISOR_EXPECTED_GPUS")]
     pub expected_gpus: Option<usize>,
 
     /// Name of the benchmark's window in the report.
-    #[arg(long, default_value = "bench", value_name = "NAME")]
+    #[arg(
+        long,
+        default_value = "bench",
+        value_name = "NAME",
+        env = "SGLANG_SUPERVISOR_REPORT_NAME"
+    )]
     pub name: String,
 
     /// Write the report here instead of printing it.
-    #[arg(long, short, value_name = "FILE")]
+    #[arg(
+        long,
+        short,
+        value_name = "FILE",
+        env = "SGLANG_SUPERVISOR_REPORT_OUTPUT"
+    )]
     pub output: Option<PathBuf>,
 
     /// Also write the report as one self-contained HTML page here (plots from --power-csv and
     /// --requests-log when given).
-    #[arg(long, value_name = "FILE")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "SGLANG_SUPERVISOR_REPORT_HTML_OUTPUT"
+    )]
     pub html: Option<PathBuf>,
 }
 
@@ -253,15 +308,24 @@ pub struct ReportArgs {
 #[command(group(clap::ArgGroup::new("source").required(true).args(["events", "url"])))]
 pub struct WaitArgs {
     /// The --events file of a running `sglang-supervisor run` (it may not exist yet).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "SGLANG_SUPERVISOR_WAIT_EVENTS")]
     pub events: Option<PathBuf>,
 
     /// The server's base URL, e.g. http://127.0.0.1:30000.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", env = "SGLANG_SUPERVISOR_WAIT_URL")]
     pub url: Option<String>,
 
-    #[arg(long, default_value = "60m", value_parser = parse_duration, value_name = "DUR")]
+    #[arg(long, default_value = "60m", value_parser = parse_duration, value_name = "DUR", env = "SGLANG_SUPERVISOR_WAIT_TIMEOUT")]
     pub timeout: Duration,
+
+    /// With --url: the server's --api-key (its /ready and /model_info answer 401 without it).
+    #[arg(
+        long,
+        env = "SGLANG_SUPERVISOR_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -314,7 +378,7 @@ pub struct ProbeArgs {
     pub gpu: GpuArgs,
 
     /// Print a JSON array instead of a table.
-    #[arg(long)]
+    #[arg(long, env = "SGLANG_SUPERVISOR_PROBE_JSON")]
     pub json: bool,
 }
 
@@ -373,14 +437,13 @@ pub struct RunArgs {
 
     /// Serve Prometheus metrics (/metrics, /-/ready, /-/healthy) here; `none` disables.
     /// Port 0 picks a free port (the `listening` event says which); `:PORT` is loopback. Name
-    /// a host (0.0.0.0) to expose it beyond the machine.
-    #[arg(
-        long,
-        default_value = "127.0.0.1:9400",
-        env = "SGLANG_SUPERVISOR_METRICS_ADDR",
-        value_name = "ADDR"
-    )]
-    pub metrics_addr: String,
+    /// a host (0.0.0.0) to expose it beyond the machine (in a container: 0.0.0.0:19400).
+    /// A named address that is taken fails the start (125, naming the holder); the default,
+    /// taken, moves to the next free of the 16 ports after it (said in the `listening` event).
+    ///
+    /// [default: 127.0.0.1:19400]
+    #[arg(long, env = "SGLANG_SUPERVISOR_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
 
     /// Serve a latency-measuring reverse proxy in front of the server here (off by default);
     /// point the benchmark client at it. Port 0 picks a free port (see the `listening` event);
@@ -411,7 +474,7 @@ pub struct RunArgs {
     pub gpu: GpuArgs,
 
     /// GPU sampling period (instant and average power, memory, utilization, clocks).
-    #[arg(long, default_value = "100ms", value_parser = parse_duration, env = "SGLANG_SUPERVISOR_SAMPLE_INTERVAL", value_name = "DUR")]
+    #[arg(long, default_value = "100ms", value_parser = parse_interval, env = "SGLANG_SUPERVISOR_SAMPLE_INTERVAL", value_name = "DUR")]
     pub sample_interval: Duration,
 
     /// How often the (costly, ~3.6 ms on an H200) energy counter is read between the window's
@@ -455,7 +518,7 @@ pub struct RunArgs {
 
     /// With --profile-window: profile this many forward steps (SGLang's num_steps), not the
     /// whole window.
-    #[arg(long, value_name = "N")]
+    #[arg(long, env = "SGLANG_SUPERVISOR_PROFILE_STEPS", value_name = "N")]
     pub profile_steps: Option<u64>,
 
     /// Pre-flight source. When COMMAND is an SGLang launch (`PY -m sglang.launch_server`,
@@ -467,6 +530,11 @@ pub struct RunArgs {
     /// source tree, or a saved schema .json.
     #[arg(long, env = "SGLANG_SUPERVISOR_FLAGS_SCHEMA", value_name = "SOURCE")]
     pub flags_schema: Option<String>,
+
+    /// Give the pre-flight's Python this long; past it, it is killed and the launch goes on
+    /// unaudited (with --flags-schema: exit 125).
+    #[arg(long, default_value = "60s", value_parser = parse_duration, env = "SGLANG_SUPERVISOR_PREFLIGHT_TIMEOUT", value_name = "DUR")]
+    pub preflight_timeout: Duration,
 
     /// Skip the pre-flight flag audit.
     #[arg(long, env = "SGLANG_SUPERVISOR_NO_PREFLIGHT")]
@@ -488,8 +556,30 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+/// The longest any duration option may be: a deadline that far is still on the clock (a larger
+/// one overflowed it after the spawn), and no run lasts a year.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The shortest sampling period: below it the sampler is a busy loop.
+const MIN_INTERVAL: Duration = Duration::from_millis(10);
+
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 30s, 20m, 1h)"))
+    let d =
+        humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 30s, 20m, 1h)"))?;
+    if d > MAX_DURATION {
+        return Err(format!("{s} is too long: at most 365d"));
+    }
+    Ok(d)
+}
+
+/// A sampling period: a duration of at least 10 ms.
+pub fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < MIN_INTERVAL {
+        return Err(format!(
+            "{s} is too short: at least 10ms (shorter would busy-loop)"
+        ));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -500,6 +590,24 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_option_of_every_subcommand_can_be_set_from_the_environment() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let builtin = matches!(a.get_id().as_str(), "help" | "version");
+                if !a.is_positional() && !builtin && !a.is_hide_set() && a.get_env().is_none() {
+                    missing.push(format!("{path} --{}", a.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "sglang-supervisor", &mut missing);
+        assert!(missing.is_empty(), "options without `env`: {missing:?}");
     }
 
     #[test]
@@ -527,5 +635,36 @@ mod tests {
             ["python3", "-m", "sglang.launch_server", "--port", "1"]
         );
         assert!(Cli::try_parse_from(["s", "run", "--grace", "soon", "--", "x"]).is_err());
+    }
+
+    #[test]
+    fn durations_that_overflow_the_clock_or_busy_loop_are_refused_at_parse() {
+        for opt in [
+            "--ready-timeout",
+            "--grace",
+            "--energy-interval",
+            "--preflight-timeout",
+        ] {
+            let e = Cli::try_parse_from(["s", "run", opt, "18446744073709551615s", "--", "x"])
+                .unwrap_err();
+            assert!(e.to_string().contains("too long"), "{opt}: {e}");
+        }
+        let e = Cli::try_parse_from([
+            "s",
+            "wait",
+            "--url",
+            "u",
+            "--timeout",
+            "18446744073709551615s",
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("too long"), "{e}");
+        for bad in ["0", "0s", "9ms"] {
+            let e =
+                Cli::try_parse_from(["s", "run", "--sample-interval", bad, "--", "x"]).unwrap_err();
+            assert!(e.to_string().contains("at least 10ms"), "{bad}: {e}");
+        }
+        assert!(Cli::try_parse_from(["s", "run", "--sample-interval", "10ms", "--", "x"]).is_ok());
+        assert!(Cli::try_parse_from(["s", "run", "--ready-timeout", "365d", "--", "x"]).is_ok());
     }
 }

@@ -4,7 +4,7 @@
 //! array), and our `--report` files. Windows are matched by name / concurrency; latencies are
 //! kept and printed in ms whatever the input's unit; mismatched identities are refused unless
 //! `--force`.
-use crate::cli::{CompareArgs, CompareFormat};
+use crate::cli::{CompareArgs, CompareFormat, CompareOutput};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -645,12 +645,12 @@ pub fn command(args: &CompareArgs) -> Result<i32> {
     match compare(&base, &cand, args.force, args.noise) {
         Err(why) => {
             eprintln!("sglang-supervisor: {why}");
-            Ok(2)
+            Ok(crate::exit::BAD_INPUT)
         }
         Ok(c) => {
             match args.format {
-                CompareFormat::Json => println!("{}", serde_json::to_string_pretty(&c)?),
-                CompareFormat::Html => {
+                CompareOutput::Json => println!("{}", serde_json::to_string_pretty(&c)?),
+                CompareOutput::Html => {
                     let table = render(&c, CompareFormat::Markdown);
                     let raw = |p: &std::path::Path| -> Value {
                         std::fs::read(p)
@@ -667,7 +667,8 @@ pub fn command(args: &CompareArgs) -> Result<i32> {
                         )
                     )
                 }
-                f => print!("{}", render(&c, f)),
+                CompareOutput::Text => print!("{}", render(&c, CompareFormat::Text)),
+                CompareOutput::Markdown => print!("{}", render(&c, CompareFormat::Markdown)),
             }
             Ok(0)
         }

@@ -1,28 +1,33 @@
 use clap::Parser;
 use sglang_supervisor::cli::{Cli, Command, LogFormat};
 use sglang_supervisor::logs::tee::{terminal, StderrWriter};
-use sglang_supervisor::{compare, flags, gpu, lifecycle, report, sentinel, wait};
+use sglang_supervisor::{compare, flags, gpu, lifecycle, report, rlimits, sentinel, wait};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
 /// The supervisor's own failures (bad options included) exit 125, so they never look like the
 /// server's own exit status.
-const EXIT_SUPERVISOR_FAILED: u8 = 125;
+const EXIT_SUPERVISOR_FAILED: u8 = sglang_supervisor::exit::SUPERVISOR_FAILED as u8;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
+        Err(e) if e.use_stderr() => {
+            // One line, like every other error of ours: what was wrong, on which option.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("bad command line");
+            eprintln!("sglang-supervisor: {first} (see --help)");
+            return ExitCode::from(EXIT_SUPERVISOR_FAILED);
+        }
         Err(e) => {
-            let code = if e.use_stderr() {
-                EXIT_SUPERVISOR_FAILED
-            } else {
-                0
-            };
+            // --help, --version
             let _ = e.print();
-            return ExitCode::from(code);
+            return ExitCode::SUCCESS;
         }
     };
     init_tracing(cli.log_format);
+    rlimits::raise_nofile();
     let code = dispatch(cli.command);
     flush_terminal();
     code
@@ -43,7 +48,19 @@ fn dispatch(command: Command) -> ExitCode {
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
     match command {
-        Command::Sentinel { pgid } => ExitCode::from(sentinel::sentinel_main(pgid) as u8),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "sglang-supervisor", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Man => {
+            let page = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
+            match page.render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(anyhow::anyhow!("writing the man page: {e}")),
+            }
+        }
+        Command::Sentinel { marker } => ExitCode::from(sentinel::sentinel_main(&marker) as u8),
         Command::Flags(cmd) => match flags::command(&cmd) {
             Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
             Err(e) => fail(e),
@@ -74,12 +91,13 @@ fn dispatch(command: Command) -> ExitCode {
             Err(e) => fail(e),
         },
         Command::Run(args) => {
+            flags::bound_python(args.preflight_timeout);
             let preflight = match lifecycle::preflight(&args) {
                 Ok(Some(p)) if p.reject => {
                     lifecycle::record_rejection(&args, p.event);
                     flush_terminal();
                     eprintln!("sglang-supervisor: the server's flags would fail to parse (see above); not launching. Fix them, or pass --no-preflight");
-                    return ExitCode::from(lifecycle::EXIT_PREFLIGHT as u8);
+                    return ExitCode::from(sglang_supervisor::exit::PREFLIGHT_REJECTED as u8);
                 }
                 Ok(p) => p.map(|p| p.event),
                 Err(e) => return fail(e),
@@ -112,8 +130,12 @@ fn fail(e: anyhow::Error) -> ExitCode {
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal who did not ask for none (https://no-color.org).
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(|| StderrWriter)
         .with_target(false);
     match format {

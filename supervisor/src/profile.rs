@@ -6,7 +6,7 @@
 //!
 //! Success is judged by the trace files, not by the server's answers: on the H200 (SGLang
 //! 0.5.14) `/stop_profile` answered HTTP 500 and wrote a 1 MB trace anyway.
-use crate::events::Events;
+use crate::events::{Event, Events};
 use serde_json::{json, Value};
 use sglang_exporters::metrics::{ProfileCall, WindowPart};
 use sglang_probes::http::{post_json, HttpUrl};
@@ -186,7 +186,7 @@ impl Profiler {
             "start": a.start, "stop": stop, "traces": traces, "total_bytes": bytes,
             "judged_by": "trace files (the server's answers are kept beside them: /stop_profile may fail and still write)",
         });
-        self.events.emit("profile", v.clone());
+        self.events.emit(Event::Profile(Event::object(v.clone())));
         if ok {
             tracing::info!(
                 "profile {}: {} trace files in {}",

@@ -4,15 +4,18 @@ use serde_json::Value;
 
 pub const REDACTED: &str = "<redacted>";
 
-/// `api_key`, `admin_api_key`, and every name ending in `api_key`, `secret`, `password` or `_token`
-/// (any case: `hf_token`, `HF_TOKEN`). `max_prefill_tokens`, `tokenizer_path` and `ssl_keyfile`
-/// are not secrets.
+/// By pattern, any case: `*_TOKEN`, `*_KEY`, `*SECRET*`, `*PASSWORD*`, `*_PAT` (`HF_TOKEN`,
+/// `api_key`, `AWS_SECRET_ACCESS_KEY`, `GITHUB_PAT`, `ssl_keyfile_password`). Figures named per
+/// token (`joules_per_output_token`, `bucket_time_to_first_token`), `max_prefill_tokens`,
+/// `tokenizer_path` and `ssl_keyfile` are not secrets.
 pub fn is_secret_name(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
-    n.ends_with("api_key")
-        || n.ends_with("secret")
-        || n.ends_with("password")
-        || n.ends_with("_token")
+    let figure = n.contains("per_") || n.ends_with("first_token");
+    n.contains("secret")
+        || n.contains("password")
+        || n.ends_with("_key")
+        || n.ends_with("_pat")
+        || (n.ends_with("_token") && !figure)
         || n == "token"
 }
 
@@ -206,6 +209,13 @@ mod tests {
             "HF_TOKEN",
             "ssl_keyfile_password",
             "client_secret",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "GITHUB_PAT",
+            "OPENAI_API_KEY",
+            "WANDB_KEY",
+            "DB_PASSWORD_FILE",
+            "MY_SECRET_VALUE",
         ] {
             assert!(is_secret_name(s), "{s}");
         }
@@ -215,6 +225,12 @@ mod tests {
             "ssl_keyfile",
             "model_path",
             "tokens",
+            "joules_per_output_token",
+            "bucket_time_to_first_token",
+            "kt_max_deferred_experts_per_token",
+            "ssl_keyfile",
+            "PATH",
+            "CUDA_VISIBLE_DEVICES",
         ] {
             assert!(!is_secret_name(s), "{s}");
         }

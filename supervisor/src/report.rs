@@ -3,6 +3,7 @@
 //! them for a benchmark PR: identity, startup, what the log warned about, the measurement windows
 //! (latency from the proxy, power from the probes, with InferenceX's field names), and teardown.
 use crate::cli::ReportArgs;
+use crate::events::Event;
 use serde_json::{json, Map, Value};
 use std::path::Path;
 
@@ -51,10 +52,24 @@ pub fn build(events: &[Value]) -> Value {
         "argv": first(events, "spawned").map(|e| e["argv"].clone()).unwrap_or(Value::Null),
     });
     let phases: Vec<Value> = all(events, "phase").map(body).collect();
-    let ready = first(events, "ready");
+    // Read through the events' own type, as `run` wrote them.
+    let ready =
+        first(events, "ready").and_then(|r| serde_json::from_value::<Event>(r.clone()).ok());
+    let (time_to_ready_s, node_rank, nnodes) = match &ready {
+        Some(Event::Ready {
+            elapsed_s,
+            node_rank,
+            nnodes,
+            ..
+        }) => (Some(*elapsed_s), *node_rank, *nnodes),
+        _ => (None, None, None),
+    };
     let startup = json!({
         "ready": ready.is_some(),
-        "time_to_ready_s": ready.map(|r| r["elapsed_s"].clone()),
+        "time_to_ready_s": time_to_ready_s,
+        // Multi-node launches: which node this report is of.
+        "node_rank": node_rank,
+        "nnodes": nnodes,
         "phases": phases,
         // Where the start's time went: segments, JIT compilation, what to do about it.
         "profile": first(events, "startup_profile").map(body),
@@ -96,6 +111,7 @@ pub fn build(events: &[Value]) -> Value {
         "profiles": all(events, "profile").map(body).collect::<Vec<_>>(),
         "warnings": all(events, "warning").map(|e| e["message"].clone()).collect::<Vec<_>>(),
         "fatal": first(events, "fatal").map(body),
+        "listening": first(events, "listening").map(body),
         "windows": windows,
         "server_batch_series": batch_series,
         "teardown": {
@@ -107,7 +123,7 @@ pub fn build(events: &[Value]) -> Value {
 }
 
 /// Exit status of `report` for bad input.
-pub const EXIT_BAD_INPUT: i32 = 2;
+pub const EXIT_BAD_INPUT: i32 = crate::exit::BAD_INPUT;
 
 /// GPUs the server used, from its resolved args (tp × pp), as the run's sampler expects them.
 fn expected_gpus(events: &[Value]) -> Option<usize> {

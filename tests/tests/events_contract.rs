@@ -26,6 +26,16 @@ fn check(e: &Value) {
         ts.len() >= 20 && ts.ends_with('Z') && ts.as_bytes()[10] == b'T',
         "RFC 3339 UTC: {ts}"
     );
+    // Every line reads back as the supervisor's own `Event` type (the H200 call-3 fixture's
+    // `power_window` predates it).
+    let typed = sglang_supervisor::events::Event::parse_line(&e.to_string());
+    match typed {
+        Some(sglang_supervisor::events::Event::Unknown) => {
+            assert_eq!(e["event"], "power_window", "not an Event: {e}")
+        }
+        Some(t) => assert_eq!(t.name(), e["event"].as_str().unwrap(), "{e}"),
+        None => panic!("does not read back as an Event: {e}"),
+    }
     let has = |k: &str| e.get(k).is_some();
     let num = |k: &str| e[k].is_number();
     match e["event"].as_str().unwrap() {
@@ -36,6 +46,13 @@ fn check(e: &Value) {
             assert!(num("elapsed_s"), "{e}");
             if name.ends_with("_end") || name == "warmup" {
                 assert!(num("duration_s"), "{name} carries duration_s: {e}");
+            }
+            // The start-up profiler's share of the stage (absent in events of old versions).
+            if has("jit_s") {
+                assert!(
+                    (name.ends_with("_end") || name == "warmup") && num("jit_s"),
+                    "jit_s only on a stage's end: {e}"
+                );
             }
             if has("rank") {
                 assert!(e["rank"].as_str().unwrap().split(' ').all(|p| p
@@ -83,7 +100,8 @@ fn check(e: &Value) {
             e["name"].is_string()
                 && (e["power"].is_object()
                     || e["requests"].is_object()
-                    || e["server_batches"].is_object()),
+                    || e["server_batches"].is_object()
+                    || e["profile"].is_object()),
             "{e}"
         ),
         "startup_profile" => assert!(
@@ -208,6 +226,16 @@ fn events_of_a_replayed_run_follow_the_contract() {
         pool["duration_s"].is_number(),
         "measured from load_weights_end: {pool}"
     );
+    // The start-up profiler's additions: jit_s on the warm-up, one profile, before `ready`.
+    let warmup = events.iter().find(|e| e["name"] == "warmup").unwrap();
+    assert!(warmup["jit_s"].is_number(), "{warmup}");
+    let at = |name: &str| events.iter().position(|e| e["event"] == name);
+    let profiles = events
+        .iter()
+        .filter(|e| e["event"] == "startup_profile")
+        .count();
+    assert_eq!(profiles, 1);
+    assert!(at("startup_profile") < at("ready"));
 }
 
 /// On the H200, bench_serving ran through the proxy: the proxy's own per-request figures

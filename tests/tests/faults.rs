@@ -3,7 +3,7 @@
 //! no process is left. Faults already proven elsewhere (crash per phase, hang, SIGTERM ignored,
 //! setsid grandchildren, SIGINT twice, supervisor SIGKILLed, port in use, dead upstream, NVML
 //! errors) are listed in RELIABILITY.md with their tests.
-#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)] // test code: a panic is the failure report; it runs the binary directly
 mod common;
 use common::*;
 use serde_json::Value;
@@ -283,4 +283,97 @@ fn an_upstream_that_dies_mid_stream_is_an_error_record_and_the_proxy_survives() 
     run.assert_log_is_exact();
     run.assert_no_survivors();
     let _ = std::fs::remove_file(reqlog);
+}
+
+/// Our stderr (where the flood goes) to `out`, a 64 MiB flood: the terminal copy's dropped bytes, and the run's events.
+fn flood_with_stderr_to(name: &str, out: std::fs::File) -> Value {
+    let mut run = Run::start(
+        name,
+        Opts {
+            replay: &[
+                "--speed",
+                "50",
+                "--flood-bytes",
+                "67108864",
+                "--exit-after-ready",
+                "0:0",
+            ],
+            stderr: out.into(),
+            ..Default::default()
+        },
+    );
+    assert_eq!(run.wait(Duration::from_secs(120)), 0);
+    exited(&run)
+}
+
+#[test]
+fn a_terminal_copy_to_a_regular_file_loses_nothing() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = std::env::temp_dir().join(format!("sglsup-tee-{}.out", std::process::id()));
+    // O_SYNC: a file slower than the child (every write waits for the disk), which made the old
+    // copy drop two thirds of the flood; the supervisor's fd shares the open file's flags.
+    let slow = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_SYNC)
+        .open(&path)
+        .unwrap();
+    let ex = flood_with_stderr_to("tee-file", slow);
+    let len = std::fs::metadata(&path).unwrap().len();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(ex["log"]["terminal_dropped_bytes"], 0, "{ex}");
+    assert!(len >= 64 << 20, "the copy has every byte: {len}");
+}
+
+#[test]
+fn a_terminal_copy_to_dev_null_loses_nothing() {
+    let ex = flood_with_stderr_to("tee-null", std::fs::File::create("/dev/null").unwrap());
+    assert_eq!(ex["log"]["terminal_dropped_bytes"], 0, "{ex}");
+}
+
+#[test]
+fn a_hung_preflight_interpreter_is_killed_at_the_timeout_and_the_launch_goes_on() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("sglsup-hung-py-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let py = dir.join("python3");
+    // Asked to read the flags (`-c ...`) it hangs; asked to launch, it exits at once.
+    let marker = format!("1000.{}", std::process::id());
+    std::fs::write(
+        &py,
+        format!("#!/bin/sh\ncase \"$1\" in -c) exec sleep {marker};; esac\nexit 0\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let t0 = Instant::now();
+    let out = std::process::Command::new(supervisor_bin())
+        .args(["run", "--metrics-addr", "none", "--gpu-backend", "none"])
+        .args(["--", py.to_str().unwrap(), "-m", "sglang.launch_server"])
+        .env("SGLANG_SUPERVISOR_PREFLIGHT_TIMEOUT", "1s")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let took = t0.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("did not finish reading SGLang's flags within 1s"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("--preflight-timeout"),
+        "says what to do: {stderr}"
+    );
+    assert_eq!(out.status.code(), Some(0), "the launch went on: {stderr}");
+    assert!(took < Duration::from_secs(10), "bounded: {took:?}");
+    let hung: Vec<_> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&marker))
+        })
+        .collect();
+    assert!(hung.is_empty(), "the hung interpreter was killed");
+    let _ = std::fs::remove_dir_all(dir);
 }

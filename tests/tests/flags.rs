@@ -420,3 +420,243 @@ fn the_parser_imported_on_the_h200_equals_the_one_imported_on_a_cpu() {
         assert!(v[k].as_array().unwrap().is_empty(), "{k}: {}", v[k]);
     }
 }
+
+#[test]
+fn flags_diff_as_markdown_is_markdown_not_the_text_form() {
+    let args = |fmt: &'static str| {
+        [
+            "diff".to_string(),
+            "--from".into(),
+            schema("0.5.19"),
+            "--to".into(),
+            schema("0.5.20"),
+            "--format".into(),
+            fmt.into(),
+        ]
+    };
+    let run = |fmt| {
+        let a = args(fmt);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let o = flags(&a);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let (md, text) = (run("markdown"), run("text"));
+    assert_ne!(md, text);
+    assert!(md.starts_with("## SGLang 0.5.19 → 0.5.20\n"), "{md}");
+    assert!(
+        md.contains("\n### Removed (23)\n\n- `--cuda-graph-max-bs`\n")
+            || md.contains("- `--cuda-graph-max-bs`\n"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| flag | field | from | to |\n|---|---|---|---|\n"),
+        "{md}"
+    );
+}
+
+#[test]
+fn flags_audit_reads_the_recipe_from_stdin_given_a_dash() {
+    use std::io::Write;
+    let mut child = Command::new(supervisor_bin())
+        .args([
+            "flags",
+            "audit",
+            "--sglang",
+            &schema("0.5.20"),
+            "--format",
+            "json",
+            "-",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"python3 -m sglang.launch_server --model-path m --cuda-graph-max-bs 128\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json_of(&out);
+    assert!(
+        v["flags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["flag"] == "--cuda-graph-max-bs" && f["status"] == "ambiguous"),
+        "{v}"
+    );
+}
+
+#[test]
+fn version_names_the_commit_and_completions_and_man_page_are_printed() {
+    let out = Command::new(supervisor_bin())
+        .arg("--version")
+        .output()
+        .unwrap();
+    let v = String::from_utf8(out.stdout).unwrap();
+    assert!(v.starts_with("sglang-supervisor 0."), "{v}");
+    let commit = v
+        .split_once('(')
+        .unwrap()
+        .1
+        .trim_end()
+        .trim_end_matches(')');
+    assert!(
+        commit == "unknown"
+            || commit
+                .trim_end_matches("-dirty")
+                .chars()
+                .all(|c| c.is_ascii_hexdigit()),
+        "{v}"
+    );
+    for shell in ["bash", "zsh", "fish"] {
+        let out = Command::new(supervisor_bin())
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("ready-timeout") && text.contains("audit"),
+            "{shell}"
+        );
+    }
+    let out = Command::new(supervisor_bin()).arg("man").output().unwrap();
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && page.starts_with(".ie") || page.contains(".TH sglang-supervisor"),
+        "{page:.300}"
+    );
+}
+
+/// `run`'s pre-flight finds the launch behind whatever runs it, and inside `bash -c` and a bash
+/// recipe (every launch of it); a launch that parses is not refused.
+#[test]
+fn run_preflight_reads_launches_behind_prefixes_and_in_bash_recipes() {
+    let dir = std::env::temp_dir().join(format!("sglsup-pre-shapes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ev = dir.join("events.jsonl");
+    let recipe = dir.join("r.sh");
+    std::fs::write(
+        &recipe,
+        "if [ -n \"$PD\" ]; then\n  python3 -m sglang.launch_server --model-path m --tp 4\nelse\n  cmd=(python3 -m sglang.launch_server --model-path m -tp 8)\n  \"${cmd[@]}\"\nfi\n",
+    )
+    .unwrap();
+    let run = |command: &[&str]| {
+        let out = Command::new(supervisor_bin())
+            .args([
+                "run",
+                "--metrics-addr",
+                "none",
+                "--no-tee",
+                "--ready-timeout",
+                "5s",
+            ])
+            .args(["--flags-schema", &schema("0.5.20"), "--events"])
+            .arg(&ev)
+            .arg("--")
+            .args(command)
+            .output()
+            .unwrap();
+        let events = std::fs::read_to_string(&ev).unwrap_or_default();
+        let first: serde_json::Value =
+            serde_json::from_str(events.lines().next().unwrap_or("null")).unwrap();
+        (out.status.code(), first)
+    };
+    let bad = [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "m",
+        "--trust-remote-code=1",
+    ];
+    for prefix in [
+        &["timeout", "60"][..],
+        &["env", "A=B"],
+        &["numactl", "--cpunodebind=0"],
+        &["nice", "-n", "5"],
+    ] {
+        let mut cmd: Vec<&str> = prefix.to_vec();
+        cmd.extend(bad);
+        let (code, first) = run(&cmd);
+        assert_eq!(code, Some(126), "{cmd:?}");
+        assert_eq!(first["event"], "preflight", "{cmd:?}");
+        assert_eq!(
+            first["error"],
+            "argument --trust-remote-code: ignored explicit argument '1'"
+        );
+        assert_eq!(first["flags"][0]["status"], "unexpected_value");
+    }
+    let (code, first) = run(&["bash", "-c", &format!("exec {}", bad.join(" "))]);
+    assert_eq!(
+        (code, &first["rejected"]),
+        (Some(126), &serde_json::json!(true))
+    );
+    // The recipe's second launch (built in an array) fails: refused, naming its line.
+    let (code, first) = run(&["bash", recipe.to_str().unwrap()]);
+    assert_eq!(code, Some(126), "{first}");
+    let lines: Vec<&serde_json::Value> = first["launches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| &l["line"])
+        .collect();
+    assert_eq!(lines, [2, 5]);
+    assert_eq!(
+        first["launches"][1]["error"],
+        "unrecognized arguments: -tp 8"
+    );
+    assert_eq!(first["launches"][0]["status"], 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A launch that is seen but cannot be read is an error naming its line, never "0 flags
+/// checked ... the launch will parse".
+#[test]
+fn a_launch_seen_but_not_read_is_an_error_naming_its_line() {
+    let dir = std::env::temp_dir().join(format!("sglsup-unread-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, text, want) in [
+        (
+            "kept.sh",
+            "#!/bin/bash\ncmd=(python3 -m sglang.launch_server --tp 8)\nrun_logged cmd\n",
+            "line 2: `cmd` holds an SGLang launch",
+        ),
+        (
+            "hidden.sh",
+            "#!/bin/bash\nARGS=\"--tp 8\"\npython3 -m sglang.launch_server $ARGS &\n",
+            "line 3: every flag of the launch is in $ARGS",
+        ),
+        (
+            "quote.sh",
+            "#!/bin/bash\necho start\nNOTE='never closed\npython3 -m sglang.launch_server --tp 8\n",
+            "line 3: unterminated '",
+        ),
+    ] {
+        let r = dir.join(name);
+        std::fs::write(&r, text).unwrap();
+        let out = Command::new(supervisor_bin())
+            .args(["flags", "audit", "--sglang", &schema("0.5.20")])
+            .arg(&r)
+            .env("RUST_LOG", "off")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{name}: {err}");
+        assert!(err.contains(want), "{name}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{name}: one line: {err}");
+        assert!(!err.contains("flags checked"), "{name}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -270,6 +270,12 @@ fn dsr1_recipe_on_0_5_20_is_ambiguous_with_the_fix_from_0_5_19() {
     let names: Vec<&str> = env.iter().map(|e| e["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["SGLANG_USE_AITER", "SGLANG_AITER_MLA_PERSIST"]);
     assert!(env.iter().all(|e| e["status"] != "unchecked"));
+    // Not in environ.py, but the aiter backend reads it itself (get_bool_env_var): known.
+    assert_eq!(env[1]["status"], "ok");
+    assert_eq!(
+        env[1]["read_by"],
+        "sglang/srt/layers/attention/aiter_backend.py"
+    );
     // Removed (the baseline had it, with its replacement) versus unknown.
     let v = json_of(&flags(&[
         "audit",
@@ -341,6 +347,31 @@ fn environment_variables_are_checked_against_environ_py() {
         ]
     );
     assert_eq!(v["env"][1]["replacement"], "SGLANG_LOG_GC");
+    // Read directly by the package (os.environ / os.getenv outside environ.py), in the wheel
+    // and in an installed tree alike; a variable nobody reads stays unknown.
+    for source in [wheel("0.5.20"), venv_python()] {
+        let r2 = dir.join("r2.sh");
+        std::fs::write(
+            &r2,
+            "export SGLANG_AITER_MLA_PERSIST=1\nexport SGLANG_NO_SUCH_VARIABLE=1\npython3 -m sglang.launch_server --model-path m\n",
+        )
+        .unwrap();
+        let v = json_of(&flags(&[
+            "audit",
+            "--sglang",
+            &source,
+            "--format",
+            "json",
+            r2.to_str().unwrap(),
+        ]));
+        let st: Vec<&str> = v["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["status"].as_str().unwrap())
+            .collect();
+        assert_eq!(st, ["ok", "unknown"], "{source}: {}", v["env"]);
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -613,5 +644,246 @@ fn parser_registries_are_read_statically_so_choices_are_checked() {
             "{v}: {}",
             j["flags"][1]
         );
+    }
+}
+
+/// What Python's own argparse decides on SGLang `v`'s real parser, per argv
+/// (tests/oracle/argparse_oracle.py): 0.5.23 imports in the venv; 0.5.19 and 0.5.20 are their
+/// unpacked wheels on the same venv with the packages their import needs (fetch-sglang.sh).
+fn argparse_oracle(v: &str, argvs: &[Vec<String>]) -> Vec<Value> {
+    let mut cmd = Command::new(venv_python());
+    cmd.arg(workspace().join("tests/oracle/argparse_oracle.py"))
+        .arg("torchvision");
+    if v != "0.5.23" {
+        let parsers = std::env::var_os("SGLANG_PARSERS_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace().join("target/sglang-parsers"));
+        assert!(
+            parsers.join(".complete").exists(),
+            "{}: run scripts/fetch-sglang.sh",
+            parsers.display()
+        );
+        cmd.env(
+            "PYTHONPATH",
+            format!(
+                "{}:{}",
+                parsers.join(v).display(),
+                parsers.join("deps").display()
+            ),
+        );
+    }
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(serde_json::to_string(argvs).unwrap().as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let v_out = json_of(&out);
+    assert_eq!(
+        v_out["sglang_version"], v,
+        "the oracle imported the wrong SGLang"
+    );
+    v_out["results"].as_array().unwrap().clone()
+}
+
+/// Our verdict on one launch (`flags audit -- ARGS` against the real parser's dump) next to
+/// argparse's: both fail with the same message, or both parse; `--help` is a failed launch.
+fn assert_same_as_argparse(v: &str, schema: &str, argv: &[String], truth: &Value) {
+    let mut a = vec!["audit", "--sglang", schema, "--format", "json", "--"];
+    a.extend(argv.iter().map(String::as_str));
+    let out = flags(&a);
+    let ours = json_of(&out);
+    let launch = &ours["launches"][0];
+    let case = format!("{v} {argv:?}: argparse {truth}, ours {launch}");
+    if truth["help"] == true {
+        assert_eq!(out.status.code(), Some(2), "{case}");
+        assert!(
+            launch["flags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["status"] == "help"),
+            "{case}"
+        );
+    } else if truth["exit"] == 0 {
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{case}");
+        assert!(launch["error"].is_null(), "{case}");
+    } else {
+        assert_eq!(out.status.code(), Some(2), "{case}");
+        assert_eq!(launch["error"], truth["error"], "{case}");
+    }
+}
+
+#[test]
+fn every_argparse_case_is_decided_as_the_real_parser_decides_it() {
+    let cases: &[&[&str]] = &[
+        &["--tp", "8"],
+        &["--trust-remote-code=1"],
+        &["--trust-remote-code="],
+        &["--trust-remote-code", "yes"],
+        &["-tp", "8"],
+        &["-tp=8"],
+        &["--tp", "8", "extra"],
+        &["--nope", "x", "--tp", "2", "y"],
+        &["--enable-expert-distribution-metrics"],
+        &[
+            "--enable-expert-distribution-metrics",
+            "--cuda-graph-max-bs",
+            "8",
+        ],
+        &["--help"],
+        &["--hel"],
+        &["-h"],
+        &["-hx"],
+        &["--nope", "--help"],
+        &["--help", "--cuda-graph-max-bs", "8"],
+        &["--tp", "8x", "--help"],
+        &["--tp", "8x"],
+        &["--tp", "8_0"],
+        &["--tp", " 8 "],
+        &["--tp", "+8"],
+        &["--tp", "-1"],
+        &["--tp", "8.0"],
+        &["--port="],
+        &["--mem-fraction-static", "0.8x"],
+        &["--mem-fraction-static", "inf"],
+        &["--mem-fraction-static", "1e-1"],
+        &["--mem-fraction-static", ".5"],
+        &["--mem-fraction-static", "1_0.5"],
+        &["--mem-fraction-static", "-.5"],
+        &["--log-requests-level", "5"],
+        &["--log-requests-level", "01"],
+        &["--attention-backend", "nope"],
+        &["--tp"],
+        &["--tp", "--port", "1"],
+        &["--dp", "2", "-1"],
+        &["-"],
+        &["-x y"],
+        &["--api-key", "a b"],
+        &["--cuda-graph-max-bs", "8"],
+        &["--cuda-graph-max-bs=8"],
+        &["--enable-flashinfer-allreduce-fusion"],
+        &["--stream-output"],
+        &["--disable-cuda-graph", "--tp", "2"],
+    ];
+    let argvs: Vec<Vec<String>> = cases
+        .iter()
+        .map(|c| {
+            ["--model-path", "m"]
+                .iter()
+                .chain(c.iter())
+                .map(|s| s.to_string())
+                .collect()
+        })
+        .collect();
+    for v in ["0.5.19", "0.5.20", "0.5.23"] {
+        let truth = argparse_oracle(v, &argvs);
+        let schema = workspace().join(format!("tests/fixtures/flags/sglang-{v}.json"));
+        for (argv, t) in argvs.iter().zip(&truth) {
+            assert_same_as_argparse(v, schema.to_str().unwrap(), argv, t);
+        }
+    }
+    // The static read of a wheel carries what a retired flag stops the launch with.
+    let out = flags(&[
+        "audit",
+        "--sglang",
+        &wheel("0.5.19"),
+        "--format",
+        "json",
+        "--",
+        "--enable-expert-distribution-metrics",
+    ]);
+    let j = json_of(&out);
+    assert_eq!(j["flags"][0]["status"], "retired");
+    assert_eq!(
+        j["launches"][0]["error"],
+        argparse_oracle(
+            "0.5.19",
+            &[vec![
+                "--model-path".into(),
+                "m".into(),
+                "--enable-expert-distribution-metrics".into()
+            ]]
+        )[0]["error"]
+    );
+}
+
+/// The recipe shapes the real recipes use: every launch is found, at its line, with its
+/// arguments, and each launch's verdict is argparse's on those arguments.
+#[test]
+fn every_launch_shape_of_the_real_recipes_is_read_and_judged_as_argparse_does() {
+    // (fixture, the lines of its launches)
+    let shapes: &[(&str, &[u64])] = &[
+        ("launch_bash_array.sh", &[15]),
+        ("launch_sglang_python_var.sh", &[4]),
+        ("launch_prefixes.sh", &[4, 5, 6, 7, 8, 9]),
+        ("launch_cmd_string.sh", &[7]),
+        ("launch_after_multiline_strings.sh", &[14]),
+        ("launch_if_else.sh", &[4, 7]),
+    ];
+    for v in ["0.5.19", "0.5.20"] {
+        let mut argvs = Vec::new();
+        let mut ours = Vec::new();
+        for (file, lines) in shapes {
+            let out = flags(&[
+                "audit",
+                "--sglang",
+                &wheel(v),
+                "--format",
+                "json",
+                &recipe(file),
+            ]);
+            let j = json_of(&out);
+            let launches = j["launches"].as_array().unwrap();
+            let got: Vec<u64> = launches
+                .iter()
+                .map(|l| l["line"].as_u64().unwrap())
+                .collect();
+            assert_eq!(&got, lines, "{v} {file}");
+            let worst = launches.iter().map(|l| l["status"].as_i64().unwrap()).max();
+            assert_eq!(
+                out.status.code().map(i64::from),
+                worst,
+                "{v} {file}: the worst launch's"
+            );
+            for l in launches {
+                assert!(
+                    !l["flags"].as_array().unwrap().is_empty(),
+                    "{v} {file}: read"
+                );
+                let args: Vec<String> = l["args"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| a.as_str().unwrap().to_string())
+                    .collect();
+                assert!(
+                    args.iter().all(|a| !a.starts_with('$') || a == "$MODEL"),
+                    "{v} {file}: {args:?}"
+                );
+                argvs.push(args);
+                ours.push((file.to_string(), l.clone()));
+            }
+        }
+        let truth = argparse_oracle(v, &argvs);
+        for ((file, l), t) in ours.iter().zip(&truth) {
+            let case = format!("{v} {file} line {}: argparse {t}, ours {l}", l["line"]);
+            if t["help"] == true || t["exit"] != 0 {
+                assert_eq!(l["status"], 2, "{case}");
+            } else {
+                assert!(l["status"].as_i64().unwrap() < 2, "{case}");
+            }
+            if t["help"] != true {
+                assert_eq!(l["error"], t["error"], "{case}");
+            }
+        }
     }
 }

@@ -404,28 +404,8 @@ fn sigkilled_supervisor_leaves_no_server_behind() {
     );
     run.signal(libc::SIGKILL);
     run.wait(T);
-    // PDEATHSIG kills the main process; the sentinel kills its process group. The setsid
-    // grandchild left the group and outlives a SIGKILLed supervisor: that one is documented.
-    let end = Instant::now() + Duration::from_secs(3);
-    loop {
-        let left: Vec<i32> = run
-            .survivors()
-            .into_iter()
-            .filter(|p| {
-                std::fs::read_to_string(format!("/proc/{p}/comm"))
-                    .map(|c| c.trim() != "stubborn-setsid")
-                    .unwrap_or(false)
-            })
-            .collect();
-        if left.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < end,
-            "survived a SIGKILLed supervisor: {left:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // PDEATHSIG kills the main process; the sentinel the rest, the setsid grandchild included.
+    run.assert_no_survivors();
 }
 
 #[test]
@@ -899,8 +879,38 @@ fn metrics_endpoint_shows_state_phases_args_and_the_servers_own_series() {
         status.contains("200") && om.ends_with("# EOF\n"),
         "{status}"
     );
+    assert!(
+        om.contains("sglang:process_cpu_seconds_total{"),
+        "SGLang's series re-exposed"
+    );
+    strict_openmetrics_parse(&run.dir, &om);
     run.signal(libc::SIGTERM);
     assert_eq!(run.wait(T), 143);
+}
+
+/// The body through Python prometheus_client's OpenMetrics parser, which rejects what Prometheus
+/// would (a clashing family name, a bad escape, a missing `# EOF`).
+fn strict_openmetrics_parse(dir: &std::path::Path, body: &str) {
+    const PARSE: &str = "import sys\nfrom prometheus_client.openmetrics.parser import text_string_to_metric_families as p\nn = sum(1 for _ in p(open(sys.argv[1]).read()))\nprint(n)";
+    let file = dir.join("scrape.om");
+    std::fs::write(&file, body).unwrap();
+    #[allow(clippy::disallowed_methods)]
+    let out = std::process::Command::new("python3")
+        .args(["-c", PARSE])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !err.contains("No module named 'prometheus_client'"),
+        "prometheus_client is missing: pip install prometheus_client (scripts/setup.sh does)"
+    );
+    assert!(
+        out.status.success(),
+        "the strict OpenMetrics parser rejects the body: {err}"
+    );
+    let families: usize = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(families > 20, "{families} families parsed");
 }
 
 #[test]

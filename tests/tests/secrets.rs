@@ -185,7 +185,7 @@ fn listeners_are_on_loopback_by_default() {
         .unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(
-        help.contains("[default: 127.0.0.1:9400]"),
+        help.contains("[default: 127.0.0.1:19400]"),
         "metrics default: {help}"
     );
     // The metrics listener a run really opens, with only a port given.
@@ -225,4 +225,46 @@ fn a_server_with_an_api_key_is_confirmed_ready_with_that_key() {
         .all(|w| !w.to_string().contains("401")));
     let events = std::fs::read_to_string(run.dir.join("events.jsonl")).unwrap();
     assert_eq!(contains_secret(&events), None, "{events}");
+}
+
+#[test]
+fn redact_log_covers_secret_names_by_pattern_not_by_list() {
+    // Names beyond any fixed list: *_KEY, *SECRET*, *_PAT, *_TOKEN, *PASSWORD*.
+    let vars = [
+        ("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMIK7MDENG"),
+        ("GITHUB_PAT", "github_pat_11ABCDEFG"),
+        ("WANDB_API_KEY", "wandb-0123456789"),
+        ("SLACK_BOT_TOKEN", "xoxb-1234-5678"),
+        ("DB_PASSWORD_PLAIN", "hunter2-hunter2"),
+    ];
+    let dir = std::env::temp_dir().join(format!("sglsup-pattern-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("server.log");
+    let out = Command::new(supervisor_bin())
+        .args([
+            "run",
+            "--metrics-addr",
+            "none",
+            "--redact-log",
+            "--log-file",
+        ])
+        .arg(&log)
+        .args(["--", "sh", "-c", "env; echo done"])
+        .envs(vars)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let terminal = String::from_utf8_lossy(&out.stdout);
+    for (name, value) in vars {
+        assert!(
+            text.contains(&format!("{name}=<redacted>")),
+            "{name}: {text}"
+        );
+        assert!(!text.contains(value), "{name}'s value in the log");
+        assert!(!terminal.contains(value), "{name}'s value on the terminal");
+    }
+    assert!(text.contains("done"));
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -19,18 +19,19 @@ pub use record::{ProxyMetrics, ReqLabels, RequestRecord, E2E_BUCKETS, LATENCY_BU
 pub use sse::{event_end, scan_event, Api, EventInfo};
 pub use stream::EventStream;
 
+use crate::listen::{proxy_connection_cap, spawn_accept_loop, Limits};
 use http_body_util::{combinators::BoxBody, BodyExt, Either, Full};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 use record::{Recorder, Sink, Started};
+use sglang_probes::sync::lock;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 use upstream::Upstream;
 
 /// Largest OpenAI request body read whole to ask for usage; larger ones pass through unread
@@ -105,23 +106,26 @@ pub async fn start(
         in_flight: AtomicUsize::new(0),
         traffic: traffic_window.and_then(traffic_thread),
     });
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            let p = proxy.clone();
-            tokio::spawn(async move {
-                let up = Arc::new(Upstream::new(p.upstream_addr.clone()));
-                let svc = service_fn(move |req| p.clone().forward(req, up.clone()));
-                if let Err(e) = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await
-                {
-                    tracing::debug!("proxy connection: {e}");
-                }
-            });
+    // Benchmark clients keep connections idle between requests (SGLang's own server closes
+    // them after 5 s); a minute covers any pause of theirs.
+    let limits = Limits {
+        max_connections: proxy_connection_cap(),
+        header_timeout: Duration::from_secs(60),
+        evict_oldest: false,
+    };
+    spawn_accept_loop(listener, limits, "proxy", move |stream| {
+        let _ = stream.set_nodelay(true);
+        let p = proxy.clone();
+        async move {
+            let up = Arc::new(Upstream::new(p.upstream_addr.clone()));
+            let svc = service_fn(move |req| p.clone().forward(req, up.clone()));
+            if let Err(e) = limits
+                .http1()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await
+            {
+                tracing::debug!("proxy connection: {e}");
+            }
         }
     });
     Ok(local)
@@ -264,7 +268,7 @@ impl Proxy {
 
     fn signal_traffic(&self, busy: bool) {
         if let Some(tx) = &self.traffic {
-            let _ = tx.lock().unwrap_or_else(|p| p.into_inner()).send(busy);
+            let _ = lock(tx).send(busy);
         }
     }
 
@@ -339,7 +343,7 @@ impl Sink for Proxy {
         if let Some(f) = &self.log {
             if let Ok(mut line) = serde_json::to_vec(&r) {
                 line.push(b'\n');
-                let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
+                let mut f = lock(f);
                 if let Err(e) = f.write_all(&line) {
                     tracing::error!("writing the requests log: {e}");
                 }

@@ -7,6 +7,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::{handshake, SendRequest};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
+use sglang_probes::sync::lock;
 use std::sync::Mutex;
 
 pub(crate) struct Upstream<B> {
@@ -33,7 +34,7 @@ where
     /// Send `req` on this client connection's upstream connection, opening it when there is none
     /// or the server closed it.
     pub(crate) async fn send(&self, req: Request<B>) -> Result<Response<Incoming>, String> {
-        let kept = self.conn.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let kept = lock(&self.conn).take();
         let mut sender = match kept {
             Some(mut s) => match s.ready().await {
                 Ok(()) => s,
@@ -43,7 +44,7 @@ where
         };
         let resp = sender.send_request(req).await;
         // The next request of this client connection waits in `ready` until this response ends.
-        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender);
+        *lock(&self.conn) = Some(sender);
         resp.map_err(|e| format!("upstream http://{}: {e}", self.addr))
     }
 

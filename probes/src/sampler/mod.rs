@@ -262,9 +262,7 @@ impl std::fmt::Debug for SamplerHandle {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use crate::sync::lock;
 
 fn unix_now() -> f64 {
     SystemTime::now()

@@ -8,6 +8,7 @@
 //! one open capture, closed by the next prefixed line, by the exception line of a bare
 //! traceback, by end of input, or by [`LogParser::flush`] when the stream goes quiet.
 use super::pyliteral::parse_server_args;
+use crate::events::{FatalReason, PhaseName};
 use crate::redact::redact_value;
 use aho_corasick::AhoCorasick;
 use serde_json::{Map, Value};
@@ -32,7 +33,7 @@ pub enum LogEvent {
     },
     /// A startup phase; `reported_s` is the duration SGLang itself printed (`elapsed=`).
     Phase {
-        name: &'static str,
+        name: PhaseName,
         rank: Option<String>,
         reported_s: Option<f64>,
         detail: Option<String>,
@@ -44,7 +45,7 @@ pub enum LogEvent {
     },
     /// Something that ends the server; `excerpt` quotes the lines that say why.
     Fatal {
-        reason: &'static str,
+        reason: FatalReason,
         rank: Option<String>,
         excerpt: String,
     },
@@ -279,7 +280,7 @@ const EXCERPT_LINES: usize = 12;
 const EXCERPT_LINE_CHARS: usize = 500;
 
 struct Capture {
-    reason: Option<&'static str>,
+    reason: Option<FatalReason>,
     rank: Option<String>,
     /// Started by a bare `Traceback (most recent call last):` line: ends at its exception line.
     bare_traceback: bool,
@@ -516,7 +517,7 @@ impl LogParser {
         match pat {
             Pat::Ready => out.event(LogEvent::Ready),
             Pat::Uvicorn => out.event(LogEvent::Phase {
-                name: "http_up",
+                name: PhaseName::HttpUp,
                 rank: rank(),
                 reported_s: None,
                 detail: None,
@@ -525,9 +526,9 @@ impl LogParser {
             Pat::Deprecated => {}
             Pat::SchedulerExc | Pat::DetokExc | Pat::InitFailed => {
                 let reason = match pat {
-                    Pat::SchedulerExc => "scheduler_exception",
-                    Pat::DetokExc => "detokenizer_exception",
-                    _ => "init_failed",
+                    Pat::SchedulerExc => FatalReason::SchedulerException,
+                    Pat::DetokExc => FatalReason::DetokenizerException,
+                    _ => FatalReason::InitFailed,
                 };
                 self.open(Some(reason), rank(), line, false);
             }
@@ -535,17 +536,17 @@ impl LogParser {
                 self.open(None, None, line, true);
             }
             Pat::Traceback => {}
-            Pat::Sigquit => out.event(fatal("child_sigquit")),
-            Pat::SchedulerDied => out.event(fatal("scheduler_died")),
-            Pat::Oom => out.event(fatal("cuda_oom")),
-            Pat::Watchdog => out.event(fatal("watchdog_timeout")),
+            Pat::Sigquit => out.event(fatal(FatalReason::ChildSigquit)),
+            Pat::SchedulerDied => out.event(fatal(FatalReason::SchedulerDied)),
+            Pat::Oom => out.event(fatal(FatalReason::CudaOom)),
+            Pat::Watchdog => out.event(fatal(FatalReason::WatchdogTimeout)),
             Pat::SubprocessCrashed if msg.starts_with("Subprocess ") => {
-                out.event(fatal("subprocess_crashed"))
+                out.event(fatal(FatalReason::SubprocessCrashed))
             }
             Pat::SubprocessCrashed => {}
             // argparse prints with `print`, never through logging: a prefixed line is something else.
             Pat::ArgparseError if head.ts.is_none() && is_argparse_error(msg) => {
-                out.event(fatal("argparse_error"))
+                out.event(fatal(FatalReason::ArgparseError))
             }
             Pat::ArgparseError => {}
             Pat::WorkerDied if msg.contains("] died") => {
@@ -567,7 +568,7 @@ impl LogParser {
         }
     }
 
-    fn open(&mut self, reason: Option<&'static str>, rank: Option<String>, line: &str, bare: bool) {
+    fn open(&mut self, reason: Option<FatalReason>, rank: Option<String>, line: &str, bare: bool) {
         self.capture = Some(Capture {
             reason,
             rank,
@@ -579,13 +580,13 @@ impl LogParser {
     }
 }
 
-fn fatal_in_traceback_line(line: &str) -> Option<&'static str> {
+fn fatal_in_traceback_line(line: &str) -> Option<FatalReason> {
     if line.contains("scheduler died during initialization") {
-        Some("scheduler_died")
+        Some(FatalReason::SchedulerDied)
     } else if line.contains("CUDA out of memory") || line.contains("OutOfMemoryError") {
-        Some("cuda_oom")
+        Some(FatalReason::CudaOom)
     } else if line.contains("Initialization failed") {
-        Some("init_failed")
+        Some(FatalReason::InitFailed)
     } else {
         None
     }
@@ -697,29 +698,29 @@ fn phase(msg: &str, rank: Option<&str>) -> Option<LogEvent> {
     let first = *msg.as_bytes().first()?;
     match first {
         b'I' if msg.starts_with("Init torch distributed begin") => {
-            ev("init_distributed_begin", None, None)
+            ev(PhaseName::InitDistributedBegin, None, None)
         }
         b'I' if msg.starts_with("Init torch distributed end") => {
-            ev("init_distributed_end", elapsed(msg), None)
+            ev(PhaseName::InitDistributedEnd, elapsed(msg), None)
         }
         b'L' if msg.starts_with("Load weight begin") => ev(
-            "load_weights_begin",
+            PhaseName::LoadWeightsBegin,
             None,
             after(msg, "avail mem=").map(|m| format!("avail_mem_gb={m}")),
         ),
         b'L' if msg.starts_with("Load weight end") => ev(
-            "load_weights_end",
+            PhaseName::LoadWeightsEnd,
             elapsed(msg),
             after(msg, "mem usage=").map(|m| format!("mem_usage_gb={m}")),
         ),
         b'K' if msg.starts_with("KV Cache is allocated") => ev(
-            "kv_cache_allocated",
+            PhaseName::KvCacheAllocated,
             None,
             after(msg, "#tokens: ").map(|t| format!("tokens={t}")),
         ),
-        b'M' if msg.starts_with("Memory pool end") => ev("memory_pool_end", None, None),
+        b'M' if msg.starts_with("Memory pool end") => ev(PhaseName::MemoryPoolEnd, None, None),
         b'm' if msg.starts_with("max_total_num_tokens=") => ev(
-            "max_total_num_tokens",
+            PhaseName::MaxTotalNumTokens,
             None,
             after(msg, "max_total_num_tokens=").map(str::to_string),
         ),
@@ -730,9 +731,9 @@ fn phase(msg: &str, rank: Option<&str>) -> Option<LogEvent> {
             let detail = (!what.is_empty()).then(|| what.to_string());
             let tail = &lower[g..];
             if tail.starts_with("cuda graph begin") {
-                ev("cuda_graph_begin", None, detail)
+                ev(PhaseName::CudaGraphBegin, None, detail)
             } else if tail.starts_with("cuda graph end") {
-                ev("cuda_graph_end", elapsed(msg), detail)
+                ev(PhaseName::CudaGraphEnd, elapsed(msg), detail)
             } else {
                 None
             }
@@ -830,7 +831,7 @@ mod tests {
             [LogEvent::Ready]
         );
         assert_eq!(events(&["[2026-12-02 09:20:20] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)"]),
-                   [LogEvent::Phase { name: "http_up", rank: None, reported_s: None, detail: None }]);
+                   [LogEvent::Phase { name: PhaseName::HttpUp, rank: None, reported_s: None, detail: None }]);
     }
 
     #[test]
@@ -898,7 +899,7 @@ mod tests {
         let names: Vec<_> = ev
             .iter()
             .map(|e| match e {
-                LogEvent::Phase { name, .. } => *name,
+                LogEvent::Phase { name, .. } => name.as_str(),
                 _ => "?",
             })
             .collect();
@@ -970,7 +971,7 @@ mod tests {
             panic!("{ev:?}")
         };
         assert_eq!(
-            (*reason, rank.as_deref()),
+            (reason.as_str(), rank.as_deref()),
             ("scheduler_exception", Some("TP1"))
         );
         assert!(excerpt.starts_with("[2026-12-02 09:24:34 TP1] Scheduler hit an exception"));
@@ -983,7 +984,7 @@ mod tests {
         assert!(matches!(
             &ev[1],
             LogEvent::Fatal {
-                reason: "child_sigquit",
+                reason: FatalReason::ChildSigquit,
                 ..
             }
         ));
@@ -999,7 +1000,7 @@ mod tests {
         ]);
         assert_eq!(ev.len(), 1, "{ev:?}");
         assert!(
-            matches!(&ev[0], LogEvent::Fatal { reason: "scheduler_died", excerpt, .. } if excerpt.contains("RuntimeError: Rank 0"))
+            matches!(&ev[0], LogEvent::Fatal { reason: FatalReason::SchedulerDied, excerpt, .. } if excerpt.contains("RuntimeError: Rank 0"))
         );
         let ev = events(&[
             "Traceback (most recent call last):",
@@ -1023,7 +1024,7 @@ mod tests {
         for (line, want) in cases {
             let ev = events(&[line]);
             assert!(
-                matches!(&ev[..], [LogEvent::Fatal { reason, .. }] if *reason == want),
+                matches!(&ev[..], [LogEvent::Fatal { reason, .. }] if reason.as_str() == want),
                 "{line}: {ev:?}"
             );
         }

@@ -3,17 +3,21 @@
 //!
 //! One blocking thread per pipe. Per chunk read: one `write` to the log file (shared by both
 //! streams under a lock, so the file keeps arrival order), a non-blocking hand-off to a terminal
-//! writer thread (a bounded queue: when the terminal is slower than the child, the terminal copy
-//! drops chunks and counts them; the log file never does), then line framing and parsing in place.
+//! writer thread (a bounded queue: when a terminal or pipe is slower than the child, the terminal
+//! copy drops chunks and counts them; the log file never does, nor a copy to a file or /dev/null,
+//! which cannot stall), then line framing and parsing in place.
 use super::parse::{batch_fields, is_plain, BatchKind, LogEvent, LogParser, LogSink, ParseStats};
+use crate::events::FatalReason;
 use crate::redact::{Secrets, StreamRedactor};
 use crate::server_series::ServerSeries;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde_json::{Map, Value};
+use sglang_probes::sync::lock;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, SendError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
@@ -27,7 +31,7 @@ const TERMINAL_QUEUE_CHUNKS: usize = 16;
 /// Read buffers the terminal writer hands back for reuse, at most.
 const SPARE_BUFFERS: usize = 4;
 /// When a multi-line message is open and the pipe is quiet this long, close it.
-const CAPTURE_IDLE_MS: i32 = 200;
+const CAPTURE_IDLE_MS: u16 = 200;
 /// Bytes of recent output kept in memory for diagnoses.
 const TAIL_BYTES: usize = 64 * 1024;
 
@@ -254,7 +258,7 @@ impl LogSink for ReaderSink<'_> {
                 return;
             }
             LogEvent::Fatal {
-                reason: "cuda_oom",
+                reason: FatalReason::CudaOom,
                 excerpt,
                 ..
             } => self.series.pressure(None, excerpt),
@@ -293,10 +297,6 @@ impl Shared {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Our stdout or stderr, written by one thread from a bounded queue. Both the child's output and
 /// our own messages go through it, so a stalled terminal (a full pipe nobody reads) can block
 /// neither the child nor the supervisor: past the queue's bound, chunks are dropped and counted.
@@ -305,6 +305,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// which parses it meanwhile), and the writer hands finished buffers back for the next reads.
 pub struct TerminalCopy {
     tx: Option<SyncSender<(Arc<Vec<u8>>, usize)>>,
+    /// Our fd is a regular file or a device such as /dev/null: a write there finishes, so the
+    /// queue waits for room instead of dropping (only a terminal or a pipe can stall for ever).
+    lossless: bool,
     pending: Arc<AtomicU64>,
     pub dropped: Arc<AtomicU64>,
     spare: Arc<Mutex<Vec<Vec<u8>>>>,
@@ -325,15 +328,16 @@ impl TerminalCopy {
         let spare = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = sync_channel::<(Arc<Vec<u8>>, usize)>(TERMINAL_QUEUE_CHUNKS);
         let (d, p, sp) = (dropped.clone(), pending.clone(), spare.clone());
+        let dup = if fd == 1 {
+            nix::unistd::dup(std::io::stdout())
+        } else {
+            nix::unistd::dup(std::io::stderr())
+        };
+        let mut out: Option<File> = dup.ok().map(File::from);
+        let lossless = out.as_ref().is_some_and(cannot_stall);
         let started = std::thread::Builder::new()
             .name(format!("terminal-{fd}"))
             .spawn(move || {
-                // SAFETY: dup of our own stdout/stderr; the File owns the duplicate.
-                let dup = unsafe { libc::dup(fd) };
-                let mut out: Option<File> = (dup >= 0).then(|| {
-                    // SAFETY: `dup` is a fresh descriptor we own.
-                    unsafe { std::os::fd::FromRawFd::from_raw_fd(dup) }
-                });
                 for (chunk, n) in rx {
                     let ok = out
                         .as_mut()
@@ -356,12 +360,14 @@ impl TerminalCopy {
         match started {
             Ok(_) => TerminalCopy {
                 tx: Some(tx),
+                lossless,
                 pending,
                 dropped,
                 spare,
             },
             Err(_) => TerminalCopy {
                 tx: None,
+                lossless,
                 pending,
                 dropped,
                 spare,
@@ -385,7 +391,12 @@ impl TerminalCopy {
             return;
         };
         self.pending.fetch_add(1, Ordering::Acquire);
-        if let Err(TrySendError::Full((_, n)) | TrySendError::Disconnected((_, n))) =
+        if self.lossless {
+            if let Err(SendError((_, n))) = tx.send((chunk, n)) {
+                self.pending.fetch_sub(1, Ordering::Release);
+                self.dropped.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        } else if let Err(TrySendError::Full((_, n)) | TrySendError::Disconnected((_, n))) =
             tx.try_send((chunk, n))
         {
             self.pending.fetch_sub(1, Ordering::Release);
@@ -400,6 +411,16 @@ impl TerminalCopy {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
     }
+}
+
+/// A regular file, or a device that is not a terminal (/dev/null): writes there complete.
+fn cannot_stall(f: &File) -> bool {
+    use std::io::IsTerminal;
+    use std::os::unix::fs::FileTypeExt;
+    f.metadata().is_ok_and(|m| {
+        let t = m.file_type();
+        t.is_file() || t.is_block_device() || (t.is_char_device() && !f.is_terminal())
+    })
 }
 
 /// `tracing` writes our own messages through the stderr queue.
@@ -525,10 +546,11 @@ fn read_loop(
     terminal: Option<&TerminalCopy>,
     events: &UnboundedSender<Timed>,
 ) -> StreamStats {
-    let raw = fd.as_raw_fd();
     // Fewer, larger reads when the child writes fast. Failure only costs speed.
-    // SAFETY: fcntl on our own pipe descriptor.
-    unsafe { libc::fcntl(raw, libc::F_SETPIPE_SZ, CHUNK as libc::c_int) };
+    let _ = nix::fcntl::fcntl(
+        &fd,
+        nix::fcntl::FcntlArg::F_SETPIPE_SZ(CHUNK as libc::c_int),
+    );
     let mut file = File::from(fd);
     let new_buffer = || terminal.map_or_else(|| vec![0u8; CHUNK], TerminalCopy::buffer);
     let mut buf = new_buffer();
@@ -542,7 +564,7 @@ fn read_loop(
     };
     let mut redactor = shared.redact.clone().map(StreamRedactor::new);
     loop {
-        if parser.capturing() && !readable_within(raw, CAPTURE_IDLE_MS) {
+        if parser.capturing() && !readable_within(&file, CAPTURE_IDLE_MS) {
             parser.flush(&mut emit);
             continue;
         }
@@ -636,15 +658,10 @@ fn pass_on(
     emit.batches.publish(&shared.batches, &shared.series);
 }
 
-fn readable_within(fd: i32, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let rc = unsafe { libc::poll(&mut p, 1, ms) };
-    rc != 0
+fn readable_within(fd: &impl AsFd, ms: u16) -> bool {
+    let mut p = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    // An error counts as readable: the read that follows reports it.
+    poll(&mut p, PollTimeout::from(ms)) != Ok(0)
 }
 
 #[cfg(test)]

@@ -128,6 +128,16 @@ struct Args {
     /// A chat answer's first N tokens are `reasoning_content` (a reasoning parser's output).
     #[arg(long, default_value_t = 0)]
     reasoning_tokens: u64,
+    /// Node rank of a multi-node launch. N >= 1 plays a worker node as SGLang 0.5.14 runs it
+    /// (`engine.py`: `node_rank >= 1` → schedulers only, then `launch_dummy_health_check_server`):
+    /// the server args, the scheduler lines of its local TP ranks (no batch lines, no
+    /// `max_total_num_tokens`: tp_rank 0 logs those), no uvicorn or ready line; then only
+    /// `/health`, `/health_generate` and `/ping` answer (200), everything else 404.
+    #[arg(long, default_value_t = 0)]
+    node_rank: u32,
+    /// Number of nodes of the launch (with --node-rank).
+    #[arg(long, default_value_t = 1)]
+    nnodes: u32,
     /// Internal: run as a worker process that sleeps until killed.
     #[arg(long, hide = true)]
     worker: Option<String>,
@@ -367,6 +377,7 @@ fn run(args: Args) -> Result<std::convert::Infallible> {
         access_stdout: args.access_log_stdout,
         log_ms: args.log_ms,
         api_key: args.api_key.clone(),
+        dummy_health: args.node_rank >= 1,
     });
 
     let mut workers = vec![spawn_worker("scheduler")?, spawn_worker("detokenizer")?];
@@ -374,8 +385,11 @@ fn run(args: Args) -> Result<std::convert::Infallible> {
         workers.push(spawn_worker("stubborn")?);
         workers.push(spawn_worker("stubborn-setsid")?);
     }
+    let worker_node = args.node_rank >= 1;
     let ranks: Vec<Option<String>> = match &args.ranks {
         Some(r) => r.split(',').map(|s| Some(s.trim().to_string())).collect(),
+        // One TP rank per node: node N's scheduler is TP N.
+        None if worker_node => vec![Some(format!("TP{}", args.node_rank))],
         None => vec![None],
     };
 
@@ -399,6 +413,21 @@ fn run(args: Args) -> Result<std::convert::Infallible> {
         if msg.starts_with("INFO:     127.0.0.1:") {
             continue;
         }
+        if worker_node {
+            // Schedulers ready (their lines are done): the dummy health server, silently.
+            if msg.contains("Uvicorn running on") || msg.contains("fired up and ready") {
+                READY.store(true, Ordering::SeqCst);
+                start_http(&args, http.clone())?;
+                continue;
+            }
+            let scheduler = SCHEDULER_LINES.iter().any(|f| msg.starts_with(f))
+                && !msg.starts_with("Decode batch")
+                && !msg.starts_with("Prefill batch")
+                && !msg.starts_with("max_total_num_tokens=");
+            if !scheduler && !msg.starts_with("server_args=") {
+                continue;
+            }
+        }
         if msg.contains("The server is fired up and ready to roll!") {
             if ready_printed {
                 continue;
@@ -408,12 +437,14 @@ fn run(args: Args) -> Result<std::convert::Infallible> {
             after_ready(&args, &workers);
             continue;
         }
-        // With several ranks, the resolved args say so (tp_size = number of TP ranks).
+        // With several ranks, the resolved args say so (tp_size = number of TP ranks, on all
+        // nodes).
         let tp = ranks
             .iter()
             .filter(|r| r.as_deref().is_some_and(|r| r.contains("TP")))
             .count()
-            .max(1);
+            .max(1)
+            * args.nnodes.max(1) as usize;
         if msg.starts_with("server_args=") && version_at_least(&args.version, 0, 5, 19) {
             // 0.5.19+ logs `resolved_dict()`: the dict repr of what /server_info serves.
             let mut resolved = http.server_info_args();
@@ -429,7 +460,12 @@ fn run(args: Args) -> Result<std::convert::Infallible> {
             log_line(
                 &args,
                 None,
-                &msg.replacen("tp_size=1,", &format!("tp_size={tp},"), 1),
+                &msg.replacen("tp_size=1,", &format!("tp_size={tp},"), 1)
+                    .replacen(
+                        "nnodes=1, node_rank=0",
+                        &format!("nnodes={}, node_rank={}", args.nnodes, args.node_rank),
+                        1,
+                    ),
             );
             continue;
         }
@@ -663,6 +699,8 @@ struct HttpFixtures {
     access_stdout: bool,
     log_ms: bool,
     api_key: Option<String>,
+    /// A worker node's dummy health server (`--node-rank` >= 1).
+    dummy_health: bool,
 }
 
 impl HttpFixtures {
@@ -744,6 +782,18 @@ fn serve(conn: TcpStream, fx: &HttpFixtures) -> Result<()> {
         let mut body = vec![0u8; len.min(64 << 20)];
         reader.read_exact(&mut body)?;
         let open = path.starts_with("/health") || path.starts_with("/metrics");
+        if fx.dummy_health {
+            // uvicorn at log level warning: no access line.
+            let code = match path.split('?').next().unwrap_or("") {
+                "/health" | "/health_generate" | "/ping" if method == "GET" => 200,
+                _ => 404,
+            };
+            respond(&mut w, code, "text/plain", "")?;
+            if close {
+                return Ok(());
+            }
+            continue;
+        }
         let status = match &fx.api_key {
             Some(k) if !open && bearer.as_deref() != Some(k.as_str()) => respond(
                 &mut w,

@@ -56,6 +56,8 @@ pub struct Opts<'a> {
     pub stderr: Stdio,
     /// Runs in the supervisor's process before exec (close its stdout, ...).
     pub pre_exec: Option<fn() -> std::io::Result<()>>,
+    /// A command the supervisor runs under (`unshare -p -f`, ...).
+    pub wrap: &'a [&'a str],
 }
 
 impl Default for Opts<'_> {
@@ -67,6 +69,7 @@ impl Default for Opts<'_> {
             stdout: Stdio::null(),
             stderr: Stdio::null(),
             pre_exec: None,
+            wrap: &[],
         }
     }
 }
@@ -82,7 +85,14 @@ impl Run {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let port = free_port();
-        let mut cmd = Command::new(supervisor_bin());
+        let mut cmd = match opts.wrap.split_first() {
+            Some((w, rest)) => {
+                let mut c = Command::new(w);
+                c.args(rest).arg(supervisor_bin());
+                c
+            }
+            None => Command::new(supervisor_bin()),
+        };
         cmd.arg("run").arg("--events").arg(dir.join("events.jsonl"));
         if !opts.supervisor.contains(&"--log-file") {
             cmd.arg("--log-file").arg(dir.join("server.log"));
@@ -129,7 +139,10 @@ impl Run {
 
     pub fn events(&self) -> Vec<Value> {
         let text = std::fs::read_to_string(self.dir.join("events.jsonl")).unwrap_or_default();
-        text.lines()
+        // Only whole lines: a large event (server_args, 11 KB) may be read while being written.
+        let whole = text.rfind('\n').map_or("", |i| &text[..i]);
+        whole
+            .lines()
             .map(|l| {
                 serde_json::from_str(l).unwrap_or_else(|e| panic!("bad event line {l:?}: {e}"))
             })

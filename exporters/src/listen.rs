@@ -1,0 +1,131 @@
+//! The accept loop of our two listeners (metrics, proxy). A flood of connections must not starve
+//! the supervisor: an accept error (EMFILE at the open-file limit) waits instead of spinning, at
+//! most `max_connections` are served at once, and a client that sends no request head within
+//! `header_timeout` (a fresh connection that stays silent, or a kept-alive one idle between
+//! requests) is closed.
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioTimer;
+use sglang_probes::sync::lock;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+
+/// How long an accept error (no file descriptor left) waits before the next accept.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    /// At the cap, close the oldest connection to make room (metrics: scrapes are short, so the
+    /// oldest is an idle one, and a scrape must not queue behind a flood) instead of leaving the
+    /// newcomer in the backlog (the proxy: its oldest may be a stream being measured).
+    pub evict_oldest: bool,
+}
+
+impl Limits {
+    /// hyper's HTTP/1 server with the header (and so idle) timeout.
+    pub fn http1(&self) -> http1::Builder {
+        let mut b = http1::Builder::new();
+        b.timer(TokioTimer::new())
+            .header_read_timeout(self.header_timeout);
+        b
+    }
+}
+
+/// Connections that may be evicted, oldest first.
+type Open = Arc<Mutex<VecDeque<(u64, oneshot::Sender<()>)>>>;
+
+/// Accept on `listener` in the background and run `serve` on each connection, within `limits`.
+pub fn spawn_accept_loop<F, Fut>(
+    listener: TcpListener,
+    limits: Limits,
+    what: &'static str,
+    serve: F,
+) where
+    F: Fn(TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+        let open: Open = Arc::default();
+        let mut next_id = 0u64;
+        let mut failing = false;
+        loop {
+            // Without eviction, wait for room before accepting: the rest wait in the backlog.
+            let early = if limits.evict_oldest {
+                None
+            } else {
+                match permits.clone().acquire_owned().await {
+                    Ok(p) => Some(p),
+                    Err(_) => return,
+                }
+            };
+            let stream = match listener.accept().await {
+                Ok((s, _)) => {
+                    failing = false;
+                    s
+                }
+                Err(e) => {
+                    if !std::mem::replace(&mut failing, true) {
+                        tracing::warn!("{what}: cannot accept a connection ({e}); retrying every {ACCEPT_BACKOFF:?}");
+                    }
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            };
+            let permit = match early {
+                Some(p) => p,
+                None => match room(&permits, &open).await {
+                    Some(p) => p,
+                    None => return,
+                },
+            };
+            next_id += 1;
+            let id = next_id;
+            let evicted = limits.evict_oldest.then(|| {
+                let (tx, rx) = oneshot::channel();
+                lock(&open).push_back((id, tx));
+                rx
+            });
+            let conn = serve(stream);
+            let open = open.clone();
+            tokio::spawn(async move {
+                match evicted {
+                    Some(rx) => {
+                        tokio::select! {
+                            () = conn => {}
+                            _ = rx => tracing::debug!("{what}: closed the oldest connection to make room"),
+                        }
+                        lock(&open).retain(|(i, _)| *i != id);
+                    }
+                    None => conn.await,
+                }
+                drop::<OwnedSemaphorePermit>(permit);
+            });
+        }
+    });
+}
+
+/// A permit, evicting the oldest connection when there is none.
+async fn room(permits: &Arc<Semaphore>, open: &Open) -> Option<OwnedSemaphorePermit> {
+    if let Ok(p) = permits.clone().try_acquire_owned() {
+        return Some(p);
+    }
+    if let Some((_, tx)) = lock(open).pop_front() {
+        let _ = tx.send(());
+    }
+    permits.clone().acquire_owned().await.ok()
+}
+
+/// Connections the proxy may hold: each takes two descriptors (client and upstream), and the
+/// supervisor keeps some for itself (logs, /proc, GPU libraries).
+pub fn proxy_connection_cap() -> usize {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1024, |(soft, _)| soft);
+    let cap = soft.saturating_sub(256) / 2;
+    usize::try_from(cap).unwrap_or(usize::MAX).clamp(32, 65536)
+}

@@ -1,0 +1,1272 @@
+//! `run`, in four steps: open the services (files, signals, metrics, GPU sampler, proxy), spawn
+//! the server, supervise it until it exits, tear down. What the lifecycle *decides* (readiness,
+//! stops, signals, the exit status) is the state machine in [`machine`]; this module carries out
+//! its actions and records what the server's log says.
+//!
+//! The supervising task runs on the main thread, which is also the thread that spawned the child:
+//! PR_SET_PDEATHSIG fires when the *spawning thread* exits.
+mod machine;
+mod preflight;
+mod signals;
+
+pub use machine::{signal_name, Stop};
+pub use preflight::{preflight, Preflight};
+
+use crate::child::{self, ExitStatus, SpawnSpec};
+use crate::cli::{ReadyOn, RunArgs};
+use crate::events::{round_ms, Event, Events, FatalReason, PhaseName, Stage};
+use crate::exit;
+use crate::logs::parse::LogEvent;
+use crate::logs::tee::{self, LogFile, Shared, StreamStats, Timed};
+use crate::readiness::{self, Evidence, Node};
+use crate::redact::{redact_argv, Secrets};
+use crate::sentinel::Sentinel;
+use crate::server_series::ServerSeries;
+use crate::startup::StartupProfile;
+use anyhow::{Context, Result};
+use machine::{Action, Input, Machine, Settings};
+use serde_json::{json, Map, Value};
+use sglang_exporters::metrics as exporters;
+use sglang_probes::http::HttpUrl;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::OsString;
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio::time::sleep_until;
+
+/// How long the readers may take to drain after the tree is dead.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long teardown waits for killed processes to disappear before calling them leftovers.
+const KILL_WAIT: Duration = Duration::from_secs(2);
+/// `/server_info` after readiness: one cheap request.
+const INFO_TIMEOUT: Duration = Duration::from_secs(3);
+/// The server's own `/metrics` is fetched this often, with this timeout.
+const UPSTREAM_METRICS_PERIOD: Duration = Duration::from_secs(5);
+const UPSTREAM_METRICS_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the GPUs may take to list no process of the dead server (the driver frees memory
+/// asynchronously).
+const GPU_RELEASE_WAIT: Duration = Duration::from_secs(5);
+/// A second `Child process [N] died` before readiness means uvicorn's kill loop.
+const WORKER_DEATHS_FATAL: u32 = 2;
+/// Distinct warnings reported as events (the rest are counted).
+const MAX_WARNING_EVENTS: usize = 200;
+
+/// The server URL: `--health-url`, `--upstream`, else `--host`/`--port` from the server's argv.
+pub fn server_url(args: &RunArgs) -> Result<HttpUrl> {
+    readiness::server_url(
+        &argv_text(&args.command),
+        args.health_url.as_deref().or(args.upstream.as_deref()),
+    )
+}
+
+fn argv_text(command: &[OsString]) -> Vec<String> {
+    command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Open a file we write (log, events, requests log). Opened non-blocking so that a FIFO with no
+/// reader is an error at once instead of a silent hang; blocking again once open.
+fn create(path: &Path, what: &str) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                anyhow::anyhow!(
+                    "the {what} {} is a FIFO with no reader: start its reader first, or give a regular file",
+                    path.display()
+                )
+            } else {
+                anyhow::anyhow!(
+                    "cannot create the {what} {} ({e}): check the directory exists and is writable",
+                    path.display()
+                )
+            }
+        })?;
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let fd = f.as_raw_fd();
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(f)
+}
+
+/// `--report` is written at exit: a path we could not write is found now, not then. Opened
+/// for writing (not truncated); a file that did not exist is created and removed again.
+fn check_writable(path: &Path, what: &str) -> Result<()> {
+    let refuse = |why: String| {
+        anyhow::anyhow!(
+            "cannot write the {what} {} ({why}): give a writable path",
+            path.display()
+        )
+    };
+    if path.is_dir() {
+        return Err(refuse("it is a directory".into()));
+    }
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(!existed)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| refuse(e.to_string()))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+/// COMMAND as text, and the secret values its events must never carry (from it and our env).
+fn command_and_secrets(args: &RunArgs) -> (Vec<String>, Secrets) {
+    let argv = argv_text(&args.command);
+    let secrets = Secrets::from_run(&argv, std::env::vars());
+    (argv, secrets)
+}
+
+/// The events of a run that never got as far as a server: `fatal` then the terminal `exited`,
+/// so `wait --events` and the report see it end.
+fn record_end_without_server(
+    events: &Events,
+    reason: FatalReason,
+    excerpt: String,
+    exit_status: i32,
+) {
+    events.emit(Event::Fatal {
+        reason,
+        rank: None,
+        excerpt,
+    });
+    events.emit(Event::Exited {
+        code: None,
+        signal: None,
+        elapsed_s: 0.0,
+        requested: false,
+        exit_status,
+        log: Value::Null,
+        supervisor_pid: Some(std::process::id()),
+    });
+}
+
+/// `--report` and `--report-html`, from the events kept (see [`keeps_events`]).
+fn write_report(args: &RunArgs, events: &Events) {
+    crate::report::write_at_exit(args, &events.kept());
+}
+
+/// Whether the events are kept for a report at exit.
+fn keeps_events(args: &RunArgs) -> bool {
+    args.report.is_some() || args.report_html.is_some()
+}
+
+/// A refused launch still leaves its `preflight` event, and an end, where `--events` points.
+pub fn record_rejection(args: &RunArgs, event: Value) {
+    let file = match args.events.as_deref().map(|p| create(p, "events file")) {
+        Some(Err(e)) => {
+            tracing::error!("{e:#}");
+            None
+        }
+        Some(Ok(f)) => Some(f),
+        None => None,
+    };
+    let events = Events::new(
+        file,
+        args.events.as_ref().map(|p| p.display().to_string()),
+        Instant::now(),
+        keeps_events(args),
+    )
+    .with_secrets(command_and_secrets(args).1);
+    events.emit(Event::Preflight(Event::object(event)));
+    record_end_without_server(
+        &events,
+        FatalReason::PreflightRejected,
+        "the server's flags would fail to parse; not launched".into(),
+        exit::PREFLIGHT_REJECTED,
+    );
+    write_report(args, &events);
+}
+
+/// Everything the run opens before the server starts; any of it can fail, and then nothing runs.
+struct Services {
+    log_file: Option<File>,
+    url: HttpUrl,
+    signals: signals::Signals,
+    metrics: Arc<exporters::Shared>,
+    sampler: Option<sglang_probes::sampler::Sampler>,
+    metrics_addr: Option<SocketAddr>,
+    /// The default metrics port was taken: where and by whom (for the `listening` event).
+    metrics_default_taken: Option<Value>,
+    proxy_addr: Option<SocketAddr>,
+    /// The server's batch series (log lines, metrics, windows).
+    series: Arc<ServerSeries>,
+    /// Where the start's time goes (the process tree sampled until readiness).
+    startup: Arc<StartupProfile>,
+    /// The torch-profiler trace directory, and whether the server must be told (None: off).
+    trace_dir: Option<(PathBuf, bool)>,
+}
+
+async fn open_services(args: &RunArgs) -> Result<Services> {
+    if let Some(p) = &args.report {
+        check_writable(p, "report")?;
+    }
+    if let Some(p) = &args.report_html {
+        check_writable(p, "HTML report")?;
+    }
+    let log_file = args
+        .log_file
+        .as_deref()
+        .map(|p| create(p, "log file"))
+        .transpose()?;
+    let url = server_url(args)?;
+    // Past a file-size limit (RLIMIT_FSIZE) a write fails with EFBIG instead of killing us: the
+    // log file reports it and the child's pipes keep being drained.
+    // SAFETY: setting a signal disposition; no handler runs.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    if let Err(e) = child::become_subreaper() {
+        tracing::warn!("cannot become a child subreaper ({e}): descendants that call setsid may escape teardown");
+    }
+    // Signals are caught from before the spawn on, so none is lost in between.
+    let signals = signals::Signals::install()?;
+    // The metrics port is bound before the spawn: a port in use is a start-up error, not a
+    // surprise an hour into the benchmark.
+    let metrics = Arc::new(exporters::Shared::default());
+    metrics.update(|st| st.state = "starting");
+    // GPU sampling starts before the server, so the window covers its whole start.
+    let sampler = crate::gpu::start_sampler(args)?;
+    metrics.set_gpus(sampler.as_ref().map(|s| s.handle()));
+    let mut registry = exporters::registry(metrics.clone());
+    let series = crate::server_series::register(&mut registry, &metrics);
+    let startup = crate::startup::register(&mut registry);
+    let proxy_metrics = sglang_exporters::proxy::ProxyMetrics::register(&mut registry);
+    let metrics_listener = crate::metrics_addr::serve(
+        args.metrics_addr.as_deref(),
+        Arc::new(registry),
+        metrics.clone(),
+    )
+    .await?;
+    let proxy_addr = match &args.proxy_addr {
+        None => None,
+        Some(addr) => {
+            let log = args
+                .requests_log
+                .as_deref()
+                .map(|p| create(p, "requests log"))
+                .transpose()?;
+            let upstream = args.upstream.clone().unwrap_or_else(|| url.base());
+            let stats = Arc::new(sglang_exporters::report::RequestStats::default());
+            metrics.set_requests(Some(stats.clone()));
+            let traffic = if args.window_from_proxy {
+                sampler.as_ref().map(|s| s.handle())
+            } else {
+                None
+            };
+            Some(
+                sglang_exporters::proxy::start(addr, &upstream, proxy_metrics, stats, log, traffic)
+                    .await?,
+            )
+        }
+    };
+    Ok(Services {
+        log_file,
+        url,
+        signals,
+        metrics,
+        sampler,
+        metrics_addr: metrics_listener.addr,
+        metrics_default_taken: metrics_listener.default_taken,
+        proxy_addr,
+        series,
+        startup,
+        trace_dir: crate::profile::trace_dir(args),
+    })
+}
+
+/// The server, in its own process group, with the profiler's trace directory in its
+/// environment when it must be told.
+fn spawn_server(
+    args: &RunArgs,
+    trace_dir: Option<&(PathBuf, bool)>,
+) -> Result<child::Spawned, child::SpawnError> {
+    let env: Vec<(&str, &std::ffi::OsStr)> = trace_dir
+        .filter(|(_, tell)| *tell)
+        .map(|(d, _)| (crate::profile::DIR_ENV, d.as_os_str()))
+        .into_iter()
+        .collect();
+    child::spawn(
+        SpawnSpec {
+            argv: &args.command,
+            new_process_group: true,
+            die_with_parent: true,
+            stdin: Stdio::null(),
+            stdout: Stdio::piped(),
+            stderr: Stdio::piped(),
+        },
+        &env,
+    )
+}
+
+/// Run the server to the end; returns the exit status of `run`.
+pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
+    // The events file first: from here on, every way the run can end is recorded in it.
+    let events_file = args
+        .events
+        .as_deref()
+        .map(|p| create(p, "events file"))
+        .transpose()?;
+    let (argv, secrets) = command_and_secrets(&args);
+    let mut events = Events::new(
+        events_file,
+        args.events.as_ref().map(|p| p.display().to_string()),
+        Instant::now(),
+        keeps_events(&args),
+    )
+    .with_secrets(secrets.clone());
+    if let Some(p) = preflight {
+        events.emit(Event::Preflight(Event::object(p)));
+    }
+    let fail = |events: &Events, reason, e: anyhow::Error| {
+        record_end_without_server(events, reason, format!("{e:#}"), exit::SUPERVISOR_FAILED);
+        write_report(&args, events);
+        e
+    };
+    // 1. Open the services.
+    let mut services = match open_services(&args).await {
+        Ok(s) => s,
+        Err(e) => return Err(fail(&events, FatalReason::SupervisorFailed, e)),
+    };
+    // 2. Spawn, the sentinel first: no moment of the server's life goes unwatched.
+    let sentinel = match Sentinel::start() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!("no sentinel ({e}): if the supervisor is killed, the server's workers may outlive it");
+            None
+        }
+    };
+    let t0 = Instant::now();
+    let spawned = match spawn_server(&args, services.trace_dir.as_ref()) {
+        Ok(s) => s,
+        Err(e) => return Err(fail(&events, FatalReason::SpawnFailed, e.into())),
+    };
+    events.restart_clock(t0);
+    let events = Arc::new(events);
+    let pid = spawned.pid;
+    events.emit(Event::Spawned {
+        pid,
+        argv: redact_argv(&argv),
+        supervisor_pid: Some(std::process::id()),
+    });
+    // 3. Supervise until the child exits. What could not start after the spawn takes the
+    //    server down with it.
+    let log_file = services.log_file.take();
+    let watch = Watch::start(
+        &args,
+        &services,
+        log_file,
+        spawned,
+        events.clone(),
+        secrets,
+        sentinel,
+    );
+    let mut watch = match watch {
+        Ok(w) => w,
+        Err(e) => {
+            child::kill_tree(pid, &[], KILL_WAIT).await;
+            return Err(fail(&events, FatalReason::SupervisorFailed, e));
+        }
+    };
+    services.startup.start(pid, t0, watch.exclude.clone());
+    let node = Node::from_argv(&argv);
+    let mut s = Supervision::new(
+        args,
+        events,
+        pid,
+        services.url.clone(),
+        node,
+        &services,
+        &watch,
+        t0,
+    );
+    let status = s.supervise(&mut watch, services.signals).await;
+    // 4. Tear down.
+    s.teardown(status, watch, services.sampler).await
+}
+
+/// The child's output readers, its exit and the sentinel: what watches the running server.
+struct Watch {
+    readers: Vec<std::thread::JoinHandle<StreamStats>>,
+    log_rx: mpsc::UnboundedReceiver<Timed>,
+    exit_rx: tokio::sync::oneshot::Receiver<ExitStatus>,
+    shared: Arc<Shared>,
+    sentinel: Option<Sentinel>,
+    /// Our own helper processes, never part of the server's tree.
+    exclude: Vec<i32>,
+}
+
+impl Watch {
+    fn start(
+        args: &RunArgs,
+        services: &Services,
+        log_file: Option<File>,
+        spawned: child::Spawned,
+        events: Arc<Events>,
+        secrets: Secrets,
+        mut sentinel: Option<Sentinel>,
+    ) -> Result<Watch> {
+        let pid = spawned.pid;
+        if let Some(s) = &mut sentinel {
+            s.arm(pid);
+        }
+        let window_events = events.clone();
+        services.metrics.set_window_sink(Arc::new(move |w| {
+            window_events.emit(Event::Window(Event::object(w)))
+        }));
+        let (bench_sampler, bench_log) = (
+            services.sampler.as_ref().map(|s| s.handle()),
+            args.requests_log.clone(),
+        );
+        services.metrics.set_bench_hook(Arc::new(move |path| {
+            crate::bench::live(path, bench_sampler.as_ref(), bench_log.as_deref())
+        }));
+        let trace_dir = services.trace_dir.as_ref().map(|(d, _)| d.as_path());
+        crate::profile::setup(args, trace_dir, &services.url, &events, &services.metrics);
+        tracing::info!(pid, url = %services.url.base(), "spawned the server");
+        if services.metrics_addr.is_some() || services.proxy_addr.is_some() {
+            let addr = |a: Option<SocketAddr>| a.map(|a| a.to_string());
+            events.emit(Event::Listening {
+                metrics: addr(services.metrics_addr),
+                proxy: addr(services.proxy_addr),
+                metrics_default_taken: services.metrics_default_taken.clone(),
+            });
+            if let Some(a) = services.metrics_addr {
+                tracing::info!("metrics on http://{a}/metrics");
+            }
+            if let Some(a) = services.proxy_addr {
+                tracing::info!(
+                    "latency-measuring proxy on http://{a} → {}",
+                    services.url.base()
+                );
+            }
+        }
+        let exclude: Vec<i32> = sentinel.iter().map(|s| s.pid).collect();
+        let shared = Shared::new(
+            LogFile::new(
+                log_file,
+                args.log_file.as_ref().map(|p| p.display().to_string()),
+            ),
+            args.redact_log.then_some(secrets),
+            services.series.clone(),
+        );
+        let (log_tx, log_rx) = mpsc::unbounded_channel::<Timed>();
+        let tee_to = |fd| (!args.no_tee).then(|| tee::terminal(fd));
+        let mut readers = Vec::new();
+        for (stream, fd, term) in [
+            (tee::Stream::Stdout, spawned.stdout, tee_to(1)),
+            (tee::Stream::Stderr, spawned.stderr, tee_to(2)),
+        ] {
+            if let Some(fd) = fd {
+                readers.push(
+                    tee::spawn_reader(stream, fd, shared.clone(), term, log_tx.clone())
+                        .context("starting a log reader thread")?,
+                );
+            }
+        }
+        Ok(Watch {
+            readers,
+            log_rx,
+            exit_rx: spawned.exit,
+            shared,
+            sentinel,
+            exclude,
+        })
+    }
+}
+
+/// Per-rank startup progress ("main" for unprefixed lines), for timings, timeout diagnoses and
+/// the readiness of a node that serves no API.
+#[derive(Debug, Default)]
+struct RankProgress {
+    last: Option<(PhaseName, f64)>,
+    begun: HashMap<Stage, f64>,
+}
+
+/// What the log told us, and what the run has set up around the server.
+struct Supervision {
+    args: RunArgs,
+    events: Arc<Events>,
+    pid: i32,
+    url: HttpUrl,
+    node: Node,
+    machine: Machine,
+    http_up_at: Option<f64>,
+    fatal: Option<(FatalReason, String)>,
+    last_traceback: Option<String>,
+    ranks: BTreeMap<String, RankProgress>,
+    seen_warnings: HashSet<String>,
+    seen_deprecations: HashSet<String>,
+    warnings_suppressed: u64,
+    worker_deaths: u32,
+    check_tx: mpsc::UnboundedSender<Result<&'static str, String>>,
+    check_rx: Option<mpsc::UnboundedReceiver<Result<&'static str, String>>>,
+    metrics: Arc<exporters::Shared>,
+    exclude: Vec<i32>,
+    /// `enable_metrics` from the resolved args: whether the server has a `/metrics` to re-expose.
+    upstream_metrics: Option<bool>,
+    /// Where the start's time goes: phase marks, JIT seconds per stage.
+    startup: Arc<StartupProfile>,
+}
+
+impl Supervision {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        args: RunArgs,
+        events: Arc<Events>,
+        pid: i32,
+        url: HttpUrl,
+        node: Node,
+        services: &Services,
+        watch: &Watch,
+        t0: Instant,
+    ) -> Self {
+        let (check_tx, check_rx) = mpsc::unbounded_channel();
+        let machine = Machine::new(
+            Settings {
+                pid,
+                grace: args.grace,
+                signal_group: args.signal_group,
+                poll_from_start: args.ready_on == ReadyOn::Http,
+                node,
+                ready_deadline: t0 + args.ready_timeout,
+            },
+            Instant::now(),
+        );
+        if let Some((rank, nnodes)) = node.multi() {
+            tracing::info!("node rank {rank} of {nnodes}");
+        }
+        Supervision {
+            args,
+            events,
+            pid,
+            url,
+            node,
+            machine,
+            http_up_at: None,
+            fatal: None,
+            last_traceback: None,
+            ranks: BTreeMap::new(),
+            seen_warnings: HashSet::new(),
+            seen_deprecations: HashSet::new(),
+            warnings_suppressed: 0,
+            worker_deaths: 0,
+            check_tx,
+            check_rx: Some(check_rx),
+            metrics: services.metrics.clone(),
+            exclude: watch.exclude.clone(),
+            upstream_metrics: None,
+            startup: services.startup.clone(),
+        }
+    }
+
+    fn now_s(&self) -> f64 {
+        self.events.elapsed(Instant::now())
+    }
+
+    /// Until the child exits: every input goes through the machine, its actions are carried out.
+    async fn supervise(&mut self, watch: &mut Watch, mut signals: signals::Signals) -> ExitStatus {
+        let mut check_rx = match self.check_rx.take() {
+            Some(rx) => rx,
+            None => mpsc::unbounded_channel().1,
+        };
+        let actions = self.machine.tick(Instant::now());
+        self.apply(actions).await;
+        loop {
+            let deadline = self.machine.deadline().map(tokio::time::Instant::from_std);
+            let far = tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
+            tokio::select! {
+                biased;
+                st = &mut watch.exit_rx => {
+                    return st.unwrap_or_else(|_| {
+                        tracing::error!("lost track of the child's exit status");
+                        ExitStatus::Signal(libc::SIGKILL)
+                    });
+                }
+                Some(t) = watch.log_rx.recv() => self.on_log(t).await,
+                Some(sig) = signals.rx.recv() => self.input(Input::Signal(sig)).await,
+                Some(r) = check_rx.recv() => self.input(Input::Checked(r)).await,
+                _ = sleep_until(deadline.unwrap_or(far)), if deadline.is_some() => {
+                    let actions = self.machine.tick(Instant::now());
+                    self.apply(actions).await;
+                }
+            }
+        }
+    }
+
+    async fn input(&mut self, input: Input) {
+        let actions = self.machine.on(input, Instant::now());
+        self.apply(actions).await;
+    }
+
+    async fn apply(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Check(evidence) => self.check(evidence),
+                Action::Send { dest, sig } => {
+                    child::send_signal(dest, sig);
+                    if sig != libc::SIGCONT {
+                        tracing::info!(
+                            "{} sent to the server; SIGKILL in {:?} if it is still running",
+                            signal_name(sig),
+                            self.args.grace
+                        );
+                    }
+                }
+                Action::KillTree { note_live } => {
+                    if note_live {
+                        self.machine.note_killed_live(!child::has_exited(self.pid));
+                    } else if matches!(self.machine.stop(), Some(Stop::Requested(_))) {
+                        tracing::warn!("SIGKILL to the whole process tree");
+                    }
+                    child::kill_tree(self.pid, &self.exclude, Duration::ZERO).await;
+                }
+                Action::BecomeReady => self.become_ready(),
+                Action::ReadyTimedOut => self.on_ready_timeout(),
+                Action::Unconfirmed(why) => tracing::warn!(
+                    "the log says ready but HTTP does not confirm it ({why}); polling /health"
+                ),
+                Action::Emit(ev) => self.events.emit(ev),
+            }
+        }
+    }
+
+    fn check(&self, evidence: Evidence) {
+        let (url, tx) = (self.url.clone(), self.check_tx.clone());
+        tokio::spawn(async move {
+            let _ = tx.send(readiness::check(&url, evidence).await);
+        });
+    }
+
+    async fn on_log(&mut self, t: Timed) {
+        let at = self.events.elapsed(t.at);
+        match t.event {
+            LogEvent::Ready => self.input(Input::ReadyLine).await,
+            LogEvent::ServerArgs(args) => {
+                self.startup.mark("server_args", at);
+                let mut info = args_info(&args);
+                if let Some((rank, nnodes)) = self.node.multi() {
+                    info.push(("node_rank".into(), rank.to_string()));
+                    info.push(("nnodes".into(), nnodes.to_string()));
+                }
+                self.metrics.update(|st| st.args_info = info);
+                self.upstream_metrics = args.get("enable_metrics").and_then(Value::as_bool);
+                let size =
+                    |k: &str| args.get(k).and_then(Value::as_u64).unwrap_or(1).max(1) as usize;
+                if let Some(sampler) = self.metrics.sampler() {
+                    // A node of a multi-node launch drives its share of the GPUs.
+                    let nnodes = self.node.nnodes.max(1) as usize;
+                    let gpus = size("tp_size") * size("pp_size");
+                    sampler.set_expected_gpus((gpus / nnodes).max(1));
+                }
+                self.events.emit(Event::ServerArgs { args });
+            }
+            LogEvent::Deprecation {
+                flag,
+                replacement,
+                message,
+            } => {
+                if self.seen_deprecations.insert(message.clone()) {
+                    tracing::warn!("deprecated: {message}");
+                    self.events.emit(Event::Deprecation {
+                        flag,
+                        replacement,
+                        message,
+                    });
+                }
+            }
+            LogEvent::Warning { message } => self.warn(message),
+            LogEvent::Phase {
+                name,
+                rank,
+                reported_s,
+                detail,
+            } => self.on_phase(name, rank, reported_s, detail, at).await,
+            // Batches and retractions are folded into `Shared::batches`/`series` by the
+            // readers; none arrive here.
+            LogEvent::Batch { .. } | LogEvent::Retraction { .. } => {}
+            LogEvent::Traceback { excerpt } => self.last_traceback = Some(excerpt),
+            LogEvent::WorkerDied { line } => {
+                self.worker_deaths += 1;
+                self.warn(line.clone());
+                if self.worker_deaths >= WORKER_DEATHS_FATAL && !self.machine.is_ready() {
+                    let excerpt = format!(
+                        "{line}\nuvicorn keeps killing tokenizer workers that miss its health check \
+                         (SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT, default 10 s; a worker needs 20-35 s to \
+                         import sglang). Set SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT=180 in the server's environment."
+                    );
+                    self.on_fatal(FatalReason::UvicornWorkerDied, None, excerpt)
+                        .await;
+                }
+            }
+            LogEvent::Fatal {
+                reason,
+                rank,
+                excerpt,
+            } => self.on_fatal(reason, rank, excerpt).await,
+        }
+    }
+
+    fn warn(&mut self, message: String) {
+        if self.seen_warnings.contains(&message) {
+            return;
+        }
+        if self.seen_warnings.len() >= MAX_WARNING_EVENTS {
+            self.warnings_suppressed += 1;
+            return;
+        }
+        self.events.emit(Event::Warning {
+            message: message.clone(),
+        });
+        self.seen_warnings.insert(message);
+    }
+
+    async fn on_phase(
+        &mut self,
+        name: PhaseName,
+        rank: Option<String>,
+        reported_s: Option<f64>,
+        detail: Option<String>,
+        at: f64,
+    ) {
+        self.startup.mark(name.as_str(), at);
+        let key = rank.clone().unwrap_or_else(|| "main".into());
+        let progress = self.ranks.entry(key).or_default();
+        progress.last = Some((name, at));
+        let (mut duration_s, mut jit_s) = (None, None);
+        if let Some(stage) = name.begins() {
+            progress.begun.insert(stage, at);
+        } else if let Some(stage) = name.ends() {
+            let begun = progress.begun.get(&stage).copied();
+            jit_s = begun.map(|b| round_ms(self.startup.jit_within(b, at)));
+            let measured = begun.map(|b| at - b);
+            if let Some(d) = reported_s.or(measured) {
+                duration_s = Some(round_ms(d));
+                // Across ranks the slowest one is what the server waited for.
+                let base = stage.as_str();
+                self.metrics
+                    .update(|st| match st.phases.iter_mut().find(|(p, _)| p == base) {
+                        Some((_, v)) => *v = v.max(round_ms(d)),
+                        None => st.phases.push((base.to_string(), round_ms(d))),
+                    });
+            }
+            // SGLang logs no "memory pool begin": the pool is built right after the weights load.
+            if stage == Stage::LoadWeights {
+                progress.begun.insert(Stage::MemoryPool, at);
+            }
+        }
+        if name == PhaseName::HttpUp {
+            self.http_up_at = Some(at);
+        }
+        self.events.emit(Event::Phase {
+            name,
+            rank,
+            elapsed_s: at,
+            duration_s,
+            detail,
+            jit_s,
+        });
+        if self.node.serves_no_api() {
+            let last: BTreeMap<String, PhaseName> = self
+                .ranks
+                .iter()
+                .filter_map(|(r, p)| p.last.map(|(n, _)| (r.clone(), n)))
+                .collect();
+            if readiness::ranks_settled(&last) {
+                self.input(Input::RanksSettled).await;
+            }
+        }
+    }
+
+    async fn on_fatal(&mut self, reason: FatalReason, rank: Option<String>, excerpt: String) {
+        // While a stop is under way, crash reports are the stop's own echo (SIGINT makes SGLang
+        // report its detokenizer "crashed with -9"): keep them, but as warnings.
+        if self.machine.requested() {
+            self.warn(excerpt);
+            return;
+        }
+        self.events.emit(Event::Fatal {
+            reason,
+            rank: rank.clone(),
+            excerpt: excerpt.clone(),
+        });
+        if self.fatal.is_none() {
+            self.fatal = Some((reason, excerpt.clone()));
+        }
+        if self.machine.is_ready() || self.machine.stop().is_some() {
+            tracing::error!(%reason, rank = rank.as_deref(), "fatal: {excerpt}");
+            return;
+        }
+        tracing::error!(
+            %reason,
+            rank = rank.as_deref(),
+            "fatal before readiness, stopping the server:\n{excerpt}"
+        );
+        self.input(Input::Fatal).await;
+    }
+
+    fn on_ready_timeout(&mut self) {
+        let now = self.now_s();
+        let mut parts: Vec<String> = self
+            .ranks
+            .iter()
+            .filter_map(|(rank, p)| {
+                p.last
+                    .map(|(name, at)| format!("{rank} {} {}", name.describe_stop(), ago(now - at)))
+            })
+            .collect();
+        if parts.is_empty() {
+            parts.push("no startup phase was logged".into());
+        }
+        let excerpt = format!(
+            "not ready after {}: {}",
+            humantime::format_duration(self.args.ready_timeout),
+            parts.join("; ")
+        );
+        tracing::error!("{excerpt}; stopping the server");
+        self.events.emit(Event::Fatal {
+            reason: FatalReason::ReadyTimeout,
+            rank: None,
+            excerpt: excerpt.clone(),
+        });
+        self.fatal = Some((FatalReason::ReadyTimeout, excerpt));
+    }
+
+    fn become_ready(&mut self) {
+        let at = self.now_s();
+        self.metrics.update(|st| {
+            st.state = "ready";
+            st.ready_seconds = Some(at);
+        });
+        if !self.node.serves_no_api() {
+            // The version and the server's own view of its args, for the report (one cheap request).
+            let (info_url, ev) = (self.url.with_path("/server_info"), self.events.clone());
+            tokio::spawn(async move {
+                if let Ok((200, body)) =
+                    sglang_probes::http::get_body(&info_url, INFO_TIMEOUT, 4 << 20).await
+                {
+                    if let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(&body) {
+                        let pick = |k: &str| m.get(k).cloned().unwrap_or(Value::Null);
+                        ev.emit(Event::ServerInfo {
+                            version: pick("version"),
+                            max_total_num_tokens: pick("max_total_num_tokens"),
+                        });
+                    }
+                }
+            });
+        }
+        if self.upstream_metrics != Some(false) {
+            tokio::spawn(fetch_upstream_metrics(
+                self.url.with_path("/metrics"),
+                self.metrics.clone(),
+            ));
+        }
+        if let Some(up) = self.http_up_at {
+            self.metrics
+                .update(|st| st.phases.push(("warmup".into(), round_ms(at - up))));
+            self.events.emit(Event::Phase {
+                name: PhaseName::Warmup,
+                rank: None,
+                elapsed_s: at,
+                duration_s: Some(round_ms(at - up)),
+                detail: None,
+                jit_s: Some(round_ms(self.startup.jit_within(up, at))),
+            });
+        }
+        self.startup.mark("ready", at);
+        self.finish_startup_profile(at);
+        let multi = self.node.multi();
+        self.events.emit(Event::Ready {
+            elapsed_s: at,
+            url: self.url.base(),
+            node_rank: multi.map(|m| m.0),
+            nnodes: multi.map(|m| m.1),
+        });
+        match multi {
+            Some((rank, n)) => tracing::info!(
+                "server ready after {at:.3} s at {} (node rank {rank} of {n})",
+                self.url.base()
+            ),
+            None => tracing::info!("server ready after {at:.3} s at {}", self.url.base()),
+        }
+        if let Some(cmd) = &self.args.on_ready {
+            run_on_ready(cmd);
+        }
+    }
+
+    /// The start-up profile, once: at readiness, or at the exit of a server never ready.
+    fn finish_startup_profile(&self, at: f64) {
+        if let Some(p) = self.startup.finish(at) {
+            self.events.emit(Event::StartupProfile(Event::object(p)));
+        }
+    }
+
+    /// The child exited without a stop of ours: say why, from what it printed.
+    fn diagnose_exit(&mut self, status: ExitStatus, shared: &Shared) {
+        if self.machine.stop().is_some() || self.fatal.is_some() {
+            return;
+        }
+        let ready = self.machine.is_ready();
+        if ready && status == ExitStatus::Code(0) {
+            return;
+        }
+        let reason = if ready {
+            FatalReason::Exited
+        } else {
+            FatalReason::ExitedBeforeReady
+        };
+        let excerpt = self.last_traceback.clone().unwrap_or_else(|| {
+            let lines = shared
+                .tail
+                .lock()
+                .map(|t| t.last_lines(15))
+                .unwrap_or_default();
+            if lines.is_empty() {
+                "(no output)".into()
+            } else {
+                lines.join("\n")
+            }
+        });
+        let excerpt = format!(
+            "the server exited with {} {}\n{excerpt}",
+            describe_status(status),
+            if ready {
+                "after readiness"
+            } else {
+                "before it was ready"
+            }
+        );
+        tracing::error!("{excerpt}");
+        self.events.emit(Event::Fatal {
+            reason,
+            rank: None,
+            excerpt,
+        });
+    }
+
+    /// After the child's exit: the rest of the tree, the readers, the measurements, the last
+    /// events and the report.
+    async fn teardown(
+        mut self,
+        status: ExitStatus,
+        mut watch: Watch,
+        sampler: Option<sglang_probes::sampler::Sampler>,
+    ) -> Result<i32> {
+        let exited_at = Instant::now();
+        // The main process is gone: whatever it leaves behind goes too, at once.
+        let leftover = child::kill_tree(self.pid, &watch.exclude, KILL_WAIT).await;
+        let stats = join_readers(std::mem::take(&mut watch.readers)).await;
+        while let Ok(t) = watch.log_rx.try_recv() {
+            self.on_log(t).await;
+        }
+        if !leftover.is_empty() {
+            self.events.emit(Event::Leftover {
+                pids: leftover.clone(),
+            });
+            tracing::error!(?leftover, "processes of the server tree survived SIGKILL");
+        }
+        self.diagnose_exit(status, &watch.shared);
+        self.finish_startup_profile(self.events.elapsed(exited_at));
+        if watch.shared.series.seen() {
+            let batches = watch.shared.series.summary();
+            self.events
+                .emit(Event::ServerBatches(Event::object(batches)));
+        }
+        self.record_windows(sampler).await;
+        let requested = self.machine.requested();
+        let exit_status = self.machine.exit_status(status.shell_code());
+        let (code, signal) = match status {
+            ExitStatus::Code(c) => (Some(c), None),
+            ExitStatus::Signal(n) => (None, Some(n)),
+        };
+        self.metrics.update(|st| {
+            st.state = if requested || status == ExitStatus::Code(0) {
+                "exited"
+            } else {
+                "failed"
+            };
+            st.exit_code = Some(i64::from(exit_status));
+        });
+        let log = self.log_summary(&watch.shared, &stats);
+        self.events.emit(Event::Exited {
+            code,
+            signal,
+            elapsed_s: self.events.elapsed(exited_at),
+            requested,
+            exit_status,
+            log,
+            supervisor_pid: Some(std::process::id()),
+        });
+        tracing::info!(?status, exit_status, requested, "server exited");
+        write_report(&self.args, &self.events);
+        if let Some(sen) = watch.sentinel.take() {
+            sen.disarm().await;
+        }
+        Ok(exit_status)
+    }
+
+    /// The whole run's request figures (the traffic window's and `requests_summary`), the GPU
+    /// teardown check and the power window.
+    async fn record_windows(&mut self, sampler: Option<sglang_probes::sampler::Sampler>) {
+        let requests = self
+            .metrics
+            .requests()
+            .and_then(|r| r.run_summary(sampler.as_ref().map(|s| s.gpu_count())));
+        if self.args.window_from_proxy {
+            let power = sampler
+                .as_ref()
+                .and_then(|smp| smp.handle().traffic_close());
+            if power.is_some() || requests.is_some() {
+                let mut w = Map::new();
+                w.insert("name".into(), json!("proxy-traffic"));
+                if let Some(p) = power.and_then(|p| serde_json::to_value(p).ok()) {
+                    w.insert("power".into(), p);
+                }
+                if let Some(r) = &requests {
+                    w.insert("requests".into(), r.clone());
+                }
+                self.events.emit(Event::Window(w));
+            }
+        }
+        if let Some(summary) = requests {
+            self.events
+                .emit(Event::RequestsSummary(Event::object(summary)));
+        }
+        if let Some(sampler) = sampler {
+            // Blocking driver calls and a bounded wait: off the async threads.
+            let done = tokio::task::spawn_blocking(move || {
+                let teardown = crate::gpu::teardown_check(&sampler, GPU_RELEASE_WAIT);
+                (teardown, sampler.stop())
+            })
+            .await;
+            if let Ok((teardown, window)) = done {
+                if teardown["clean"] == false {
+                    tracing::error!("GPU memory still held after the server exited: {teardown}");
+                }
+                self.events
+                    .emit(Event::GpuTeardown(Event::object(teardown)));
+                match serde_json::to_value(&window) {
+                    Ok(v) => self.events.emit(Event::Power(Event::object(v))),
+                    Err(e) => tracing::error!("cannot serialise the power window: {e}"),
+                }
+            }
+        }
+    }
+
+    fn log_summary(&self, shared: &Shared, stats: &[StreamStats]) -> Value {
+        let log = shared.log.lock().unwrap_or_else(|p| p.into_inner());
+        let dropped: u64 = [1, 2]
+            .map(|fd| {
+                tee::terminal(fd)
+                    .dropped
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            })
+            .iter()
+            .sum();
+        if dropped > 0 {
+            tracing::warn!("the terminal was too slow: {dropped} bytes were left out of the terminal copy (the log file has them)");
+        }
+        let batches = shared.batches.lock().map(|b| b.count).unwrap_or_default();
+        let sum = |f: fn(&StreamStats) -> u64| stats.iter().map(f).sum::<u64>();
+        json!({
+            "bytes": sum(|s| s.bytes),
+            "lines": sum(|s| s.parse.lines),
+            "progress_lines": sum(|s| s.parse.progress_lines),
+            "non_utf8_lines": sum(|s| s.parse.non_utf8_lines),
+            "truncated_lines": sum(|s| s.parse.truncated_lines),
+            "log_file_bytes": log.written,
+            "log_file_lost_bytes": log.lost,
+            "log_file_error": log.error,
+            "terminal_dropped_bytes": dropped,
+            "prefill_batches": batches[0],
+            "decode_batches": batches[1],
+            "warnings_suppressed": self.warnings_suppressed,
+            "orphans_reaped": child::orphans_reaped(),
+            "supervisor_max_rss_kb": max_rss_kb(),
+            "supervisor_cpu_s": cpu_seconds(),
+        })
+    }
+}
+
+async fn join_readers(readers: Vec<std::thread::JoinHandle<StreamStats>>) -> Vec<StreamStats> {
+    let joined = tokio::task::spawn_blocking(move || {
+        readers
+            .into_iter()
+            .filter_map(|r| r.join().ok())
+            .collect::<Vec<_>>()
+    });
+    match tokio::time::timeout(DRAIN_TIMEOUT, joined).await {
+        Ok(Ok(stats)) => stats,
+        _ => {
+            tracing::warn!("the child's output pipes are still open (a process outside the tree holds them); not waiting further");
+            Vec::new()
+        }
+    }
+}
+
+fn ago(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    if s >= 3600 {
+        format!("{}h{}m ago", s / 3600, (s % 3600) / 60)
+    } else if s >= 60 {
+        format!("{}m ago", s / 60)
+    } else {
+        format!("{s}s ago")
+    }
+}
+
+fn max_rss_kb() -> Option<i64> {
+    // SAFETY: getrusage fills a plain struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer.
+    (unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } == 0).then_some(ru.ru_maxrss)
+}
+
+/// Our own CPU time (user + system), all threads.
+fn cpu_seconds() -> Option<f64> {
+    // SAFETY: getrusage fills a plain struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return None;
+    }
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    Some(round_ms(t(ru.ru_utime) + t(ru.ru_stime)))
+}
+
+fn describe_status(s: ExitStatus) -> String {
+    match s {
+        ExitStatus::Code(c) => format!("exit code {c}"),
+        ExitStatus::Signal(n) => format!("signal {n} ({})", signal_name(n)),
+    }
+}
+
+/// Resolved args worth a label on `server_args_info` (strings and numbers; unset ones left out).
+const INFO_ARGS: &[&str] = &[
+    "model_path",
+    "served_model_name",
+    "tp_size",
+    "pp_size",
+    "dp_size",
+    "ep_size",
+    "attention_backend",
+    "mem_fraction_static",
+    "dtype",
+    "kv_cache_dtype",
+    "quantization",
+    "context_length",
+    "chunked_prefill_size",
+    "max_running_requests",
+    "load_format",
+];
+
+fn args_info(args: &serde_json::Map<String, Value>) -> Vec<(String, String)> {
+    INFO_ARGS
+        .iter()
+        .filter_map(|k| {
+            let v = match args.get(*k)? {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                Value::Bool(b) => b.to_string(),
+                _ => return None,
+            };
+            Some((k.to_string(), v))
+        })
+        .collect()
+}
+
+/// Keep a cached copy of the server's own `/metrics` (short timeout, every few seconds), so a
+/// scrape of ours never waits on the server. Ends with the process.
+async fn fetch_upstream_metrics(url: HttpUrl, metrics: Arc<exporters::Shared>) {
+    loop {
+        match sglang_probes::http::get_body(&url, UPSTREAM_METRICS_TIMEOUT, 16 << 20).await {
+            Ok((200, body)) => {
+                metrics.set_upstream(Some(String::from_utf8_lossy(&body).into_owned()), true)
+            }
+            Ok((code, _)) => {
+                tracing::debug!("GET {url}: {code}");
+                metrics.set_upstream(None, false);
+            }
+            Err(e) => {
+                tracing::debug!("{e}");
+                metrics.set_upstream(None, false);
+            }
+        }
+        tokio::time::sleep(UPSTREAM_METRICS_PERIOD).await;
+    }
+}
+
+fn run_on_ready(cmd: &str) {
+    let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), cmd.into()];
+    match child::spawn(
+        SpawnSpec {
+            argv: &argv,
+            new_process_group: false,
+            die_with_parent: false,
+            stdin: Stdio::null(),
+            stdout: Stdio::inherit(),
+            stderr: Stdio::inherit(),
+        },
+        &[],
+    ) {
+        Ok(s) => {
+            tokio::spawn(async move {
+                if let Ok(st) = s.exit.await {
+                    tracing::info!(?st, "--on-ready command finished");
+                }
+            });
+        }
+        Err(e) => tracing::error!("--on-ready: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ago_reads_naturally() {
+        assert_eq!(ago(14.0 * 60.0 + 3.0), "14m ago");
+        assert_eq!(ago(3.0), "3s ago");
+    }
+
+    #[test]
+    fn a_fifo_with_no_reader_is_an_error_not_a_hang() {
+        let dir = std::env::temp_dir().join(format!("sglsup-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("log");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo on a fresh path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = create(&fifo, "log file").unwrap_err().to_string();
+        assert!(err.contains("FIFO with no reader"), "{err}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn an_unwritable_report_path_is_refused_up_front() {
+        assert!(check_writable(Path::new("/sys/kernel/r.json"), "report").is_err());
+        assert!(check_writable(&std::env::temp_dir(), "report").is_err());
+        assert!(check_writable(Path::new("/nonexistent-dir/r.json"), "report").is_err());
+        assert!(check_writable(&std::env::temp_dir().join("r.json"), "report").is_ok());
+    }
+}

@@ -1,0 +1,267 @@
+//! When is the server ready: the one rule, used by `run` and by `wait --url`/`--events`.
+//!
+//! - Node rank 0 (and single-node launches): `GET /ready` answering 200 (SGLang 0.5.20+). A 404
+//!   there means "older version", not "not ready": then, if the log said `fired up and ready to
+//!   roll`, `GET /model_info` answering 200 confirms it; without that line (`--ready-on http`,
+//!   `wait --url`), `GET /health` answering 200 (503 until its warm-up is done) is readiness.
+//! - Node rank >= 1 of a multi-node launch serves no API: it starts its local scheduler ranks and
+//!   then SGLang's dummy health server on the same host:port (`/health`, `/health_generate`,
+//!   `/ping`). Ready when every local rank logged its last startup phase, then `/health` answers
+//!   200 (the `/ready` 404 → `/health` path of the rule above).
+//!
+//! Requests carry `Authorization: Bearer KEY` when the server was started with `--api-key`
+//! (`/ready` and `/model_info` answer 401 without it).
+use crate::events::PhaseName;
+use sglang_probes::http::{get_status, Bearer, HttpUrl};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// One readiness request's timeout (`/health` runs a one-token generation, ~1 s on a real server).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+/// After the ready line, the confirmation is retried this often, this long...
+pub const CONFIRM_PERIOD: Duration = Duration::from_millis(100);
+pub const CONFIRM_FOR: Duration = Duration::from_secs(5);
+/// ... and otherwise polled at most once a second.
+pub const POLL_PERIOD: Duration = Duration::from_secs(1);
+
+/// What the server said about itself besides HTTP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evidence {
+    /// Its log printed the ready line.
+    ReadyLine,
+    /// Nothing (no log, or a node that prints no ready line).
+    None,
+}
+
+/// One readiness check: `Ok(path that confirmed it)`, or why not yet.
+pub async fn check(url: &HttpUrl, evidence: Evidence) -> Result<&'static str, String> {
+    let ask = |path: &'static str| async move {
+        match get_status(&url.with_path(path), REQUEST_TIMEOUT).await {
+            Ok(200) => Ok(path),
+            Ok(code) => Err((code, format!("GET {path} answered {code}"))),
+            Err(e) => Err((0, e.to_string())),
+        }
+    };
+    match ask("/ready").await {
+        Ok(p) => Ok(p),
+        Err((404, _)) => {
+            let fallback = match evidence {
+                Evidence::ReadyLine => "/model_info",
+                Evidence::None => "/health",
+            };
+            ask(fallback).await.map_err(|(_, why)| why)
+        }
+        Err((401, why)) if url.bearer.is_none() => Err(format!(
+            "{why}: the server wants an API key (pass --api-key or SGLANG_SUPERVISOR_API_KEY)"
+        )),
+        Err((_, why)) => Err(why),
+    }
+}
+
+/// Which node of a multi-node launch this is (`--nnodes`, `--node-rank`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Node {
+    pub rank: u32,
+    pub nnodes: u32,
+}
+
+impl Default for Node {
+    fn default() -> Self {
+        Node { rank: 0, nnodes: 1 }
+    }
+}
+
+impl Node {
+    /// Node rank >= 1: no API, no ready line; readiness from its ranks' log and `/health`.
+    pub fn serves_no_api(self) -> bool {
+        self.rank >= 1
+    }
+
+    /// `Some((node_rank, nnodes))` for the events of a multi-node launch.
+    pub fn multi(self) -> Option<(u32, u32)> {
+        (self.nnodes > 1 || self.rank > 0).then_some((self.rank, self.nnodes))
+    }
+
+    /// From the server's argv, spelled any way SGLang's argparse accepts (`--nnodes 2`,
+    /// `--nnodes=2`, unambiguous prefixes: `allow_abbrev` is on). Flags after `--` are not flags.
+    pub fn from_argv(argv: &[String]) -> Node {
+        let mut node = Node::default();
+        let mut it = argv.iter();
+        while let Some(a) = it.next() {
+            if a == "--" {
+                break;
+            }
+            let (flag, inline) = match a.split_once('=') {
+                Some((f, v)) => (f, Some(v)),
+                None => (a.as_str(), None),
+            };
+            let Some(which) = node_flag(flag) else {
+                continue;
+            };
+            let Some(v) = inline.or_else(|| it.next().map(String::as_str)) else {
+                break;
+            };
+            if let Ok(n) = v.trim().parse::<u32>() {
+                match which {
+                    NodeFlag::Nnodes => node.nnodes = n.max(1),
+                    NodeFlag::NodeRank => node.rank = n,
+                }
+            }
+        }
+        node
+    }
+}
+
+enum NodeFlag {
+    Nnodes,
+    NodeRank,
+}
+
+/// `--nnodes` / `--node-rank` or a prefix argparse resolves to one of them. The shortest
+/// prefixes are the unambiguous ones among SGLang 0.5.14-0.5.23's flags (`--nn`, `--nod`:
+/// `--n` also starts `--nccl-port`, `--no` the `--no-*` flags).
+fn node_flag(flag: &str) -> Option<NodeFlag> {
+    let is_prefix = |full: &str, min: usize| flag.len() >= min && full.starts_with(flag);
+    if is_prefix("--nnodes", "--nn".len()) {
+        Some(NodeFlag::Nnodes)
+    } else if is_prefix("--node-rank", "--nod".len()) {
+        Some(NodeFlag::NodeRank)
+    } else {
+        None
+    }
+}
+
+/// Whether every scheduler rank of this node has logged its last startup phase: at least one
+/// rank logged, and each one's last phase settles it (memory allocated, graphs captured).
+pub fn ranks_settled(last: &BTreeMap<String, PhaseName>) -> bool {
+    !last.is_empty() && last.values().all(|p| p.settles_a_rank())
+}
+
+/// The server's base URL and key: `--health-url`/`--upstream` if given, else `--host`/`--port`
+/// of the server's argv (SGLang's defaults 127.0.0.1:30000), and its `--api-key` (or
+/// `--admin-api-key`) for the requests of the rule.
+pub fn server_url(argv: &[String], explicit: Option<&str>) -> anyhow::Result<HttpUrl> {
+    let (mut host, mut port) = ("127.0.0.1".to_string(), 30000u16);
+    let (mut api_key, mut admin_key) = (None, None);
+    let mut bad_port = None;
+    let mut it = argv.iter();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) => (f, Some(v.to_string())),
+            None => (a.as_str(), None),
+        };
+        if !matches!(flag, "--host" | "--port" | "--api-key" | "--admin-api-key") {
+            continue;
+        }
+        let Some(v) = inline.or_else(|| it.next().cloned()) else {
+            continue;
+        };
+        match flag {
+            "--host" => host = v,
+            "--api-key" => api_key = Some(v),
+            "--admin-api-key" => admin_key = Some(v),
+            _ => match v.parse() {
+                Ok(p) => port = p,
+                Err(_) => bad_port = Some(v),
+            },
+        }
+    }
+    if let Some(v) = bad_port {
+        anyhow::bail!("the server command has --port {v:?}, which is not a port number");
+    }
+    let host = match host.as_str() {
+        "0.0.0.0" | "" => "127.0.0.1".to_string(),
+        "::" | "[::]" => "[::1]".to_string(),
+        h if h.contains(':') && !h.starts_with('[') => format!("[{h}]"),
+        h => h.to_string(),
+    };
+    let bearer = api_key.or(admin_key).map(Bearer);
+    if let Some(u) = explicit {
+        let base =
+            HttpUrl::parse(u).map_err(|e| anyhow::anyhow!("--health-url/--upstream {u:?}: {e}"))?;
+        return Ok(HttpUrl {
+            bearer,
+            ..base.with_path("/")
+        });
+    }
+    Ok(HttpUrl {
+        host,
+        port,
+        path: "/".into(),
+        bearer,
+        tls: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn node_rank_and_nnodes_are_read_in_every_spelling_argparse_accepts() {
+        let cases: &[(&[&str], Node)] = &[
+            (&["--model-path", "m"], Node { rank: 0, nnodes: 1 }),
+            (
+                &["--nnodes", "2", "--node-rank", "1"],
+                Node { rank: 1, nnodes: 2 },
+            ),
+            (
+                &["--nnodes=4", "--node-rank=3"],
+                Node { rank: 3, nnodes: 4 },
+            ),
+            (&["--nn", "2", "--node-r", "1"], Node { rank: 1, nnodes: 2 }),
+            (&["--nno=2", "--nod=1"], Node { rank: 1, nnodes: 2 }),
+            // Too short to be unambiguous: argparse refuses them; we read nothing.
+            (&["--n", "2", "--no", "1"], Node { rank: 0, nnodes: 1 }),
+            (
+                &["--node-rank", "1", "--", "--node-rank", "5"],
+                Node { rank: 1, nnodes: 1 },
+            ),
+        ];
+        for (argv, want) in cases {
+            assert_eq!(Node::from_argv(&s(argv)), *want, "{argv:?}");
+        }
+        assert_eq!(Node { rank: 0, nnodes: 1 }.multi(), None);
+        assert_eq!(Node { rank: 0, nnodes: 2 }.multi(), Some((0, 2)));
+        assert!(Node { rank: 1, nnodes: 2 }.serves_no_api());
+    }
+
+    #[test]
+    fn a_node_is_settled_only_when_every_rank_logged_its_last_phase() {
+        let mut last = BTreeMap::new();
+        assert!(!ranks_settled(&last), "nothing logged yet");
+        last.insert("TP2".to_string(), PhaseName::CudaGraphEnd);
+        last.insert("TP3".to_string(), PhaseName::CudaGraphBegin);
+        assert!(!ranks_settled(&last), "TP3 still capturing");
+        last.insert("TP3".to_string(), PhaseName::CudaGraphEnd);
+        assert!(ranks_settled(&last));
+    }
+
+    #[test]
+    fn server_url_comes_from_the_command_with_sglang_defaults_and_its_key() {
+        let url = |v: &[&str]| server_url(&s(v), None).unwrap();
+        assert_eq!(url(&["python3"]).base(), "http://127.0.0.1:30000");
+        assert_eq!(
+            url(&["x", "--host", "0.0.0.0", "--port=8000"]).base(),
+            "http://127.0.0.1:8000"
+        );
+        assert_eq!(
+            url(&["x", "--host=::", "--port", "1"]).base(),
+            "http://[::1]:1"
+        );
+        assert_eq!(
+            url(&["x", "--api-key", "k1"]).bearer,
+            Some(Bearer("k1".into()))
+        );
+        assert!(server_url(&s(&["x", "--port", "http"]), None).is_err());
+        let up = server_url(&s(&["x", "--api-key=k"]), Some("http://10.0.0.1:9/x")).unwrap();
+        assert_eq!(
+            (up.base(), up.bearer),
+            ("http://10.0.0.1:9".into(), Some(Bearer("k".into())))
+        );
+    }
+}
