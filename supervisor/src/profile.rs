@@ -10,6 +10,7 @@ use crate::events::{Event, Events};
 use serde_json::{json, Value};
 use sglang_exporters::metrics::{ProfileCall, WindowPart};
 use sglang_probes::http::{post_json, HttpUrl};
+use sglang_probes::sync;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -118,7 +119,7 @@ impl Profiler {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Active>> {
-        self.active.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.active)
     }
 
     pub async fn start(&self, name: &str, steps: Option<u64>) -> (u16, Value) {
@@ -288,15 +289,11 @@ impl WindowPart for ProfileWindow {
         }
         let (p, name, steps) = (self.profiler.clone(), name.to_string(), self.steps);
         let task = tokio::spawn(async move { p.start(&name, steps).await });
-        *self.starting.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+        *sync::lock(&self.starting) = Some(task);
     }
 
     fn stop(&self) -> Option<(String, &'static str, Value)> {
-        let started = self
-            .starting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()?;
+        let started = sync::lock(&self.starting).take()?;
         let p = self.profiler.clone();
         tokio::spawn(async move {
             if let Ok((200, _)) = started.await {

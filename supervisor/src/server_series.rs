@@ -14,6 +14,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
+use sglang_probes::sync;
 use std::sync::{Arc, Mutex};
 
 /// Points kept of the series (both kinds together); past this every other one is dropped.
@@ -195,7 +196,7 @@ fn unix_now() -> f64 {
 
 impl ServerSeries {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.inner)
     }
 
     /// Batch lines counted by a reader since its last hand-over (all of them, sampled or not).

@@ -4,11 +4,13 @@
 //! flashinfer, tvm-ffi and Triton run — with its CPU time. The start is cut into segments at
 //! the phase lines the log gives (Python import, scheduler spawn, weight load, KV allocation,
 //! CUDA-graph capture, warm-up, ...) and each segment says how much of it compilers were running.
+use crate::proctree::{Table, Tree};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
 use serde_json::{json, Map, Value};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use sglang_probes::sync;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -98,34 +100,12 @@ pub struct StartupProfile {
     t0: Mutex<Option<Instant>>,
 }
 
-/// One line of /proc/PID/stat.
-struct Stat {
+/// A process of the server's tree, as one sample saw it.
+struct Seen {
     pid: i32,
     comm: String,
-    ppid: i32,
-    pgid: i32,
     cpu_ticks: u64,
     start_ticks: u64,
-}
-
-fn read_stat(pid: i32) -> Option<Stat> {
-    let text = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    let open = text.iter().position(|&b| b == b'(')?;
-    // comm may hold anything, ')' included: the fields follow the *last* ')'.
-    let close = text.iter().rposition(|&b| b == b')')?;
-    let comm = String::from_utf8_lossy(text.get(open + 1..close)?).into_owned();
-    let rest = std::str::from_utf8(text.get(close + 2..)?).ok()?;
-    // Fields from 3 (state) on: ppid 4, pgrp 5, utime 14, stime 15, starttime 22.
-    let f: Vec<&str> = rest.split(' ').collect();
-    let n = |i: usize| f.get(i - 3).and_then(|s| s.parse::<u64>().ok());
-    Some(Stat {
-        pid,
-        comm,
-        ppid: f.get(1)?.parse().ok()?,
-        pgid: f.get(2)?.parse().ok()?,
-        cpu_ticks: n(14)? + n(15)?,
-        start_ticks: n(22)?,
-    })
 }
 
 fn clock_ticks() -> f64 {
@@ -138,35 +118,28 @@ fn clock_ticks() -> f64 {
     }
 }
 
-/// The server's tree now: descendants of `root`, members of its process group, and orphans
-/// re-parented to us (we are their subreaper), minus `exclude`.
-fn tree(root: i32, exclude: &[i32]) -> Vec<Stat> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let me = std::process::id() as i32;
-    let all: HashMap<i32, Stat> = dir
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|p| Some((p, read_stat(p)?)))
-        .collect();
-    let parent: HashMap<i32, i32> = all.iter().map(|(p, s)| (*p, s.ppid)).collect();
-    let member = |s: &Stat| {
-        if exclude.contains(&s.pid) || s.pid == me {
-            return false;
-        }
-        if s.pid == root || s.pgid == root || s.ppid == me {
-            return true;
-        }
-        let (mut p, mut seen) = (s.ppid, HashSet::new());
-        while p > 1 && seen.insert(p) {
-            if p == root {
-                return true;
-            }
-            p = parent.get(&p).copied().unwrap_or(0);
-        }
-        false
-    };
-    all.into_values().filter(|s| member(s)).collect()
+/// The server's tree now, as teardown sees it ([`proctree`]: descendants of `root`, members of
+/// its process group, processes of the previous sample that were re-parented away), minus
+/// `exclude`. The marker variable is not read: one sample would read every process's environ.
+fn tree(root: i32, exclude: &[i32], known: &[(i32, u64)]) -> Vec<Seen> {
+    let table = Table::read();
+    let mut procs = table.members(&Tree {
+        root: Some(root),
+        pgid: Some(root),
+        marker: None,
+        known,
+        exclude,
+    });
+    procs.extend(table.get(root).copied());
+    procs
+        .into_iter()
+        .map(|p| Seen {
+            pid: p.pid,
+            comm: p.comm.name().into_owned(),
+            cpu_ticks: p.cpu_ticks,
+            start_ticks: p.start,
+        })
+        .collect()
 }
 
 fn cpu_now() -> f64 {
@@ -184,25 +157,27 @@ fn r3(x: f64) -> f64 {
 
 impl StartupProfile {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.state)
     }
 
     fn now_s(&self) -> f64 {
-        let t0 = *self.t0.lock().unwrap_or_else(|p| p.into_inner());
+        let t0 = *sync::lock(&self.t0);
         t0.map_or(0.0, |t| t.elapsed().as_secs_f64())
     }
 
     /// Start sampling the tree of `root` (spawned at `t0`) on a thread of its own.
     pub fn start(self: &Arc<Self>, root: i32, t0: Instant, exclude: Vec<i32>) {
-        *self.t0.lock().unwrap_or_else(|p| p.into_inner()) = Some(t0);
+        *sync::lock(&self.t0) = Some(t0);
         let me = self.clone();
         let started = std::thread::Builder::new()
             .name("startup-profile".into())
             .spawn(move || {
                 let hz = clock_ticks();
+                let mut known = Vec::new();
                 while !me.stop.load(Ordering::Relaxed) {
                     let c0 = cpu_now();
-                    let procs = tree(root, &exclude);
+                    let procs = tree(root, &exclude, &known);
+                    known = procs.iter().map(|p| (p.pid, p.start_ticks)).collect();
                     me.observe(t0.elapsed().as_secs_f64(), &procs, hz, cpu_now() - c0);
                     std::thread::sleep(PERIOD);
                 }
@@ -212,7 +187,7 @@ impl StartupProfile {
         }
     }
 
-    fn observe(&self, at: f64, procs: &[Stat], hz: f64, cost: f64) {
+    fn observe(&self, at: f64, procs: &[Seen], hz: f64, cost: f64) {
         let mut st = self.lock();
         if st.done.is_some() {
             return;
@@ -513,11 +488,9 @@ mod tests {
     #[test]
     fn compiler_time_is_split_over_the_segments_it_overlaps() {
         let p = StartupProfile::default();
-        let stat = |pid, comm: &str, ticks| Stat {
+        let stat = |pid, comm: &str, ticks| Seen {
             pid,
             comm: comm.into(),
-            ppid: 1,
-            pgid: 1,
             cpu_ticks: ticks,
             start_ticks: pid as u64,
         };
@@ -560,8 +533,13 @@ mod tests {
     }
 
     #[test]
-    fn stat_lines_with_odd_names_are_read() {
-        let me = read_stat(std::process::id() as i32).expect("our own stat");
-        assert!(me.start_ticks > 0 && !me.comm.is_empty());
+    fn a_tree_is_sampled_with_names_and_cpu_time() {
+        let me = std::process::id() as i32;
+        let seen = tree(me, &[], &[]);
+        let us = seen
+            .iter()
+            .find(|p| p.pid == me)
+            .expect("the root is sampled");
+        assert!(us.start_ticks > 0 && !us.comm.is_empty());
     }
 }
