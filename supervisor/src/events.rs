@@ -460,9 +460,16 @@ mod tests {
                 node_rank: Some(1),
                 nnodes: Some(2),
             },
+            Event::StartupProfile(Event::object(serde_json::json!({"samples": 3}))),
+            Event::ServerBatches(Event::object(serde_json::json!({"decode": {"lines": 1}}))),
+            Event::Profile(Event::object(serde_json::json!({"ok": true, "traces": []}))),
         ];
         for e in evs {
             let text = serde_json::to_string(&e).unwrap();
+            assert!(
+                text.starts_with(&format!(r#"{{"event":"{}""#, e.name())),
+                "{text}"
+            );
             assert_eq!(Event::parse_line(&text), Some(e.clone()), "{text}");
         }
         let v = serde_json::to_value(Event::Phase {

@@ -233,6 +233,22 @@ exec "$@"
         std::thread::sleep(Duration::from_millis(50));
     };
     let ev = read();
+    // The same profile on /metrics (frozen at readiness).
+    let listening = ev.iter().find(|e| e["event"] == "listening").unwrap();
+    let (_, body) = http(
+        listening["metrics"].as_str().unwrap(),
+        "GET",
+        "/metrics",
+        "",
+    );
+    for want in [
+        "sglang_supervisor_startup_segment_seconds{segment=\"cuda_graph_capture\"}",
+        "sglang_supervisor_startup_jit_seconds{segment=\"cuda_graph_capture\"}",
+        "sglang_supervisor_startup_compiler_processes{compiler=\"nvcc\"} 1",
+        "sglang_supervisor_startup_compiler_cpu_seconds{compiler=\"nvcc\"}",
+    ] {
+        assert!(body.contains(want), "missing {want:?} in:\n{body}");
+    }
     unsafe { libc::kill(sup.id() as i32, libc::SIGTERM) };
     assert_eq!(sup.wait().unwrap().code(), Some(143));
     assert!(ev.iter().any(|e| e["event"] == "ready"));
