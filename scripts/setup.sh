@@ -4,7 +4,8 @@ set -euo pipefail
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 need_apt=()
 # wrk drives the load test (tests/tests/load.rs, benches/load.sh); strace/perf are not needed.
-for bin_pkg in "cc:build-essential" "curl:curl" "python3:python3" "pkg-config:pkg-config" "procps:procps" "wrk:wrk"; do
+# chromium opens the HTML report headless and offline (tests/tests/profiler.rs).
+for bin_pkg in "cc:build-essential" "curl:curl" "python3:python3" "pkg-config:pkg-config" "procps:procps" "wrk:wrk" "chromium:chromium"; do
   bin=${bin_pkg%%:*}; pkg=${bin_pkg#*:}
   if [ "$bin" = procps ]; then command -v ps >/dev/null || need_apt+=("$pkg"); continue; fi
   command -v "$bin" >/dev/null || need_apt+=("$pkg")

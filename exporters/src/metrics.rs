@@ -42,6 +42,8 @@ pub struct Shared {
     pub window_sink: Mutex<Option<WindowSink>>,
     pub requests: Mutex<Option<Arc<crate::report::RequestStats>>>,
     pub bench_hook: Mutex<Option<BenchHook>>,
+    pub window_parts: Mutex<Vec<Arc<dyn WindowPart>>>,
+    pub profile_hook: Mutex<Option<ProfileHook>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -58,6 +60,31 @@ pub type WindowSink = Arc<dyn Fn(serde_json::Value) + Send + Sync>;
 /// Evaluates a benchmark result file (`POST /-/window/stop?bench_result=PATH`) into the JSON of a
 /// window over the benchmark's own span (the lifecycle provides it; it may block on file reads).
 pub type BenchHook = Arc<dyn Fn(&str) -> serde_json::Value + Send + Sync>;
+
+/// `POST /-/profile/start?steps=N` and `/-/profile/stop`: what the lifecycle does with them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProfileCall {
+    Start { steps: Option<u64> },
+    Stop,
+}
+
+/// Drives the server's torch profiler; answers (HTTP status, JSON).
+pub type ProfileHook = Arc<
+    dyn Fn(
+            ProfileCall,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = (u16, serde_json::Value)> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// More that a measurement window reports (the server's own batch series): told when a window
+/// opens, asked for its member of the window's JSON when it closes.
+pub trait WindowPart: Send + Sync {
+    fn start(&self, name: &str);
+    /// (window name, member name, value) of the window that just closed; None when none was open.
+    fn stop(&self) -> Option<(String, &'static str, serde_json::Value)>;
+}
 
 impl Shared {
     pub fn update(&self, f: impl FnOnce(&mut Status)) {
@@ -99,6 +126,22 @@ impl Shared {
 
     pub fn bench_hook(&self) -> Option<BenchHook> {
         lock(&self.bench_hook).clone()
+    }
+
+    pub fn set_profile_hook(&self, hook: ProfileHook) {
+        *lock(&self.profile_hook) = Some(hook);
+    }
+
+    pub fn profile_hook(&self) -> Option<ProfileHook> {
+        lock(&self.profile_hook).clone()
+    }
+
+    pub fn add_window_part(&self, part: Arc<dyn WindowPart>) {
+        lock(&self.window_parts).push(part);
+    }
+
+    pub fn window_parts(&self) -> Vec<Arc<dyn WindowPart>> {
+        lock(&self.window_parts).clone()
     }
 
     pub fn set_upstream(&self, text: Option<String>, ok: bool) {

@@ -164,8 +164,8 @@ fn traffic_power(s: &SamplerHandle, requests: &serde_json::Value) -> Option<serd
 /// span (see `report --bench-result`).
 async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<Bytes>> {
     let json = "application/json";
-    let (sampler, requests) = (shared.sampler(), shared.requests());
-    if sampler.is_none() && requests.is_none() {
+    let (sampler, requests, parts) = (shared.sampler(), shared.requests(), shared.window_parts());
+    if sampler.is_none() && requests.is_none() && parts.is_empty() {
         return reply(
             StatusCode::SERVICE_UNAVAILABLE,
             json,
@@ -181,6 +181,9 @@ async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<
             .to_string();
         if let Some(r) = &requests {
             r.window_start(&name);
+        }
+        for p in &parts {
+            p.start(&name);
         }
         if let Some(s) = sampler {
             let n = name.clone();
@@ -202,11 +205,13 @@ async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<
         None => None,
     };
     let reqs = requests.and_then(|r| r.window_stop(gpus));
+    let more: Vec<_> = parts.iter().filter_map(|p| p.stop()).collect();
     let bench_result = query_param(req, "bench_result");
     let name = power
         .as_ref()
         .map(|(n, _)| n.clone())
-        .or_else(|| reqs.as_ref().map(|(n, _)| n.clone()));
+        .or_else(|| reqs.as_ref().map(|(n, _)| n.clone()))
+        .or_else(|| more.first().map(|(n, _, _)| n.clone()));
     let Some(name) = name else {
         return reply(
             StatusCode::CONFLICT,
@@ -227,6 +232,9 @@ async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<
         }
         v["requests"] = r;
     }
+    for (_, key, part) in more {
+        v[key] = part;
+    }
     if let Some(path) = bench_result {
         v["bench"] = match shared.bench_hook() {
             Some(hook) => tokio::task::spawn_blocking(move || hook(&path))
@@ -239,6 +247,40 @@ async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<
         sink(v.clone());
     }
     reply(StatusCode::OK, json, format!("{v}\n"))
+}
+
+/// `POST /-/profile/start?steps=N` / `POST /-/profile/stop`: the server's torch profiler, driven
+/// by the lifecycle (which knows the server, its key and the trace directory).
+async fn profile(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<Bytes>> {
+    let json = "application/json";
+    let Some(hook) = shared.profile_hook() else {
+        return reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json,
+            "{\"error\":\"profiling is off: run with --profile-dir DIR (or --report)\"}\n".into(),
+        );
+    };
+    let call = if req.uri().path() == "/-/profile/start" {
+        let steps = query_param(req, "steps");
+        let parsed = steps.as_deref().map(str::parse::<u64>).transpose();
+        match parsed {
+            Ok(steps) => crate::metrics::ProfileCall::Start { steps },
+            Err(_) => return reply(
+                StatusCode::BAD_REQUEST,
+                json,
+                "{\"error\":\"steps must be a whole number of forward steps, e.g. ?steps=20\"}\n"
+                    .into(),
+            ),
+        }
+    } else {
+        crate::metrics::ProfileCall::Stop
+    };
+    let (code, v) = hook(call).await;
+    reply(
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        json,
+        format!("{v}\n"),
+    )
 }
 
 async fn handle(
@@ -277,6 +319,10 @@ async fn handle(
             reply(StatusCode::METHOD_NOT_ALLOWED, text, "use POST\n".into())
         }
         "/-/window/start" | "/-/window/stop" => window(&req, &shared).await,
+        "/-/profile/start" | "/-/profile/stop" if req.method() != hyper::Method::POST => {
+            reply(StatusCode::METHOD_NOT_ALLOWED, text, "use POST\n".into())
+        }
+        "/-/profile/start" | "/-/profile/stop" => profile(&req, &shared).await,
         _ => reply(
             StatusCode::NOT_FOUND,
             text,

@@ -3,7 +3,7 @@
 //!
 //! One connection per request, no pool, no retry: a probe is one GET whose answer (or failure)
 //! must be exactly what the server said at that moment, within its timeout.
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::header::{ACCEPT, AUTHORIZATION, CONNECTION, HOST, USER_AGENT};
 use hyper::Request;
@@ -109,7 +109,7 @@ impl std::fmt::Display for HttpUrl {
 /// One `GET`, returning the status code. The body is not read: readiness needs only the status.
 pub async fn get_status(url: &HttpUrl, timeout: Duration) -> Result<u16, ProbeError> {
     within(url, timeout, async {
-        Ok(send(url, None).await?.status().as_u16())
+        Ok(send(url, None, None).await?.status().as_u16())
     })
     .await
 }
@@ -122,22 +122,42 @@ pub async fn get_body(
     max_bytes: usize,
 ) -> Result<(u16, Vec<u8>), ProbeError> {
     within(url, timeout, async {
-        let response = send(url, Some("text/plain")).await?;
-        let status = response.status().as_u16();
-        let mut body = response.into_body();
-        let mut out = Vec::new();
-        while out.len() < max_bytes {
-            let Some(frame) = body.frame().await else {
-                break;
-            };
-            if let Some(data) = frame.map_err(Failure::Http)?.data_ref() {
-                out.extend_from_slice(data);
-            }
-        }
-        out.truncate(max_bytes);
-        Ok((status, out))
+        read_body(send(url, Some("text/plain"), None).await?, max_bytes).await
     })
     .await
+}
+
+/// One `POST` of a JSON body (an admin call such as SGLang's `/start_profile`), with the server's
+/// key when it has one: the status and the answer's body (up to `max_bytes`).
+pub async fn post_json(
+    url: &HttpUrl,
+    json: &str,
+    timeout: Duration,
+    max_bytes: usize,
+) -> Result<(u16, Vec<u8>), ProbeError> {
+    within(url, timeout, async {
+        read_body(send(url, None, Some(json)).await?, max_bytes).await
+    })
+    .await
+}
+
+async fn read_body(
+    response: hyper::Response<hyper::body::Incoming>,
+    max_bytes: usize,
+) -> Result<(u16, Vec<u8>), Failure> {
+    let status = response.status().as_u16();
+    let mut body = response.into_body();
+    let mut out = Vec::new();
+    while out.len() < max_bytes {
+        let Some(frame) = body.frame().await else {
+            break;
+        };
+        if let Some(data) = frame.map_err(Failure::Http)?.data_ref() {
+            out.extend_from_slice(data);
+        }
+    }
+    out.truncate(max_bytes);
+    Ok((status, out))
 }
 
 enum Failure {
@@ -166,12 +186,21 @@ async fn within<T>(
     }
 }
 
-/// Connect (TCP, then TLS for https) and send the one GET; the response's head is in.
+/// Connect (TCP, then TLS for https) and send the one GET (a POST of `json` when given); the
+/// response's head is in.
 async fn send(
     url: &HttpUrl,
     accept: Option<&str>,
+    json: Option<&str>,
 ) -> Result<hyper::Response<hyper::body::Incoming>, Failure> {
-    let mut request = Request::get(url.path.as_str())
+    let method = if json.is_some() {
+        hyper::Method::POST
+    } else {
+        hyper::Method::GET
+    };
+    let mut request = Request::builder()
+        .method(method)
+        .uri(url.path.as_str())
         .header(HOST, format!("{}:{}", url.host, url.port))
         .header(USER_AGENT, "sglang-supervisor")
         .header(CONNECTION, "close");
@@ -181,9 +210,11 @@ async fn send(
     if let Some(b) = &url.bearer {
         request = request.header(AUTHORIZATION, format!("Bearer {}", b.0));
     }
-    let request = request
-        .body(Empty::<Bytes>::new())
-        .map_err(|_| Failure::BadTarget)?;
+    if json.is_some() {
+        request = request.header(hyper::header::CONTENT_TYPE, "application/json");
+    }
+    let body = Full::new(Bytes::from(json.unwrap_or_default().to_string()));
+    let request = request.body(body).map_err(|_| Failure::BadTarget)?;
     let host = url.host.trim_start_matches('[').trim_end_matches(']');
     let tcp = TcpStream::connect((host, url.port))
         .await
@@ -212,7 +243,7 @@ mod tls {
 
 async fn exchange<S>(
     stream: S,
-    request: Request<Empty<Bytes>>,
+    request: Request<Full<Bytes>>,
 ) -> Result<hyper::Response<hyper::body::Incoming>, Failure>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,

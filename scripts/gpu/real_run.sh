@@ -6,7 +6,10 @@
 #   PHASES  default "A C G K": A normal start + checks + SIGTERM; C failing start (fa3);
 #           G main process SIGKILLed during start; K supervisor SIGKILLed after ready;
 #           P probe + a 60 s sampled power window over a matmul load (scripts/gpu/matmul_load.py);
-#           S flags (import/static/dump), default pre-flight, --api-key server under --redact-log.
+#           S flags (import/static/dump), default pre-flight, --api-key server under --redact-log;
+#           J start-up attribution (compilers during the start), a torch-profiler capture of 20
+#             steps under load, the HTML report (run it on a fresh machine, then with the JIT
+#             caches carried: PACK_JIT=1).
 # Needs dev-device/ (a copy of shared/sglang-device) next to it. Every phase writes
 # OUTDIR/<phase>/{events.jsonl,server.log,supervisor.err,checks.txt} and the summary.
 set -u
@@ -294,6 +297,34 @@ print(urllib.request.urlopen(r, timeout=30).status)' "http://127.0.0.1:$PORT/gen
     else
       check ready_with_api_key 1 "$(tail -5 "$P/supervisor.err")"; kill -KILL "$SUP" 2>/dev/null; wait "$SUP"
     fi
+    ;;
+  J)
+    say "J: where the start's time goes (JIT compilers), a torch-profiler capture, the HTML report"
+    SUP_EXTRA="--metrics-addr 127.0.0.1:9400 --report $P/report.json --report-html $P/report.html --profile-dir $P/traces --power-csv $P/power.csv --proxy-addr 127.0.0.1:8000 --requests-log $P/requests.jsonl" start_sup
+    if wait_event ready 360; then
+      python3 - "$P/events.jsonl" <<'PY' | tee -a "$P/checks.txt"
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+p = next(e for e in ev if e["event"] == "startup_profile")
+j = p["jit"]
+print(f"ok  startup_profile  ready {p['until_s']} s, JIT {j['wall_s']} s ({j['share']*100:.0f}%), {j['processes']} compiler processes, {j['cpu_s']} CPU s, by compiler {json.dumps(j['by_compiler'])}; {p['samples']} samples costing {p['profiler_cpu_s']} CPU s")
+for s in p["segments"]:
+    print(f"    {s['name']:<20} {s['duration_s']:>8} s  JIT {s['jit_s']:>8} s  compilers {s['compiler_processes']}")
+PY
+      curl -s -X POST "http://127.0.0.1:9400/-/window/start?name=load" > /dev/null
+      curl -s -X POST "http://127.0.0.1:9400/-/profile/start?steps=20" > "$P/profile_start.json"
+      for i in $(seq 16); do
+        curl -s http://127.0.0.1:8000/generate -H 'content-type: application/json' \
+          -d '{"text":"Once upon a time","sampling_params":{"max_new_tokens":64},"stream":true}' > /dev/null &
+      done; wait
+      curl -s -X POST "http://127.0.0.1:9400/-/profile/stop" > "$P/profile_stop.json"
+      curl -s -X POST "http://127.0.0.1:9400/-/window/stop" > "$P/window.json"
+      check profile_traces "$(python3 -c 'import json,sys; v=json.load(open(sys.argv[1])); sys.exit(0 if v.get("ok") and v["traces"] else 1)' "$P/profile_stop.json"; echo $?)" \
+        "$(python3 -c 'import json,sys; v=json.load(open(sys.argv[1])); print("stop answered", v.get("stop"), "traces", [(t["file"].rsplit("/",1)[-1], t["bytes"]) for t in v.get("traces", [])])' "$P/profile_stop.json" 2>&1)"
+      check window_batches "$(grep -q server_batches "$P/window.json"; echo $?)" "$(head -c 600 "$P/window.json")"
+    fi
+    kill -TERM "$SUP"; wait "$SUP"
+    check report_html "$([ -s "$P/report.html" ] && echo 0 || echo 1)" "$(stat -c %s "$P/report.html" 2>/dev/null) bytes"
     ;;
   esac
   pkill -KILL -f sglang.launch_server 2>/dev/null; pkill -KILL -f 'sglang::' 2>/dev/null

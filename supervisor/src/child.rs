@@ -152,12 +152,14 @@ pub fn orphans_reaped() -> u64 {
 }
 
 /// Start a process. Every process this program starts goes through here.
-pub fn spawn(spec: SpawnSpec<'_>) -> Result<Spawned, SpawnError> {
+/// `env`: variables added to the inherited environment (the profiler's trace directory).
+pub fn spawn(spec: SpawnSpec<'_>, env: &[(&str, &std::ffi::OsStr)]) -> Result<Spawned, SpawnError> {
     let (program, args) = spec.argv.split_first().ok_or(SpawnError::Empty)?;
     let r = reaper();
     #[allow(clippy::disallowed_methods)] // this is the one place allowed to build a Command
     let mut cmd = std::process::Command::new(program);
     cmd.args(args)
+        .envs(env.iter().copied())
         .stdin(spec.stdin)
         .stdout(spec.stdout)
         .stderr(spec.stderr);
@@ -288,24 +290,30 @@ mod tests {
 
     #[tokio::test]
     async fn exit_codes_and_signals_are_reported() {
-        let s = spawn(SpawnSpec {
-            argv: &argv(&["sh", "-c", "exit 7"]),
-            new_process_group: true,
-            die_with_parent: true,
-            stdin: Stdio::null(),
-            stdout: Stdio::null(),
-            stderr: Stdio::null(),
-        })
+        let s = spawn(
+            SpawnSpec {
+                argv: &argv(&["sh", "-c", "exit 7"]),
+                new_process_group: true,
+                die_with_parent: true,
+                stdin: Stdio::null(),
+                stdout: Stdio::null(),
+                stderr: Stdio::null(),
+            },
+            &[],
+        )
         .unwrap();
         assert_eq!(s.exit.await.unwrap(), ExitStatus::Code(7));
-        let s = spawn(SpawnSpec {
-            argv: &argv(&["sh", "-c", "kill -9 $$"]),
-            new_process_group: false,
-            die_with_parent: false,
-            stdin: Stdio::null(),
-            stdout: Stdio::null(),
-            stderr: Stdio::null(),
-        })
+        let s = spawn(
+            SpawnSpec {
+                argv: &argv(&["sh", "-c", "kill -9 $$"]),
+                new_process_group: false,
+                die_with_parent: false,
+                stdin: Stdio::null(),
+                stdout: Stdio::null(),
+                stderr: Stdio::null(),
+            },
+            &[],
+        )
         .unwrap();
         assert_eq!(s.exit.await.unwrap(), ExitStatus::Signal(9));
         assert_eq!(ExitStatus::Signal(9).shell_code(), 137);
@@ -313,14 +321,17 @@ mod tests {
 
     #[test]
     fn missing_program_is_a_clear_error() {
-        let e = spawn(SpawnSpec {
-            argv: &argv(&["/nonexistent/server"]),
-            new_process_group: true,
-            die_with_parent: true,
-            stdin: Stdio::null(),
-            stdout: Stdio::null(),
-            stderr: Stdio::null(),
-        })
+        let e = spawn(
+            SpawnSpec {
+                argv: &argv(&["/nonexistent/server"]),
+                new_process_group: true,
+                die_with_parent: true,
+                stdin: Stdio::null(),
+                stdout: Stdio::null(),
+                stderr: Stdio::null(),
+            },
+            &[],
+        )
         .err()
         .unwrap();
         assert!(e.to_string().contains("/nonexistent/server"), "{e}");

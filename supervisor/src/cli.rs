@@ -206,6 +206,16 @@ pub enum CompareFormat {
     Json,
 }
 
+/// `compare --format`: the table formats, or a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CompareOutput {
+    Text,
+    Markdown,
+    Json,
+    /// A page: the Markdown table above the two runs side by side (start-up, batch series).
+    Html,
+}
+
 #[derive(Debug, Args)]
 pub struct CompareArgs {
     /// A bench_serving result file (.jsonl), an InferenceX result or aggregate (.json), or a
@@ -219,7 +229,7 @@ pub struct CompareArgs {
         default_value = "text",
         env = "SGLANG_SUPERVISOR_COMPARE_FORMAT"
     )]
-    pub format: CompareFormat,
+    pub format: CompareOutput,
     /// Compare even when model, GPU count, ISL/OSL or precision differ. Models are matched by
     /// their last path component (`/models/X` and `org/X` are the same model).
     #[arg(long, env = "SGLANG_SUPERVISOR_COMPARE_FORCE")]
@@ -283,6 +293,15 @@ pub struct ReportArgs {
         env = "SGLANG_SUPERVISOR_REPORT_OUTPUT"
     )]
     pub output: Option<PathBuf>,
+
+    /// Also write the report as one self-contained HTML page here (plots from --power-csv and
+    /// --requests-log when given).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "SGLANG_SUPERVISOR_REPORT_HTML_OUTPUT"
+    )]
+    pub html: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -476,6 +495,31 @@ pub struct RunArgs {
     /// proxy, power from the probes, InferenceX field names), teardown. Has a schema_version.
     #[arg(long, env = "SGLANG_SUPERVISOR_REPORT", value_name = "PATH")]
     pub report: Option<PathBuf>,
+
+    /// Write the report as one self-contained HTML page here at exit: start-up Gantt per rank
+    /// with the JIT share, GPU power over time (from --power-csv), latency distributions (from
+    /// --requests-log), the server's batch series, flags audit, teardown. No network needed.
+    #[arg(long, env = "SGLANG_SUPERVISOR_REPORT_HTML", value_name = "PATH")]
+    pub report_html: Option<PathBuf>,
+
+    /// Where the server writes torch-profiler traces: set as SGLANG_TORCH_PROFILER_DIR in its
+    /// environment (unless that is set already: then that directory is used). Enables
+    /// `POST /-/profile/start?steps=N` and `POST /-/profile/stop` on the metrics address, which
+    /// drive SGLang's /start_profile and /stop_profile and list the traces (one per TP rank) in a
+    /// `profile` event and the report. Default with --report or --report-html: `<stem>-profiles`
+    /// beside the report.
+    #[arg(long, env = "SGLANG_SUPERVISOR_PROFILE_DIR", value_name = "DIR")]
+    pub profile_dir: Option<PathBuf>,
+
+    /// Profile the measurement window of this name: its start and stop drive the server's
+    /// profiler (needs a trace directory: --profile-dir or a report).
+    #[arg(long, env = "SGLANG_SUPERVISOR_PROFILE_WINDOW", value_name = "NAME")]
+    pub profile_window: Option<String>,
+
+    /// With --profile-window: profile this many forward steps (SGLang's num_steps), not the
+    /// whole window.
+    #[arg(long, env = "SGLANG_SUPERVISOR_PROFILE_STEPS", value_name = "N")]
+    pub profile_steps: Option<u64>,
 
     /// Pre-flight source. When COMMAND is an SGLang launch (`PY -m sglang.launch_server`,
     /// `sglang serve`), its flags are audited before launching: a flag that would fail to parse

@@ -4,7 +4,7 @@
 //! array), and our `--report` files. Windows are matched by name / concurrency; latencies are
 //! kept and printed in ms whatever the input's unit; mismatched identities are refused unless
 //! `--force`.
-use crate::cli::{CompareArgs, CompareFormat};
+use crate::cli::{CompareArgs, CompareFormat, CompareOutput};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -649,8 +649,26 @@ pub fn command(args: &CompareArgs) -> Result<i32> {
         }
         Ok(c) => {
             match args.format {
-                CompareFormat::Json => println!("{}", serde_json::to_string_pretty(&c)?),
-                f => print!("{}", render(&c, f)),
+                CompareOutput::Json => println!("{}", serde_json::to_string_pretty(&c)?),
+                CompareOutput::Html => {
+                    let table = render(&c, CompareFormat::Markdown);
+                    let raw = |p: &std::path::Path| -> Value {
+                        std::fs::read(p)
+                            .ok()
+                            .and_then(|b| serde_json::from_slice(&b).ok())
+                            .unwrap_or(Value::Null)
+                    };
+                    print!(
+                        "{}",
+                        crate::html::compare_page(
+                            &raw(&args.baseline),
+                            &raw(&args.candidate),
+                            &table
+                        )
+                    )
+                }
+                CompareOutput::Text => print!("{}", render(&c, CompareFormat::Text)),
+                CompareOutput::Markdown => print!("{}", render(&c, CompareFormat::Markdown)),
             }
             Ok(0)
         }

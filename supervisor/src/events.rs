@@ -228,6 +228,10 @@ pub enum Event {
         duration_s: Option<f64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         detail: Option<String>,
+        /// Seconds within the stage (`_end` phases, `warmup`) with a JIT compiler process running
+        /// in the server's tree (the start-up profiler's /proc samples).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        jit_s: Option<f64>,
     },
     Ready {
         elapsed_s: f64,
@@ -256,11 +260,21 @@ pub enum Event {
     Leftover {
         pids: Vec<i32>,
     },
-    /// A measurement window (power and/or requests); free-form.
+    /// A measurement window (power and/or requests, the server's batch series under
+    /// `server_batches`, a torch-profiler capture under `profile`); free-form.
     Window(Map<String, Value>),
     RequestsSummary(Map<String, Value>),
     GpuTeardown(Map<String, Value>),
     Power(Map<String, Value>),
+    /// Where the start's wall time went (segments, JIT compilers); at readiness, or at the exit
+    /// of a server that never got ready. Free-form (`startup::StartupProfile::summary`).
+    StartupProfile(Map<String, Value>),
+    /// The server's `Prefill batch`/`Decode batch` series over the whole run, at exit; free-form
+    /// (`server_series::ServerSeries::summary`).
+    ServerBatches(Map<String, Value>),
+    /// A torch-profiler capture: the trace files (one per TP rank) and the server's answers;
+    /// free-form (`profile::Profiler::stop`).
+    Profile(Map<String, Value>),
     /// The last event of every run, whatever ended it.
     Exited {
         code: Option<i32>,
@@ -307,6 +321,9 @@ impl Event {
             Event::RequestsSummary(_) => "requests_summary",
             Event::GpuTeardown(_) => "gpu_teardown",
             Event::Power(_) => "power",
+            Event::StartupProfile(_) => "startup_profile",
+            Event::ServerBatches(_) => "server_batches",
+            Event::Profile(_) => "profile",
             Event::Exited { .. } => "exited",
             Event::Unknown => "unknown",
         }
@@ -430,6 +447,7 @@ mod tests {
                 elapsed_s: 3.5,
                 duration_s: Some(1.25),
                 detail: None,
+                jit_s: Some(0.5),
             },
             Event::Fatal {
                 reason: FatalReason::ReadyTimeout,
@@ -442,9 +460,16 @@ mod tests {
                 node_rank: Some(1),
                 nnodes: Some(2),
             },
+            Event::StartupProfile(Event::object(serde_json::json!({"samples": 3}))),
+            Event::ServerBatches(Event::object(serde_json::json!({"decode": {"lines": 1}}))),
+            Event::Profile(Event::object(serde_json::json!({"ok": true, "traces": []}))),
         ];
         for e in evs {
             let text = serde_json::to_string(&e).unwrap();
+            assert!(
+                text.starts_with(&format!(r#"{{"event":"{}""#, e.name())),
+                "{text}"
+            );
             assert_eq!(Event::parse_line(&text), Some(e.clone()), "{text}");
         }
         let v = serde_json::to_value(Event::Phase {
@@ -453,6 +478,7 @@ mod tests {
             elapsed_s: 1.0,
             duration_s: None,
             detail: None,
+            jit_s: None,
         })
         .unwrap();
         assert_eq!(

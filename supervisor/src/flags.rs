@@ -214,7 +214,7 @@ fn python_subprocess(python: &str, args: &[&str]) -> Result<Vec<u8>> {
         stdin: Stdio::null(),
         stdout: Stdio::piped(),
         stderr: Stdio::piped(),
-    })
+    }, &[])
     .with_context(|| format!("--sglang {python}: cannot run it (give a python3 path, a venv, a .whl, a source tree or a saved .json)"))?;
     let read = |fd: Option<std::os::fd::OwnedFd>| -> Vec<u8> {
         let mut out = Vec::new();

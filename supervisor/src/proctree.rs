@@ -23,6 +23,10 @@ pub struct Proc {
     pub state: u8,
     /// Clock ticks since boot at its start: a pid with another start time is another process.
     pub start: u64,
+    /// Its name (`comm`: the executable's name, at most 15 bytes).
+    pub comm: Comm,
+    /// CPU time so far, user and system, in clock ticks.
+    pub cpu_ticks: u64,
     /// Its directory name in /proc (differs from `pid` under a foreign /proc).
     proc_pid: i32,
 }
@@ -46,6 +50,29 @@ impl Proc {
         // Entries are NUL-terminated: match a whole entry, not a suffix of another.
         env.starts_with(entry)
             || memmem::find_iter(&env, entry).any(|i| i > 0 && env.get(i - 1) == Some(&0))
+    }
+}
+
+/// A process's `comm`, kept inline so that [`Proc`] stays `Copy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Comm {
+    bytes: [u8; 16],
+    len: u8,
+}
+
+impl Comm {
+    fn new(b: &[u8]) -> Comm {
+        let mut bytes = [0u8; 16];
+        let len = b.len().min(bytes.len());
+        bytes[..len].copy_from_slice(&b[..len]);
+        Comm {
+            bytes,
+            len: len as u8,
+        }
+    }
+
+    pub fn name(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.bytes[..usize::from(self.len)])
     }
 }
 
@@ -110,6 +137,8 @@ impl Table {
                             pgid: s.pgid,
                             state: s.state,
                             start: s.start,
+                            comm: s.comm,
+                            cpu_ticks: s.cpu_ticks,
                             proc_pid: p,
                         },
                     ))
@@ -200,20 +229,26 @@ struct Stat {
     pgid: i32,
     state: u8,
     start: u64,
+    comm: Comm,
+    cpu_ticks: u64,
 }
 
 fn read_stat(pid: i32) -> Option<Stat> {
     let text = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
     // comm is in parentheses and may contain anything: the fields follow the *last* ')'.
+    let open = text.iter().position(|&b| b == b'(')?;
     let close = text.iter().rposition(|&b| b == b')')?;
     let rest = std::str::from_utf8(text.get(close + 2..)?).ok()?;
     let f: Vec<&str> = rest.split(' ').collect();
-    // Fields 3.. of proc(5): state, ppid, pgrp, ..., starttime is field 22.
+    // Fields 3.. of proc(5): state, ppid, pgrp, ..., utime 14, stime 15, starttime 22.
+    let n = |field: usize| f.get(field - 3)?.parse::<u64>().ok();
     Some(Stat {
         state: f.first()?.bytes().next()?,
         ppid: f.get(1)?.parse().ok()?,
         pgid: f.get(2)?.parse().ok()?,
-        start: f.get(19)?.parse().ok()?,
+        start: n(22)?,
+        comm: Comm::new(text.get(open + 1..close)?),
+        cpu_ticks: n(14)? + n(15)?,
     })
 }
 
@@ -256,6 +291,8 @@ fn foreign_table(dirs: Vec<i32>, depth: usize, ns: &std::path::Path) -> HashMap<
                 pgid,
                 state: st.state,
                 start: st.start,
+                comm: st.comm,
+                cpu_ticks: st.cpu_ticks,
                 proc_pid: p,
             };
             (pid, proc)
@@ -274,6 +311,15 @@ mod tests {
         let p = t.get(me).unwrap();
         assert!(p.ppid > 0 && p.pgid > 0 && p.start > 0);
         assert!(p.is_running());
+        let comm = std::fs::read_to_string("/proc/self/comm").unwrap();
+        assert_eq!(p.comm.name(), comm.trim_end_matches('\n'));
+    }
+
+    #[test]
+    fn names_are_kept_inline_and_odd_ones_read() {
+        assert_eq!(Comm::new(b"cudafe++").name(), "cudafe++");
+        assert_eq!(Comm::new(b"a) b (c").name(), "a) b (c");
+        assert_eq!(Comm::new(&[b'x'; 20]).name().len(), 16);
     }
 
     #[test]

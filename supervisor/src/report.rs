@@ -71,10 +71,20 @@ pub fn build(events: &[Value]) -> Value {
         "node_rank": node_rank,
         "nnodes": nnodes,
         "phases": phases,
+        // Where the start's time went: segments, JIT compilation, what to do about it.
+        "profile": first(events, "startup_profile").map(body),
     });
     let mut windows: Vec<Value> = all(events, "window").map(body).collect();
     let run_requests = first(events, "requests_summary").map(body);
-    if power.is_some() || run_requests.is_some() {
+    // The server's batch series: its aggregates go to the run window, its points stand apart.
+    let mut batches = first(events, "server_batches").map(body);
+    let batch_series = batches
+        .as_mut()
+        .and_then(|b| b.as_object_mut()?.remove("series"));
+    if let Some(b) = batches.as_mut().and_then(Value::as_object_mut) {
+        b.remove("ts");
+    }
+    if power.is_some() || run_requests.is_some() || batches.is_some() {
         let mut w = Map::new();
         w.insert("name".into(), "run".into());
         if let Some(p) = power {
@@ -82,6 +92,9 @@ pub fn build(events: &[Value]) -> Value {
         }
         if let Some(r) = run_requests {
             w.insert("requests".into(), r);
+        }
+        if let Some(b) = batches {
+            w.insert("server_batches".into(), b);
         }
         windows.push(Value::Object(w));
     }
@@ -93,10 +106,14 @@ pub fn build(events: &[Value]) -> Value {
         "server_args": args,
         "startup": startup,
         "deprecations": all(events, "deprecation").map(body).collect::<Vec<_>>(),
+        "preflight": first(events, "preflight").map(body),
+        // Torch-profiler captures: the traces (one per TP rank) with their sizes.
+        "profiles": all(events, "profile").map(body).collect::<Vec<_>>(),
         "warnings": all(events, "warning").map(|e| e["message"].clone()).collect::<Vec<_>>(),
         "fatal": first(events, "fatal").map(body),
         "listening": first(events, "listening").map(body),
         "windows": windows,
+        "server_batch_series": batch_series,
         "teardown": {
             "exited": exited,
             "leftover": first(events, "leftover").map(|e| e["pids"].clone()),
@@ -199,12 +216,44 @@ pub fn command(args: &ReportArgs) -> anyhow::Result<i32> {
             return Ok(EXIT_BAD_INPUT);
         }
     };
+    if let Some(path) = &args.html {
+        let inputs = crate::html::Inputs {
+            power_csv: args.power_csv.as_deref(),
+            requests_log: args.requests_log.as_deref(),
+        };
+        crate::html::write(path, &crate::html::page(&report, &inputs))
+            .map_err(|e| anyhow::anyhow!("cannot write the HTML report {}: {e}", path.display()))?;
+    }
     match &args.output {
         Some(path) => write(path, &report)
             .map_err(|e| anyhow::anyhow!("cannot write the report {}: {e}", path.display()))?,
         None => println!("{}", serde_json::to_string_pretty(&report)?),
     }
     Ok(0)
+}
+
+/// `run --report` and `--report-html`, from the run's events.
+pub fn write_at_exit(args: &crate::cli::RunArgs, events: &[Value]) {
+    if args.report.is_none() && args.report_html.is_none() {
+        return;
+    }
+    let report = build(events);
+    if let Some(path) = &args.report {
+        match write(path, &report) {
+            Ok(()) => tracing::info!("report written to {}", path.display()),
+            Err(e) => tracing::error!("cannot write the report {}: {e}", path.display()),
+        }
+    }
+    if let Some(path) = &args.report_html {
+        let inputs = crate::html::Inputs {
+            power_csv: args.power_csv.as_deref(),
+            requests_log: args.requests_log.as_deref(),
+        };
+        match crate::html::write(path, &crate::html::page(&report, &inputs)) {
+            Ok(()) => tracing::info!("HTML report written to {}", path.display()),
+            Err(e) => tracing::error!("cannot write the HTML report {}: {e}", path.display()),
+        }
+    }
 }
 
 /// Write atomically (a reader never sees half a report).

@@ -43,14 +43,17 @@ impl Sentinel {
             "--marker".into(),
             proctree::marker().into(),
         ];
-        let s = spawn(SpawnSpec {
-            argv: &argv,
-            new_process_group: false,
-            die_with_parent: false,
-            stdin: Stdio::piped(),
-            stdout: Stdio::piped(),
-            stderr: Stdio::inherit(),
-        })
+        let s = spawn(
+            SpawnSpec {
+                argv: &argv,
+                new_process_group: false,
+                die_with_parent: false,
+                stdin: Stdio::piped(),
+                stdout: Stdio::piped(),
+                stderr: Stdio::inherit(),
+            },
+            &[],
+        )
         .map_err(std::io::Error::other)?;
         let mut ready = s
             .stdout

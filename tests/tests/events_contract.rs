@@ -47,6 +47,13 @@ fn check(e: &Value) {
             if name.ends_with("_end") || name == "warmup" {
                 assert!(num("duration_s"), "{name} carries duration_s: {e}");
             }
+            // The start-up profiler's share of the stage (absent in events of old versions).
+            if has("jit_s") {
+                assert!(
+                    (name.ends_with("_end") || name == "warmup") && num("jit_s"),
+                    "jit_s only on a stage's end: {e}"
+                );
+            }
             if has("rank") {
                 assert!(e["rank"].as_str().unwrap().split(' ').all(|p| p
                     .trim_end_matches(|c: char| c.is_ascii_digit())
@@ -90,7 +97,23 @@ fn check(e: &Value) {
         ),
         "listening" => assert!(e["metrics"].is_string() || e["proxy"].is_string(), "{e}"),
         "window" => assert!(
-            e["name"].is_string() && (e["power"].is_object() || e["requests"].is_object()),
+            e["name"].is_string()
+                && (e["power"].is_object()
+                    || e["requests"].is_object()
+                    || e["server_batches"].is_object()
+                    || e["profile"].is_object()),
+            "{e}"
+        ),
+        "startup_profile" => assert!(
+            e["segments"].is_array() && e["jit"]["wall_s"].is_number() && e["samples"].is_u64(),
+            "{e}"
+        ),
+        "profile" => assert!(e["ok"].is_boolean() && e["traces"].is_array(), "{e}"),
+        "server_batches" => assert!(
+            e["decode"]["lines"].is_u64()
+                && e["prefill"]["lines"].is_u64()
+                && e["pressure"]["retractions"].is_u64()
+                && e["series"]["t_s"].is_array(),
             "{e}"
         ),
         "requests_summary" => assert!(e["completed"].is_u64() && e["errors"].is_u64(), "{e}"),
@@ -203,6 +226,16 @@ fn events_of_a_replayed_run_follow_the_contract() {
         pool["duration_s"].is_number(),
         "measured from load_weights_end: {pool}"
     );
+    // The start-up profiler's additions: jit_s on the warm-up, one profile, before `ready`.
+    let warmup = events.iter().find(|e| e["name"] == "warmup").unwrap();
+    assert!(warmup["jit_s"].is_number(), "{warmup}");
+    let at = |name: &str| events.iter().position(|e| e["event"] == name);
+    let profiles = events
+        .iter()
+        .filter(|e| e["event"] == "startup_profile")
+        .count();
+    assert_eq!(profiles, 1);
+    assert!(at("startup_profile") < at("ready"));
 }
 
 /// On the H200, bench_serving ran through the proxy: the proxy's own per-request figures

@@ -21,6 +21,8 @@ use crate::logs::tee::{self, LogFile, Shared, StreamStats, Timed};
 use crate::readiness::{self, Evidence, Node};
 use crate::redact::{redact_argv, Secrets};
 use crate::sentinel::Sentinel;
+use crate::server_series::ServerSeries;
+use crate::startup::StartupProfile;
 use anyhow::{Context, Result};
 use machine::{Action, Input, Machine, Settings};
 use serde_json::{json, Map, Value};
@@ -30,7 +32,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::fs::File;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -160,13 +162,14 @@ fn record_end_without_server(
     });
 }
 
-fn write_report(path: Option<&Path>, events: &Events) {
-    if let Some(path) = path {
-        match crate::report::write(path, &crate::report::build(&events.kept())) {
-            Ok(()) => tracing::info!("report written to {}", path.display()),
-            Err(e) => tracing::error!("cannot write the report {}: {e}", path.display()),
-        }
-    }
+/// `--report` and `--report-html`, from the events kept (see [`keeps_events`]).
+fn write_report(args: &RunArgs, events: &Events) {
+    crate::report::write_at_exit(args, &events.kept());
+}
+
+/// Whether the events are kept for a report at exit.
+fn keeps_events(args: &RunArgs) -> bool {
+    args.report.is_some() || args.report_html.is_some()
 }
 
 /// A refused launch still leaves its `preflight` event, and an end, where `--events` points.
@@ -211,14 +214,14 @@ fn record_without_server(
         file,
         args.events.as_ref().map(|p| p.display().to_string()),
         Instant::now(),
-        args.report.is_some(),
+        keeps_events(args),
     )
     .with_secrets(command_and_secrets(args).1);
     if let Some(p) = preflight {
         events.emit(Event::Preflight(Event::object(p)));
     }
     record_end_without_server(&events, reason, excerpt, exit_status);
-    write_report(args.report.as_deref(), &events);
+    write_report(args, &events);
 }
 
 /// Everything the run opens before the server starts; any of it can fail, and then nothing runs.
@@ -232,11 +235,20 @@ struct Services {
     /// The default metrics port was taken: where and by whom (for the `listening` event).
     metrics_default_taken: Option<Value>,
     proxy_addr: Option<SocketAddr>,
+    /// The server's batch series (log lines, metrics, windows).
+    series: Arc<ServerSeries>,
+    /// Where the start's time goes (the process tree sampled until readiness).
+    startup: Arc<StartupProfile>,
+    /// The torch-profiler trace directory, and whether the server must be told (None: off).
+    trace_dir: Option<(PathBuf, bool)>,
 }
 
 async fn open_services(args: &RunArgs) -> Result<Services> {
     if let Some(p) = &args.report {
         check_writable(p, "report")?;
+    }
+    if let Some(p) = &args.report_html {
+        check_writable(p, "HTML report")?;
     }
     let log_file = args
         .log_file
@@ -261,6 +273,8 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
     let sampler = crate::gpu::start_sampler(args)?;
     metrics.set_gpus(sampler.as_ref().map(|s| s.handle()));
     let mut registry = exporters::registry(metrics.clone());
+    let series = crate::server_series::register(&mut registry, &metrics);
+    let startup = crate::startup::register(&mut registry);
     let proxy_metrics = sglang_exporters::proxy::ProxyMetrics::register(&mut registry);
     let metrics_listener = crate::metrics_addr::serve(
         args.metrics_addr.as_deref(),
@@ -299,7 +313,34 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
         metrics_addr: metrics_listener.addr,
         metrics_default_taken: metrics_listener.default_taken,
         proxy_addr,
+        series,
+        startup,
+        trace_dir: crate::profile::trace_dir(args),
     })
+}
+
+/// The server, in its own process group, with the profiler's trace directory in its
+/// environment when it must be told.
+fn spawn_server(
+    args: &RunArgs,
+    trace_dir: Option<&(PathBuf, bool)>,
+) -> Result<child::Spawned, child::SpawnError> {
+    let env: Vec<(&str, &std::ffi::OsStr)> = trace_dir
+        .filter(|(_, tell)| *tell)
+        .map(|(d, _)| (crate::profile::DIR_ENV, d.as_os_str()))
+        .into_iter()
+        .collect();
+    child::spawn(
+        SpawnSpec {
+            argv: &args.command,
+            new_process_group: true,
+            die_with_parent: true,
+            stdin: Stdio::null(),
+            stdout: Stdio::piped(),
+            stderr: Stdio::piped(),
+        },
+        &env,
+    )
 }
 
 /// Run the server to the end; returns the exit status of `run`.
@@ -315,7 +356,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
         events_file,
         args.events.as_ref().map(|p| p.display().to_string()),
         Instant::now(),
-        args.report.is_some(),
+        keeps_events(&args),
     )
     .with_secrets(secrets.clone());
     if let Some(p) = preflight {
@@ -323,7 +364,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
     }
     let fail = |events: &Events, reason, e: anyhow::Error| {
         record_end_without_server(events, reason, format!("{e:#}"), exit::SUPERVISOR_FAILED);
-        write_report(args.report.as_deref(), events);
+        write_report(&args, events);
         e
     };
     // 1. Open the services.
@@ -340,14 +381,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
         }
     };
     let t0 = Instant::now();
-    let spawned = match child::spawn(SpawnSpec {
-        argv: &args.command,
-        new_process_group: true,
-        die_with_parent: true,
-        stdin: Stdio::null(),
-        stdout: Stdio::piped(),
-        stderr: Stdio::piped(),
-    }) {
+    let spawned = match spawn_server(&args, services.trace_dir.as_ref()) {
         Ok(s) => s,
         Err(e) => return Err(fail(&events, FatalReason::SpawnFailed, e.into())),
     };
@@ -378,6 +412,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
             return Err(fail(&events, FatalReason::SupervisorFailed, e));
         }
     };
+    services.startup.start(pid, t0, watch.exclude.clone());
     let node = Node::from_argv(&argv);
     let mut s = Supervision::new(
         args,
@@ -430,6 +465,8 @@ impl Watch {
         services.metrics.set_bench_hook(Arc::new(move |path| {
             crate::bench::live(path, bench_sampler.as_ref(), bench_log.as_deref())
         }));
+        let trace_dir = services.trace_dir.as_ref().map(|(d, _)| d.as_path());
+        crate::profile::setup(args, trace_dir, &services.url, &events, &services.metrics);
         tracing::info!(pid, url = %services.url.base(), "spawned the server");
         if services.metrics_addr.is_some() || services.proxy_addr.is_some() {
             let addr = |a: Option<SocketAddr>| a.map(|a| a.to_string());
@@ -455,6 +492,7 @@ impl Watch {
                 args.log_file.as_ref().map(|p| p.display().to_string()),
             ),
             args.redact_log.then_some(secrets),
+            services.series.clone(),
         );
         let (log_tx, log_rx) = mpsc::unbounded_channel::<Timed>();
         let tee_to = |fd| (!args.no_tee).then(|| tee::terminal(fd));
@@ -511,6 +549,8 @@ struct Supervision {
     exclude: Vec<i32>,
     /// `enable_metrics` from the resolved args: whether the server has a `/metrics` to re-expose.
     upstream_metrics: Option<bool>,
+    /// Where the start's time goes: phase marks, JIT seconds per stage.
+    startup: Arc<StartupProfile>,
 }
 
 impl Supervision {
@@ -560,6 +600,7 @@ impl Supervision {
             metrics: services.metrics.clone(),
             exclude: watch.exclude.clone(),
             upstream_metrics: None,
+            startup: services.startup.clone(),
         }
     }
 
@@ -646,6 +687,7 @@ impl Supervision {
         match t.event {
             LogEvent::Ready => self.input(Input::ReadyLine).await,
             LogEvent::ServerArgs(args) => {
+                self.startup.mark("server_args", at);
                 let mut info = args_info(&args);
                 if let Some((rank, nnodes)) = self.node.multi() {
                     info.push(("node_rank".into(), rank.to_string()));
@@ -684,8 +726,9 @@ impl Supervision {
                 reported_s,
                 detail,
             } => self.on_phase(name, rank, reported_s, detail, at).await,
-            // Batches are folded into `Shared::batches` by the readers; none arrive here.
-            LogEvent::Batch { .. } => {}
+            // Batches and retractions are folded into `Shared::batches`/`series` by the
+            // readers; none arrive here.
+            LogEvent::Batch { .. } | LogEvent::Retraction { .. } => {}
             LogEvent::Traceback { excerpt } => self.last_traceback = Some(excerpt),
             LogEvent::WorkerDied { line } => {
                 self.worker_deaths += 1;
@@ -730,14 +773,17 @@ impl Supervision {
         detail: Option<String>,
         at: f64,
     ) {
+        self.startup.mark(name.as_str(), at);
         let key = rank.clone().unwrap_or_else(|| "main".into());
         let progress = self.ranks.entry(key).or_default();
         progress.last = Some((name, at));
-        let mut duration_s = None;
+        let (mut duration_s, mut jit_s) = (None, None);
         if let Some(stage) = name.begins() {
             progress.begun.insert(stage, at);
         } else if let Some(stage) = name.ends() {
-            let measured = progress.begun.get(&stage).map(|b| at - b);
+            let begun = progress.begun.get(&stage).copied();
+            jit_s = begun.map(|b| round_ms(self.startup.jit_within(b, at)));
+            let measured = begun.map(|b| at - b);
             if let Some(d) = reported_s.or(measured) {
                 duration_s = Some(round_ms(d));
                 // Across ranks the slowest one is what the server waited for.
@@ -762,6 +808,7 @@ impl Supervision {
             elapsed_s: at,
             duration_s,
             detail,
+            jit_s,
         });
         if self.node.serves_no_api() {
             let last: BTreeMap<String, PhaseName> = self
@@ -867,8 +914,11 @@ impl Supervision {
                 elapsed_s: at,
                 duration_s: Some(round_ms(at - up)),
                 detail: None,
+                jit_s: Some(round_ms(self.startup.jit_within(up, at))),
             });
         }
+        self.startup.mark("ready", at);
+        self.finish_startup_profile(at);
         let multi = self.node.multi();
         self.events.emit(Event::Ready {
             elapsed_s: at,
@@ -885,6 +935,13 @@ impl Supervision {
         }
         if let Some(cmd) = &self.args.on_ready {
             run_on_ready(cmd);
+        }
+    }
+
+    /// The start-up profile, once: at readiness, or at the exit of a server never ready.
+    fn finish_startup_profile(&self, at: f64) {
+        if let Some(p) = self.startup.finish(at) {
+            self.events.emit(Event::StartupProfile(Event::object(p)));
         }
     }
 
@@ -953,6 +1010,12 @@ impl Supervision {
             tracing::error!(?leftover, "processes of the server tree survived SIGKILL");
         }
         self.diagnose_exit(status, &watch.shared);
+        self.finish_startup_profile(self.events.elapsed(exited_at));
+        if watch.shared.series.seen() {
+            let batches = watch.shared.series.summary();
+            self.events
+                .emit(Event::ServerBatches(Event::object(batches)));
+        }
         self.record_windows(sampler).await;
         let requested = self.machine.requested();
         let exit_status = self.machine.exit_status(status.shell_code());
@@ -979,7 +1042,7 @@ impl Supervision {
             supervisor_pid: Some(std::process::id()),
         });
         tracing::info!(?status, exit_status, requested, "server exited");
-        write_report(self.args.report.as_deref(), &self.events);
+        write_report(&self.args, &self.events);
         if let Some(sen) = watch.sentinel.take() {
             sen.disarm().await;
         }
@@ -1179,14 +1242,17 @@ async fn fetch_upstream_metrics(url: HttpUrl, metrics: Arc<exporters::Shared>) {
 
 fn run_on_ready(cmd: &str) {
     let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), cmd.into()];
-    match child::spawn(SpawnSpec {
-        argv: &argv,
-        new_process_group: false,
-        die_with_parent: false,
-        stdin: Stdio::null(),
-        stdout: Stdio::inherit(),
-        stderr: Stdio::inherit(),
-    }) {
+    match child::spawn(
+        SpawnSpec {
+            argv: &argv,
+            new_process_group: false,
+            die_with_parent: false,
+            stdin: Stdio::null(),
+            stdout: Stdio::inherit(),
+            stderr: Stdio::inherit(),
+        },
+        &[],
+    ) {
         Ok(s) => {
             tokio::spawn(async move {
                 if let Ok(st) = s.exit.await {

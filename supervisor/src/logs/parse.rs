@@ -57,6 +57,11 @@ pub enum LogEvent {
     WorkerDied {
         line: String,
     },
+    /// `KV cache pool is full. Retract requests. #retracted_reqs: N, ...`: memory pressure.
+    Retraction {
+        requests: u64,
+        line: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -232,6 +237,7 @@ enum Pat {
     Sigquit,
     SubprocessCrashed,
     Traceback,
+    Retract,
 }
 
 const PATTERNS: &[(&str, Pat)] = &[
@@ -251,6 +257,7 @@ const PATTERNS: &[(&str, Pat)] = &[
     ("Received sigquit from a child process", Pat::Sigquit),
     ("crashed with exit code", Pat::SubprocessCrashed),
     ("Traceback (most recent call last)", Pat::Traceback),
+    ("#retracted_reqs: ", Pat::Retract),
 ];
 
 fn matcher() -> &'static AhoCorasick {
@@ -552,6 +559,12 @@ impl LogParser {
                 });
             }
             Pat::PyWarning => {}
+            Pat::Retract => out.event(LogEvent::Retraction {
+                requests: after(msg, "#retracted_reqs: ")
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0),
+                line: clip(line),
+            }),
         }
     }
 
@@ -1049,6 +1062,14 @@ mod tests {
                 non_utf8_lines: 1,
                 truncated_lines: 0
             }
+        );
+    }
+
+    #[test]
+    fn retraction_lines_carry_how_many_requests_were_retracted() {
+        let line = "[2026-12-02 09:30:00 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 7, #new_tokens_gained: 4096, #new_token_ratio: 0.7000 -> 0.8500";
+        assert!(
+            matches!(&events(&[line])[..], [LogEvent::Retraction { requests: 7, line: l }] if l == line)
         );
     }
 

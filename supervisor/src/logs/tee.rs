@@ -7,7 +7,9 @@
 //! copy drops chunks and counts them; the log file never does, nor a copy to a file or /dev/null,
 //! which cannot stall), then line framing and parsing in place.
 use super::parse::{batch_fields, is_plain, BatchKind, LogEvent, LogParser, LogSink, ParseStats};
+use crate::events::FatalReason;
 use crate::redact::{Secrets, StreamRedactor};
+use crate::server_series::ServerSeries;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde_json::{Map, Value};
 use sglang_probes::sync::lock;
@@ -208,9 +210,14 @@ impl Batches {
 
     /// Move what was recorded here since the last call into `to` (one lock per read chunk
     /// instead of one per line).
-    fn publish(&mut self, to: &Mutex<Batches>) {
+    /// The fresh lines also go to `series` (one per kind and rank per read: see server_series).
+    fn publish(&mut self, to: &Mutex<Batches>, series: &ServerSeries) {
         if self.count == [0, 0] {
             return;
+        }
+        series.count(self.count);
+        for b in self.latest.iter().filter(|b| b.fresh) {
+            series.record(b.kind, b.rank.as_deref(), &b.body);
         }
         let mut to = lock(to);
         to.count[0] += self.count[0];
@@ -239,10 +246,24 @@ impl Batches {
 struct ReaderSink<'a> {
     events: &'a UnboundedSender<Timed>,
     batches: Batches,
+    series: &'a ServerSeries,
 }
 
 impl LogSink for ReaderSink<'_> {
     fn event(&mut self, event: LogEvent) {
+        // Memory pressure is counted with the server's series; retractions go no further.
+        match &event {
+            LogEvent::Retraction { requests, line } => {
+                self.series.pressure(Some(*requests), line);
+                return;
+            }
+            LogEvent::Fatal {
+                reason: FatalReason::CudaOom,
+                excerpt,
+                ..
+            } => self.series.pressure(None, excerpt),
+            _ => {}
+        }
         // The receiver is gone only when the supervisor is shutting down.
         let _ = self.events.send(Timed {
             at: Instant::now(),
@@ -261,15 +282,17 @@ pub struct Shared {
     pub log: Mutex<LogFile>,
     pub tail: Mutex<Tail>,
     pub batches: Mutex<Batches>,
+    pub series: Arc<ServerSeries>,
 }
 
 impl Shared {
-    pub fn new(log: LogFile, redact: Option<Secrets>) -> Arc<Self> {
+    pub fn new(log: LogFile, redact: Option<Secrets>, series: Arc<ServerSeries>) -> Arc<Self> {
         Arc::new(Shared {
             redact: redact.filter(|s| !s.is_empty()),
             log: Mutex::new(log),
             tail: Mutex::new(Tail::new()),
             batches: Mutex::new(Batches::default()),
+            series,
         })
     }
 }
@@ -537,6 +560,7 @@ fn read_loop(
     let mut emit = ReaderSink {
         events,
         batches: Batches::default(),
+        series: &shared.series,
     };
     let mut redactor = shared.redact.clone().map(StreamRedactor::new);
     loop {
@@ -600,7 +624,7 @@ fn read_loop(
     }
     framer.finish(|line, truncated| parser.line(line, truncated, &mut emit));
     parser.flush(&mut emit);
-    emit.batches.publish(&shared.batches);
+    emit.batches.publish(&shared.batches, &shared.series);
     StreamStats {
         bytes,
         parse: parser.stats,
@@ -631,7 +655,7 @@ fn pass_on(
     framer.feed_hinted(bytes, plain, |line, truncated, plain| {
         parser.line_hinted(line, truncated, plain, emit)
     });
-    emit.batches.publish(&shared.batches);
+    emit.batches.publish(&shared.batches, &shared.series);
 }
 
 fn readable_within(fd: &impl AsFd, ms: u16) -> bool {
@@ -841,14 +865,29 @@ mod tests {
         let mut direct = Batches::default();
         let shared = Mutex::new(Batches::default());
         let mut local = Batches::default();
+        let series = ServerSeries::default();
         for (i, (k, r, b)) in lines.iter().enumerate() {
             direct.record(*k, *r, b);
             local.record(*k, *r, b);
             if i % 2 == 1 {
-                local.publish(&shared);
+                local.publish(&shared, &series);
             }
         }
-        local.publish(&shared);
+        local.publish(&shared, &series);
+        // Every line is counted; the series samples one per (kind, rank) per hand-over.
+        let run = series.summary();
+        assert_eq!(
+            (&run["decode"]["lines"], &run["decode"]["samples"]),
+            (&4.into(), &4.into())
+        );
+        local.record(BatchKind::Decode, Some("TP0"), b" a: 5");
+        local.record(BatchKind::Decode, Some("TP0"), b" a: 6");
+        local.publish(&Mutex::new(Batches::default()), &series);
+        let run = series.summary();
+        assert_eq!(
+            (&run["decode"]["lines"], &run["decode"]["samples"]),
+            (&6.into(), &5.into())
+        );
         let shared = shared.into_inner().unwrap();
         assert_eq!(shared.count, direct.count);
         assert_eq!(shared.count, [1, 4]);

@@ -147,6 +147,8 @@ struct Args {
 }
 
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// Where the next `/stop_profile` writes its trace.
+static PROFILE_DIR: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
 /// `--cut-stream-after` (0: never).
 static CUT_STREAM_AFTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static READY: AtomicBool = AtomicBool::new(false);
@@ -871,6 +873,32 @@ fn route(
         ),
         ("POST", "/generate" | "/v1/completions" | "/v1/chat/completions") if ready => {
             generate(path, body, w)
+        }
+        // SGLang's torch profiler as seen on the H200: the start is accepted, the stop answers
+        // 500, and a trace is written anyway (one per rank, here TP-0).
+        ("POST", "/start_profile") => {
+            let dir = serde_json::from_slice::<serde_json::Value>(body)
+                .ok()
+                .and_then(|v| v["output_dir"].as_str().map(str::to_string))
+                .or_else(|| std::env::var("SGLANG_TORCH_PROFILER_DIR").ok())
+                .unwrap_or_else(|| "/tmp".into());
+            *PROFILE_DIR.lock().unwrap_or_else(|p| p.into_inner()) = Some(dir);
+            respond(w, 200, "text/plain", "Start profiling.\n")
+        }
+        ("POST", "/stop_profile") => {
+            if let Some(dir) = PROFILE_DIR.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                let name = format!(
+                    "{}-TP-0.trace.json.gz",
+                    now_ts(false).replace([' ', ':'], "-")
+                );
+                std::fs::write(std::path::Path::new(&dir).join(name), vec![0x1f; 4096])?;
+            }
+            respond(
+                w,
+                500,
+                "application/json",
+                r#"{"detail":"Internal Server Error"}"#,
+            )
         }
         ("POST", _) => respond(
             w,

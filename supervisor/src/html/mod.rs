@@ -1,0 +1,664 @@
+//! The run report as one self-contained HTML page (`run --report-html`, `report --html`): inline
+//! CSS and inline SVG plots, no script, nothing fetched; light or dark as the reader's system
+//! prefers. Built from the JSON report, plus the power CSV and the requests log when given.
+pub mod plot;
+
+use plot::{Bar, Series};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// Files beside the report that hold series the report only summarises.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Inputs<'a> {
+    pub power_csv: Option<&'a Path>,
+    pub requests_log: Option<&'a Path>,
+}
+
+/// The sections every page has, in order (a test checks the DOM for each id).
+pub const SECTIONS: &[(&str, &str)] = &[
+    ("identity", "Run"),
+    ("startup", "Start-up"),
+    ("gpu", "GPU power over time"),
+    ("latency", "Latency and throughput per window"),
+    ("batches", "The server's batch series"),
+    ("flags", "Flags audit and deprecations"),
+    ("profiles", "Torch-profiler traces"),
+    ("teardown", "Teardown"),
+];
+
+const STYLE: &str = "
+:root{color-scheme:light dark;--bg:#ffffff;--fg:#1d232b;--muted:#5d6773;--line:#d9dee4;--card:#f6f8fa}
+@media (prefers-color-scheme:dark){:root{--bg:#12161c;--fg:#e3e8ee;--muted:#9aa5b1;--line:#2c343e;--card:#1a2028}}
+body{background:var(--bg);color:var(--fg);font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:960px;padding:16px}
+h1{font-size:20px}h2{font-size:17px;border-bottom:1px solid var(--line);padding-bottom:4px;margin-top:28px}
+table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid var(--line);padding:3px 8px;text-align:left;vertical-align:top}
+th{background:var(--card)}.note{color:var(--muted)}.advice{background:var(--card);border-left:4px solid #d64541;padding:8px 12px}
+svg{max-width:100%;height:auto;display:block;margin:6px 0}code{font-size:12px}
+.pair{display:grid;grid-template-columns:1fr 1fr;gap:16px}.pair>div{min-width:0}
+";
+
+/// HTML-escaped text.
+pub fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::Null => "—".into(),
+        Value::String(s) => esc(s),
+        Value::Number(n) => n.as_f64().filter(|x| x.fract() != 0.0).map_or_else(
+            || n.to_string(),
+            |x| format!("{:.4}", x).trim_end_matches('0').to_string(),
+        ),
+        other => esc(&other.to_string()),
+    }
+}
+
+fn table(head: &[&str], rows: &[Vec<String>]) -> String {
+    let mut h = String::from("<table>");
+    if head.iter().any(|c| !c.is_empty()) {
+        h.push_str("<tr>");
+        for c in head {
+            let _ = write!(h, "<th>{}</th>", esc(c));
+        }
+        h.push_str("</tr>");
+    }
+    for r in rows {
+        h.push_str("<tr>");
+        for c in r {
+            let _ = write!(h, "<td>{c}</td>");
+        }
+        h.push_str("</tr>");
+    }
+    h.push_str("</table>");
+    h
+}
+
+fn section(id: &str, body: &str) -> String {
+    let title = SECTIONS.iter().find(|s| s.0 == id).map_or(id, |s| s.1);
+    format!("<section id=\"{id}\"><h2>{title}</h2>{body}</section>\n")
+}
+
+fn identity(r: &Value) -> String {
+    let id = &r["identity"];
+    let rows: Vec<Vec<String>> = [
+        "sglang_version",
+        "model",
+        "tp",
+        "dp",
+        "ep",
+        "pp",
+        "attention_backend",
+        "quantization",
+        "gpu_name",
+        "gpu_count",
+        "image",
+    ]
+    .iter()
+    .filter(|k| !id[**k].is_null())
+    .map(|k| vec![esc(k), text(&id[*k])])
+    .collect();
+    table(&["", ""], &rows)
+}
+
+/// Gantt rows: the supervisor's segments (with the JIT share), then each rank's phases.
+fn startup(r: &Value) -> String {
+    let st = &r["startup"];
+    let mut out = format!(
+        "<p>Ready: <b>{}</b> after <b>{} s</b>.</p>",
+        text(&st["ready"]),
+        text(&st["time_to_ready_s"])
+    );
+    let profile = &st["profile"];
+    let mut rows: Vec<(String, Vec<Bar>)> = Vec::new();
+    if let Some(segs) = profile["segments"].as_array() {
+        let bars = segs
+            .iter()
+            .filter_map(|s| {
+                Some(Bar {
+                    start: s["start_s"].as_f64()?,
+                    end: s["end_s"].as_f64()?,
+                    label: s["name"].as_str()?.replace('_', " "),
+                    jit: false,
+                })
+            })
+            .collect();
+        rows.push(("segments".into(), bars));
+    }
+    let jit: Vec<(f64, f64)> = profile["jit"]["intervals"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|i| Some((i[0].as_f64()?, i[1].as_f64()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !jit.is_empty() {
+        let bars = jit
+            .iter()
+            .map(|(a, b)| Bar {
+                start: *a,
+                end: *b,
+                label: "JIT".into(),
+                jit: true,
+            })
+            .collect();
+        rows.push(("compilers".into(), bars));
+    }
+    let mut ranks: BTreeMap<String, Vec<Bar>> = BTreeMap::new();
+    for p in st["phases"].as_array().into_iter().flatten() {
+        let (Some(end), Some(d), Some(name)) = (
+            p["elapsed_s"].as_f64(),
+            p["duration_s"].as_f64(),
+            p["name"].as_str(),
+        ) else {
+            continue;
+        };
+        let rank = p["rank"].as_str().unwrap_or("main").to_string();
+        ranks.entry(rank).or_default().push(Bar {
+            start: end - d,
+            end,
+            label: name.trim_end_matches("_end").replace('_', " "),
+            jit: false,
+        });
+    }
+    rows.extend(ranks);
+    if rows.is_empty() {
+        out.push_str("<p class=\"note\">no start-up phases were logged</p>");
+        return out;
+    }
+    out.push_str(&plot::gantt(
+        "Start-up per rank (shaded red: compilers running)",
+        &rows,
+        &jit,
+    ));
+    if let Some(j) = profile.get("jit").filter(|j| j.is_object()) {
+        let _ = write!(
+            out,
+            "<p>JIT compilation: <b>{} s</b> of wall time ({}% of the start), {} compiler processes, {} CPU s.</p>",
+            text(&j["wall_s"]),
+            j["share"].as_f64().map_or("—".into(), |s| format!("{:.0}", s * 100.0)),
+            text(&j["processes"]),
+            text(&j["cpu_s"])
+        );
+        let rows: Vec<Vec<String>> = profile["segments"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| {
+                [
+                    "name",
+                    "duration_s",
+                    "jit_s",
+                    "compiler_processes",
+                    "compiler_cpu_s",
+                ]
+                .iter()
+                .map(|k| text(&s[*k]))
+                .collect()
+            })
+            .collect();
+        out.push_str(&table(
+            &[
+                "segment",
+                "seconds",
+                "JIT seconds",
+                "compilers",
+                "compiler CPU s",
+            ],
+            &rows,
+        ));
+        if let Some(a) = profile["advice"].as_str() {
+            let _ = write!(out, "<p class=\"advice\">{}</p>", esc(a));
+        }
+    }
+    out
+}
+
+/// Window spans (unix seconds) from their request spans.
+fn window_spans(r: &Value) -> Vec<(f64, f64, String)> {
+    r["windows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|w| w["name"] != "run")
+        .filter_map(|w| {
+            let q = &w["requests"];
+            Some((
+                q["benchmark_start_time_unix"].as_f64()?,
+                q["benchmark_end_time_unix"].as_f64()?,
+                w["name"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+fn gpu(r: &Value, inputs: &Inputs) -> String {
+    let Some(csv) = inputs.power_csv else {
+        return "<p class=\"note\">No power series: give the run's power CSV (--power-csv).</p>"
+            .into();
+    };
+    let rows = match sglang_probes::inferencex::read_csv(csv) {
+        sglang_probes::inferencex::Telemetry::Rows(rows) => rows,
+        sglang_probes::inferencex::Telemetry::Unusable(why) => {
+            return format!(
+                "<p class=\"note\">{}: unusable ({})</p>",
+                esc(&csv.display().to_string()),
+                why.join(", ")
+            )
+        }
+    };
+    let t0 = rows
+        .iter()
+        .filter_map(|r| r.unix_s)
+        .fold(f64::MAX, f64::min);
+    let mut by: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for row in &rows {
+        if let (Some(t), Some(p)) = (row.unix_s, row.power_w) {
+            by.entry(format!("GPU {}", row.gpu.as_deref().unwrap_or("?")))
+                .or_default()
+                .push((t - t0, p));
+        }
+    }
+    let series: Vec<Series> = by.into_iter().collect();
+    let shade: Vec<(f64, f64, String)> = window_spans(r)
+        .into_iter()
+        .map(|(a, b, n)| (a - t0, b - t0, n))
+        .collect();
+    let mut out = plot::lines(
+        "GPU power (windows shaded)",
+        "seconds since the first sample",
+        "W",
+        &series,
+        &shade,
+    );
+    out.push_str("<p class=\"note\">Memory is not in the power CSV; the windows' energy and the teardown's memory check are below.</p>");
+    out
+}
+
+fn latency(r: &Value, inputs: &Inputs) -> String {
+    let windows: Vec<&Value> = r["windows"].as_array().into_iter().flatten().collect();
+    let mut out = String::new();
+    let rows: Vec<Vec<String>> = windows
+        .iter()
+        .filter(|w| w["requests"].is_object())
+        .map(|w| {
+            let q = &w["requests"];
+            let mut row = vec![text(&w["name"])];
+            for k in [
+                "completed",
+                "request_throughput",
+                "output_throughput",
+                "tput_per_gpu",
+                "median_ttft_ms",
+                "p99_ttft_ms",
+                "median_tpot_ms",
+                "median_itl_ms",
+                "median_e2el_ms",
+            ] {
+                row.push(text(&q[k]));
+            }
+            row.push(text(&w["power"]["total_gpu_energy_j"]));
+            row
+        })
+        .collect();
+    if rows.is_empty() {
+        out.push_str("<p class=\"note\">No request figures (run with --proxy-addr).</p>");
+    } else {
+        out.push_str(&table(
+            &[
+                "window",
+                "completed",
+                "req/s",
+                "out tok/s",
+                "tok/s/GPU",
+                "TTFT p50 ms",
+                "TTFT p99 ms",
+                "TPOT p50 ms",
+                "ITL p50 ms",
+                "E2E p50 ms",
+                "energy J",
+            ],
+            &rows,
+        ));
+    }
+    let Some(log) = inputs.requests_log else {
+        out.push_str("<p class=\"note\">Distributions need the requests log (--requests-log).</p>");
+        return out;
+    };
+    let records = match crate::bench::read_requests_log(log) {
+        Ok((r, _)) => r,
+        Err(e) => return out + &format!("<p class=\"note\">{}</p>", esc(&e)),
+    };
+    let mut spans = window_spans(r);
+    if spans.is_empty() {
+        spans.push((f64::MIN, f64::MAX, "all requests".into()));
+    }
+    type Pick = fn(&sglang_exporters::proxy::RequestRecord) -> Vec<f64>;
+    let metrics: [(&str, Pick); 4] = [
+        ("TTFT", |q| q.ttft_s.into_iter().collect()),
+        ("TPOT", |q| q.tpot_s.into_iter().collect()),
+        ("ITL", |q| q.itl_s.clone()),
+        ("E2E", |q| vec![q.e2e_s]),
+    ];
+    for (name, pick) in metrics {
+        let series: Vec<(String, Vec<f64>)> = spans
+            .iter()
+            .map(|(a, b, w)| {
+                let v = records
+                    .iter()
+                    .filter(|q| q.start_unix >= *a && q.start_unix <= *b && q.error.is_none())
+                    .flat_map(pick)
+                    .collect();
+                (w.clone(), v)
+            })
+            .collect();
+        out.push_str(&plot::cdf(
+            &format!("{name} distribution per window"),
+            &series,
+        ));
+    }
+    out
+}
+
+fn batches(r: &Value) -> String {
+    let s = &r["server_batch_series"];
+    let Some(t) = s["t_s"].as_array() else {
+        return "<p class=\"note\">The server logged no batch lines.</p>".into();
+    };
+    let t0 = s["t0_unix"].as_f64().unwrap_or(0.0);
+    let col = |k: &str, kind: &str| -> Vec<(f64, f64)> {
+        t.iter()
+            .zip(s[k].as_array().into_iter().flatten())
+            .zip(s["kind"].as_array().into_iter().flatten())
+            .filter(|(_, k)| k.as_str() == Some(kind))
+            .filter_map(|((t, v), _)| Some((t.as_f64()?, v.as_f64()?)))
+            .collect()
+    };
+    let shade: Vec<(f64, f64, String)> = window_spans(r)
+        .into_iter()
+        .map(|(a, b, n)| (a - t0, b - t0, n))
+        .collect();
+    let x = "seconds since the first batch line";
+    let mut out = plot::lines(
+        "Requests (decode lines)",
+        x,
+        "requests",
+        &[
+            ("running".into(), col("running", "decode")),
+            ("queued".into(), col("queued", "decode")),
+        ],
+        &shade,
+    );
+    out += &plot::lines(
+        "Throughput the server logged",
+        x,
+        "tokens/s",
+        &[
+            ("gen (decode)".into(), col("throughput", "decode")),
+            ("input (prefill)".into(), col("throughput", "prefill")),
+        ],
+        &shade,
+    );
+    out += &plot::lines(
+        "KV cache token usage",
+        x,
+        "ratio",
+        &[
+            ("decode".into(), col("token_usage", "decode")),
+            ("prefill".into(), col("token_usage", "prefill")),
+        ],
+        &shade,
+    );
+    let rows: Vec<Vec<String>> = r["windows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|w| w["server_batches"].is_object())
+        .map(|w| {
+            let b = &w["server_batches"];
+            let mmm = |v: &Value| {
+                format!(
+                    "{} / {} / {}",
+                    text(&v["min"]),
+                    text(&v["mean"]),
+                    text(&v["max"])
+                )
+            };
+            vec![
+                text(&w["name"]),
+                mmm(&b["decode"]["running_requests"]),
+                mmm(&b["decode"]["queued_requests"]),
+                mmm(&b["decode"]["token_usage"]),
+                mmm(&b["decode"]["gen_throughput"]),
+                text(&b["decode"]["cuda_graph_share"]),
+                text(&b["pressure"]["retracted_requests"]),
+                text(&b["pressure"]["cuda_oom"]),
+            ]
+        })
+        .collect();
+    out += &table(
+        &[
+            "window",
+            "running min/mean/max",
+            "queued",
+            "token usage",
+            "gen tok/s",
+            "CUDA graph share",
+            "retracted",
+            "CUDA OOM",
+        ],
+        &rows,
+    );
+    out
+}
+
+fn flags(r: &Value) -> String {
+    let mut out = String::new();
+    let pf = &r["preflight"];
+    match pf["flags"].as_array() {
+        Some(f) if !f.is_empty() => {
+            let rows: Vec<Vec<String>> = f
+                .iter()
+                .map(|x| {
+                    ["flag", "status", "canonical", "replacement", "message"]
+                        .iter()
+                        .map(|k| text(&x[*k]))
+                        .collect()
+                })
+                .collect();
+            out += &table(
+                &["flag", "status", "canonical", "replacement", "message"],
+                &rows,
+            );
+        }
+        Some(_) => {
+            let _ = write!(
+                out,
+                "<p>Pre-flight: {} flags checked against SGLang {}: all accepted.</p>",
+                text(&pf["checked"]),
+                text(&pf["sglang_version"])
+            );
+        }
+        None => out.push_str("<p class=\"note\">No pre-flight audit in this run.</p>"),
+    }
+    let deps: Vec<Vec<String>> = r["deprecations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|d| {
+            vec![
+                text(&d["flag"]),
+                text(&d["replacement"]),
+                text(&d["message"]),
+            ]
+        })
+        .collect();
+    if deps.is_empty() {
+        out.push_str("<p>The server logged no deprecation.</p>");
+    } else {
+        out += &table(&["deprecated", "replacement", "message"], &deps);
+    }
+    out
+}
+
+fn profiles(r: &Value) -> String {
+    let mut rows = Vec::new();
+    for p in r["profiles"].as_array().into_iter().flatten() {
+        for t in p["traces"].as_array().into_iter().flatten() {
+            rows.push(vec![
+                text(&p["name"]),
+                text(&t["rank"]),
+                format!("<code>{}</code>", text(&t["file"])),
+                text(&t["bytes"]),
+                text(&p["stop"]["status"]),
+            ]);
+        }
+        if p["traces"].as_array().is_none_or(|t| t.is_empty()) {
+            rows.push(vec![
+                text(&p["name"]),
+                "—".into(),
+                "no trace written".into(),
+                "0".into(),
+                text(&p["stop"]["status"]),
+            ]);
+        }
+    }
+    if rows.is_empty() {
+        return "<p class=\"note\">No profile was captured (POST /-/profile/start?steps=N, or --profile-window NAME).</p>".into();
+    }
+    table(
+        &[
+            "capture",
+            "TP rank",
+            "trace",
+            "bytes",
+            "/stop_profile status",
+        ],
+        &rows,
+    ) + "<p class=\"note\">Open a trace in Perfetto (ui.perfetto.dev) or chrome://tracing.</p>"
+}
+
+fn teardown(r: &Value) -> String {
+    let t = &r["teardown"];
+    let mut out = format!(
+        "<p>Exit status <b>{}</b>{}.</p>",
+        text(&t["exited"]["exit_status"]),
+        if t["exited"]["requested"] == true {
+            " (a requested stop)"
+        } else {
+            ""
+        }
+    );
+    if let Some(f) = r["fatal"].as_object() {
+        let _ = write!(
+            out,
+            "<p>Fatal: <b>{}</b></p><pre>{}</pre>",
+            text(&f["reason"].clone()),
+            text(&f["excerpt"].clone())
+        );
+    }
+    if !t["gpu"].is_null() {
+        let _ = write!(
+            out,
+            "<p>GPU memory given back: {}</p>",
+            text(&t["gpu"]["clean"])
+        );
+    }
+    out
+}
+
+/// The page of one report.
+pub fn page(report: &Value, inputs: &Inputs) -> String {
+    let title = format!(
+        "sglang-supervisor report — {}",
+        report["identity"]["model"].as_str().unwrap_or("run")
+    );
+    let mut body = format!("<h1>{}</h1>\n", esc(&title));
+    body += &section("identity", &identity(report));
+    body += &section("startup", &startup(report));
+    body += &section("gpu", &gpu(report, inputs));
+    body += &section("latency", &latency(report, inputs));
+    body += &section("batches", &batches(report));
+    body += &section("flags", &flags(report));
+    body += &section("profiles", &profiles(report));
+    body += &section("teardown", &teardown(report));
+    document(&title, &body)
+}
+
+fn document(title: &str, body: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width\">\
+         <title>{}</title><style>{STYLE}</style></head><body>\n{body}<p class=\"note\">sglang-supervisor {}</p></body></html>\n",
+        esc(title),
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// Two reports side by side, the comparison table above them.
+pub fn compare_page(base: &Value, cand: &Value, table_md: &str) -> String {
+    let col = |r: &Value, label: &str| {
+        format!(
+            "<div><h2>{label}</h2>{}{}{}</div>",
+            identity(r),
+            startup(r),
+            batches(r)
+        )
+    };
+    let body = format!(
+        "<h1>sglang-supervisor compare</h1><section id=\"compare\"><pre>{}</pre></section><div class=\"pair\">{}{}</div>",
+        esc(table_md),
+        col(base, "baseline"),
+        col(cand, "candidate")
+    );
+    document("sglang-supervisor compare", &body)
+}
+
+/// Write atomically.
+pub fn write(path: &Path, html: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp-html");
+    std::fs::write(&tmp, html)?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_page_has_every_section_inline_svg_and_nothing_fetched() {
+        let r = json!({
+            "identity": {"model": "/m<x>", "tp": 1},
+            "startup": {"ready": true, "time_to_ready_s": 4.0,
+                "phases": [{"name": "cuda_graph_end", "rank": "TP0", "elapsed_s": 3.0, "duration_s": 2.0}],
+                "profile": {"segments": [{"name": "cuda_graph_capture", "start_s": 1.0, "end_s": 3.0, "duration_s": 2.0, "jit_s": 1.5}],
+                            "jit": {"wall_s": 1.5, "share": 0.37, "processes": 3, "cpu_s": 0.8, "intervals": [[1.2, 2.7]]},
+                            "advice": "persist ~/.cache"}},
+            "windows": [{"name": "c4", "requests": {"completed": 3, "benchmark_start_time_unix": 10.0, "benchmark_end_time_unix": 12.0},
+                         "server_batches": {"decode": {"running_requests": {"min": 1, "mean": 2, "max": 3}}, "pressure": {}}}],
+            "server_batch_series": {"t0_unix": 9.0, "t_s": [0.0, 1.0, 2.0], "kind": ["decode", "decode", "prefill"],
+                "running": [1, 3, 0], "queued": [0, 1, 0], "token_usage": [0.1, 0.2, 0.1], "throughput": [100.0, 300.0, 50.0]},
+            "deprecations": [{"flag": "--x", "replacement": "--y", "message": "m"}],
+            "teardown": {"exited": {"exit_status": 143, "requested": true}},
+        });
+        let html = page(&r, &Inputs::default());
+        for (id, _) in SECTIONS {
+            assert!(html.contains(&format!("<section id=\"{id}\">")), "{id}");
+        }
+        assert!(
+            html.matches("<svg").count() >= 4,
+            "gantt and three batch plots"
+        );
+        assert!(html.contains("/m&lt;x&gt;"), "escaped");
+        assert!(!html.contains(" src=") && !html.contains("href=") && !html.contains("url("));
+        assert!(!html.contains("<script"));
+        assert!(!html.contains("#010203"), "axis ink is currentColor");
+        assert!(html.contains("persist ~/.cache"));
+    }
+}
