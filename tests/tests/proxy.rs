@@ -657,12 +657,13 @@ fn counting_upstream() -> (u16, std::sync::mpsc::Receiver<(usize, usize)>) {
                 let mut r = std::io::BufReader::new(conn);
                 let mut served = 0;
                 'conn: loop {
-                    let mut len = 0;
+                    let (mut len, mut empty) = (0, false);
                     loop {
                         let mut line = String::new();
                         if r.read_line(&mut line).unwrap_or(0) == 0 {
                             break 'conn; // closed by the proxy
                         }
+                        empty |= line.starts_with("GET /empty ");
                         let l = line.trim_end().to_ascii_lowercase();
                         if let Some(v) = l.strip_prefix("content-length:") {
                             len = v.trim().parse().unwrap();
@@ -674,8 +675,12 @@ fn counting_upstream() -> (u16, std::sync::mpsc::Receiver<(usize, usize)>) {
                     let mut body = vec![0; len];
                     r.read_exact(&mut body).unwrap();
                     served += 1;
-                    w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                        .unwrap();
+                    let answer: &[u8] = if empty {
+                        b"HTTP/1.1 204 No Content\r\n\r\n"
+                    } else {
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                    };
+                    w.write_all(answer).unwrap();
                 }
                 tx.send((id, served)).unwrap();
             });
@@ -715,6 +720,16 @@ fn the_server_sees_one_connection_per_client_connection_kept_and_closed_with_it(
                 assert!(n > 0, "proxy closed the client connection");
                 got.extend_from_slice(&buf[..n]);
             }
+            // An answer without a body keeps the upstream connection too.
+            c.write_all(b"GET /empty HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            let mut got = Vec::new();
+            while !got.ends_with(b"\r\n\r\n") {
+                let n = c.read(&mut buf).unwrap();
+                assert!(n > 0, "proxy closed the client connection");
+                got.extend_from_slice(&buf[..n]);
+            }
+            assert!(got.starts_with(b"HTTP/1.1 204"), "{got:?}");
         }
     }
     // Nothing closed while the clients keep their connections.
@@ -724,8 +739,8 @@ fn the_server_sees_one_connection_per_client_connection_kept_and_closed_with_it(
         .map(|_| closed.recv_timeout(Duration::from_secs(5)).unwrap())
         .collect();
     seen.sort();
-    // Exactly three upstream connections, two requests each, all closed with their clients.
-    assert_eq!(seen, [(0, 2), (1, 2), (2, 2)]);
+    // Exactly three upstream connections, four requests each, all closed with their clients.
+    assert_eq!(seen, [(0, 4), (1, 4), (2, 4)]);
     assert!(closed.recv_timeout(Duration::from_millis(300)).is_err());
     let recs = wait_records(&log, 6);
     assert_eq!(recs.len(), 6, "{recs:?}");

@@ -157,7 +157,9 @@ pub(crate) struct Driven<B: Body + 'static> {
 }
 
 impl<B: Body + 'static> Driven<B> {
-    pub(crate) fn new(body: Incoming, lent: Lent<B>) -> Self {
+    pub(crate) fn new(body: Incoming, mut lent: Lent<B>) -> Self {
+        // An answer without a body (204, 304, HEAD) is read already; hyper may never poll it.
+        lent.finished = body.is_end_stream();
         Driven {
             body,
             lent,
