@@ -408,3 +408,36 @@ fn pipelined_requests_are_answered_in_order_with_the_usage_event_cut() {
     assert_eq!(tokens, [12, 9, 7].map(Value::from), "{recs:?}");
     stop(run, log);
 }
+
+#[test]
+fn a_server_that_answers_before_reading_the_body_still_gets_the_rest_and_the_next_request() {
+    // The server rejects on the headers, then reads the body and keeps the connection: the
+    // client goes on sending the body after the answer, then sends its next request.
+    let (run, proxy, direct, log) = start_with(
+        "atk-early-answer",
+        &["--api-key", "k", "--reject-before-body"],
+    );
+    let big = "a".repeat(20 << 20);
+    for addr in [&direct, &proxy] {
+        let s = TcpStream::connect(addr.as_str()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let mut r = BufReader::new(s);
+        let head = format!(
+            "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+            big.len()
+        );
+        w.write_all(head.as_bytes()).unwrap();
+        let (status, _) = read_response(&mut r);
+        assert_eq!(status, 401, "{addr}");
+        let body = big.clone();
+        let sender = std::thread::spawn(move || {
+            w.write_all(body.as_bytes())?;
+            w.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        });
+        let (status, _) = read_response(&mut r);
+        assert_eq!(status, 200, "the request after the body, via {addr}");
+        sender.join().unwrap().unwrap();
+    }
+    stop(run, log);
+}

@@ -54,7 +54,15 @@ pub(crate) struct Upstream<B: Body + 'static> {
     addr: String,
     /// The connection of this client connection; lent out while a request is on it (HTTP/1.1
     /// has one request at a time on a connection, and hyper serves a client connection in order).
-    conn: Mutex<Option<Conn<B>>>,
+    conn: Mutex<Option<Slot<B>>>,
+}
+
+/// The kept connection: idle, or still sending the previous request's body (the server answered
+/// before reading all of it), driven by a task of its own until it is sent: nothing else polls
+/// it, and the client's next request is read only after that body.
+enum Slot<B: Body + 'static> {
+    Idle(Conn<B>),
+    Finishing(tokio::sync::oneshot::Receiver<Conn<B>>),
 }
 
 /// The upstream connection, lent to one request until its response body has been read to the
@@ -69,9 +77,39 @@ impl<B: Body + 'static> Drop for Lent<B> {
     fn drop(&mut self) {
         if let (true, Some(c)) = (self.finished, self.conn.take()) {
             if c.driver.is_some() {
-                *lock(&self.home.conn) = Some(c);
+                *lock(&self.home.conn) = Some(Slot::Idle(c));
             }
         }
+    }
+}
+
+impl<B> Lent<B>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    /// The answer was read to its end: a request body the server has not taken whole yet (it
+    /// answered first) is sent on by a task, as a direct client goes on sending it.
+    fn finish(&mut self) {
+        self.finished = true;
+        let Some(c) = self
+            .conn
+            .take_if(|c| c.driver.is_some() && !c.sender.is_ready())
+        else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        *lock(&self.home.conn) = Some(Slot::Finishing(rx));
+        rt.spawn(async move {
+            let mut c = c;
+            if poll_fn(|cx| c.ready(cx)).await.is_ok() {
+                let _ = tx.send(c);
+            }
+        });
     }
 }
 
@@ -94,7 +132,14 @@ where
         self: &Arc<Self>,
         req: Request<B>,
     ) -> Result<(Response<Incoming>, Lent<B>), String> {
-        let kept = lock(&self.conn).take();
+        let slot = lock(&self.conn).take();
+        let kept = match slot {
+            Some(Slot::Idle(c)) => Some(c),
+            // Still sending the last request's body: the next request waits for it, as on a
+            // direct connection.
+            Some(Slot::Finishing(rx)) => rx.await.ok(),
+            None => None,
+        };
         let mut conn = match kept {
             Some(mut c) => match poll_fn(|cx| c.ready(cx)).await {
                 Ok(()) => c,
@@ -219,7 +264,7 @@ where
                     None => return Poll::Ready(Some(Err(e))),
                 },
                 Poll::Ready(None) => {
-                    this.lent.finished = true;
+                    this.lent.finish();
                     return match batch.take() {
                         Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
                         None => Poll::Ready(None),
@@ -234,11 +279,11 @@ where
                 }
             }
             if this.body.is_end_stream() {
-                this.lent.finished = true;
                 // Polled again, the body would say so; a body whose length is reached may not be.
                 if let Some(c) = this.lent.conn.as_mut() {
                     c.drive(cx);
                 }
+                this.lent.finish();
                 return match batch.take() {
                     Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
                     None => Poll::Ready(None),

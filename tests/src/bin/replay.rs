@@ -119,6 +119,10 @@ struct Args {
     /// 401 otherwise (SGLang's api-key middleware).
     #[arg(long)]
     api_key: Option<String>,
+    /// With --api-key: the 401 is sent before the request body is read (the body is read after
+    /// it, and the connection kept), as a middleware that rejects on the headers does.
+    #[arg(long)]
+    reject_before_body: bool,
     /// Time per generated token, in microseconds (a real server at high concurrency: 10-20 ms).
     #[arg(long, default_value_t = 2000)]
     token_gap_us: u64,
@@ -377,6 +381,7 @@ fn run(args: Args) -> Result<std::convert::Infallible> {
         access_stdout: args.access_log_stdout,
         log_ms: args.log_ms,
         api_key: args.api_key.clone(),
+        reject_before_body: args.reject_before_body,
         dummy_health: args.node_rank >= 1,
     });
 
@@ -699,6 +704,7 @@ struct HttpFixtures {
     access_stdout: bool,
     log_ms: bool,
     api_key: Option<String>,
+    reject_before_body: bool,
     /// A worker node's dummy health server (`--node-rank` >= 1).
     dummy_health: bool,
 }
@@ -779,9 +785,26 @@ fn serve(conn: TcpStream, fx: &HttpFixtures) -> Result<()> {
                 bearer = Some(h["authorization: bearer ".len()..].to_string());
             }
         }
-        let mut body = vec![0u8; len.min(64 << 20)];
-        reader.read_exact(&mut body)?;
         let open = path.starts_with("/health") || path.starts_with("/metrics");
+        let mut body = vec![0u8; len.min(64 << 20)];
+        let early = fx.reject_before_body
+            && !open
+            && fx
+                .api_key
+                .as_ref()
+                .is_some_and(|k| bearer.as_deref() != Some(k.as_str()));
+        if early {
+            respond(
+                &mut w,
+                401,
+                "application/json",
+                r#"{"error":"Unauthorized"}"#,
+            )?;
+        }
+        reader.read_exact(&mut body)?;
+        if early {
+            continue;
+        }
         if fx.dummy_health {
             // uvicorn at log level warning: no access line.
             let code = match path.split('?').next().unwrap_or("") {
