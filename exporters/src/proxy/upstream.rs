@@ -201,10 +201,17 @@ pub(crate) struct Driven<B: Body + 'static> {
     failed: Deferred<hyper::Error>,
 }
 
-impl<B: Body + 'static> Driven<B> {
+impl<B> Driven<B>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     pub(crate) fn new(body: Incoming, mut lent: Lent<B>) -> Self {
         // An answer without a body (204, 304, HEAD) is read already; hyper may never poll it.
-        lent.finished = body.is_end_stream();
+        if body.is_end_stream() {
+            lent.finish();
+        }
         Driven {
             body,
             lent,
