@@ -11,7 +11,8 @@ command -v wrk >/dev/null || { echo "needs wrk (apt-get install wrk)"; exit 2; }
 [ -x target/release/stream-load ] || cargo build --release --workspace --bins
 work=$(mktemp -d)
 cc -shared -fPIC -O2 -o "$work/libnvidia-ml.so.1" tests/stubs/nvml_stub.c
-port=$((34000 + RANDOM % 1000))
+. benches/free_port.sh
+port=$(free_port)
 STUB_NVML_GPUS=8 target/release/sglang-supervisor run --no-tee --metrics-addr 127.0.0.1:0 \
   --proxy-addr 127.0.0.1:0 --gpu-backend nvml --nvml-lib "$work/libnvidia-ml.so.1" \
   --sample-interval 100ms --events "$work/ev.jsonl" \

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 [ -x target/release/proxy-bench ] || cargo build --release --workspace --bins
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 work=$(mktemp -d)
-port=$((33000 + RANDOM % 1000))
+. benches/free_port.sh
+port=$(free_port)
 target/release/sglang-supervisor run --no-tee --metrics-addr none --proxy-addr 127.0.0.1:0 --events "$work/ev.jsonl" \
   -- target/release/sglang-replay --port "$port" --speed 100 --token-gap-us "${4:-2000}" --merge-every 5 >/dev/null 2>&1 &
 sup=$!

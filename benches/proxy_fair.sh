@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 streams=${1:-1024}; rounds=${2:-11}; gap=${3:-10000}; rate=${4:-100}
 work=$(mktemp -d)
-port=$((36000 + RANDOM % 1000))
+. benches/free_port.sh
+port=$(free_port)
 target/release/sglang-supervisor run --no-tee --metrics-addr 127.0.0.1:0 --proxy-addr 127.0.0.1:0 --events "$work/ev.jsonl" \
   -- target/release/sglang-replay --port "$port" --speed 100 --token-gap-us "$gap" --merge-every 5 >/dev/null 2>&1 &
 sup=$!

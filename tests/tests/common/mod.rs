@@ -30,12 +30,19 @@ pub fn replay_bin() -> &'static str {
     env!("CARGO_BIN_EXE_sglang-replay")
 }
 
+/// A port free now, below Linux's ephemeral range: a port the kernel hands out can be taken by
+/// any outgoing connection (every test's HTTP) between this pick and the server's bind.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let seed = std::process::id().wrapping_mul(2654435761);
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let port = 2000 + (seed.wrapping_add(n.wrapping_mul(7919)) % 10000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// One supervised replay run in its own temp dir, tagged so its processes can be found.
