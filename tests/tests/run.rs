@@ -1105,3 +1105,55 @@ fn wait_follows_the_events_file_and_polls_urls() {
     failing.wait(T);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Colour codes only for a person at a terminal who did not ask for none: under a pseudo-terminal
+/// (`script`) the supervisor's own lines are coloured, with `NO_COLOR` set they are not, and a
+/// pipe never gets them.
+#[test]
+fn colour_only_on_a_terminal_and_never_with_no_color() {
+    let bin = supervisor_bin();
+    let line = format!(
+        "{} run --metrics-addr none --gpu-backend none -- true",
+        bin.display()
+    );
+    let at_terminal = |no_color: Option<&str>| {
+        #[allow(clippy::disallowed_methods)]
+        let mut c = std::process::Command::new("script");
+        c.args(["-qec", &line, "/dev/null"]).env_remove("NO_COLOR");
+        if let Some(v) = no_color {
+            c.env("NO_COLOR", v);
+        }
+        let out = c.output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let coloured = at_terminal(None);
+    assert!(
+        coloured.contains("spawned the server") && coloured.contains("\x1b["),
+        "a terminal gets colour: {coloured:?}"
+    );
+    let plain = at_terminal(Some("1"));
+    assert!(
+        plain.contains("spawned the server") && !plain.contains("\x1b["),
+        "NO_COLOR=1 at a terminal: {plain:?}"
+    );
+    #[allow(clippy::disallowed_methods)]
+    let piped = std::process::Command::new(&bin)
+        .args([
+            "run",
+            "--metrics-addr",
+            "none",
+            "--gpu-backend",
+            "none",
+            "--",
+            "true",
+        ])
+        .env_remove("NO_COLOR")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&piped.stderr);
+    assert!(
+        err.contains("spawned the server") && !err.contains("\x1b["),
+        "a pipe gets none: {err:?}"
+    );
+}
