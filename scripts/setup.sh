@@ -11,8 +11,11 @@ for bin_pkg in "cc:build-essential" "curl:curl" "python3:python3" "pkg-config:pk
   command -v "$bin" >/dev/null || need_apt+=("$pkg")
 done
 # A real 2-node Slurm on this machine (scripts/slurm-local-cluster.sh) runs the Slurm example in
-# tests/tests/slurm.rs: slurm-wlm and munge.
-command -v sbatch >/dev/null || need_apt+=(slurm-wlm)
+# tests/tests/slurm.rs: slurm-wlm (the controller, the node daemon and the client: a machine with
+# only the client has sbatch but no slurmctld) and munge.
+for bin in slurmctld slurmd sbatch; do
+  command -v "$bin" >/dev/null || { need_apt+=(slurm-wlm); break; }
+done
 command -v munged >/dev/null || need_apt+=(munge)
 # Debian's real ROCm SMI library: tests prove it means "no AMD GPU" (never a crash) here.
 [ -e /usr/lib/librocm_smi64.so.1 ] || need_apt+=(librocm-smi64-1)

@@ -30,7 +30,10 @@ fn repo() -> PathBuf {
 fn slurm() -> bool {
     static UP: OnceLock<bool> = OnceLock::new();
     *UP.get_or_init(|| {
-        let installed = Command::new("sbatch").arg("--version").output().is_ok();
+        // The cluster script runs the controller and node daemons; the jobs need the client.
+        let installed = ["slurmctld", "slurmd", "sbatch"]
+            .iter()
+            .all(|b| Command::new(b).arg("-V").output().is_ok());
         let root = unsafe { libc::geteuid() } == 0;
         let sudo = || {
             Command::new("sudo")
@@ -44,7 +47,7 @@ fn slurm() -> bool {
                 if installed {
                     "neither root nor sudo"
                 } else {
-                    "sbatch is not installed"
+                    "slurmctld, slurmd or sbatch is not installed"
                 }
             );
             return false;
