@@ -120,6 +120,10 @@ fn dispatch(command: Command) -> ExitCode {
     }
 }
 
+/// What a refused thread means and what to do, for both ways of finding out.
+const THREAD_LIMIT_HINT: &str =
+    " (the limit on processes and threads is reached: `ulimit -u`, or the cgroup's pids.max; raise it or end other processes)";
+
 /// Whether the OS gives `n` more threads now: tokio's runtime, refused one of its workers, panics
 /// and then waits forever for the ones it started, so that is found out before.
 fn threads_available(n: usize) -> anyhow::Result<()> {
@@ -152,7 +156,7 @@ fn threads_available(n: usize) -> anyhow::Result<()> {
     match refused {
         None => Ok(()),
         Some(e) => Err(anyhow::anyhow!(
-            "cannot start the supervisor's threads: {e} (the limit on processes and threads is reached: `ulimit -u`, or the cgroup's pids.max; raise it or end other processes)"
+            "cannot start the supervisor's threads: {e}{THREAD_LIMIT_HINT}"
         )),
     }
 }
@@ -174,7 +178,7 @@ fn build_runtime(builder: &mut tokio::runtime::Builder) -> anyhow::Result<tokio:
                 .or_else(|| panic.downcast_ref::<&str>().copied())
                 .unwrap_or("a thread could not be started");
             Err(anyhow::anyhow!(
-                "cannot start the async runtime: {why} (the limit on processes and threads is reached: `ulimit -u`, or the cgroup's pids.max; raise it or end other processes)"
+                "cannot start the async runtime: {why}{THREAD_LIMIT_HINT}"
             ))
         }
     }

@@ -12,10 +12,7 @@ use std::time::{Duration, Instant};
 const T: Duration = Duration::from_secs(60);
 
 fn tmp(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("sglsup-lc-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    temp_dir(&format!("lc-{name}"))
 }
 
 fn events_of(path: &std::path::Path) -> Vec<Value> {

@@ -32,7 +32,9 @@ fn every_thread_or_process_limit_ends_the_run_cleanly_and_leaves_no_process() {
     // Orphans of a run (its sentinel) come back to this process, which reaps them: a zombie of the
     // unprivileged user would count against the next run's limit.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
-    let dir = tempfile_dir("thread-limit");
+    let dir = temp_dir("thread-limit");
+    // The unprivileged user writes its events and pid files here.
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     // A copy the unprivileged user can run wherever the checkout is (a home may be closed to it).
     let bin = dir.join("sglang-supervisor");
     std::fs::copy(supervisor_bin(), &bin).unwrap();
@@ -133,12 +135,4 @@ fn reap_orphans() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn tempfile_dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("sglsup-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    // The unprivileged user writes its events and pid files here.
-    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-    d
 }

@@ -47,6 +47,12 @@ where
             }
         }
     }
+
+    /// Ready for the next request (the previous answer is fully read), or ended.
+    fn ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), hyper::Error>> {
+        self.drive(cx);
+        self.sender.poll_ready(cx)
+    }
 }
 
 pub(crate) struct Upstream<B: Body + 'static> {
@@ -177,19 +183,6 @@ where
     }
 }
 
-impl<B> Conn<B>
-where
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    /// Ready for the next request (the previous answer is fully read), or ended.
-    fn ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), hyper::Error>> {
-        self.drive(cx);
-        self.sender.poll_ready(cx)
-    }
-}
-
 /// An answer's body read by the client connection's own task: each poll drives the upstream
 /// connection and takes every chunk its buffered bytes hold, and gives them as one frame.
 pub(crate) struct Driven<B: Body + 'static> {
@@ -272,17 +265,11 @@ where
                 },
                 Poll::Ready(None) => {
                     this.lent.finish();
-                    return match batch.take() {
-                        Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
-                        None => Poll::Ready(None),
-                    };
+                    return batch.or(Poll::Ready(None));
                 }
                 Poll::Pending if !asked && batch.is_empty() => asked = true,
                 Poll::Pending => {
-                    return match batch.take() {
-                        Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
-                        None => Poll::Pending,
-                    };
+                    return batch.or(Poll::Pending);
                 }
             }
             if this.body.is_end_stream() {
@@ -291,10 +278,7 @@ where
                     c.drive(cx);
                 }
                 this.lent.finish();
-                return match batch.take() {
-                    Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
-                    None => Poll::Ready(None),
-                };
+                return batch.or(Poll::Ready(None));
             }
         }
     }
@@ -332,6 +316,17 @@ impl Batch {
 
     fn is_empty(&self) -> bool {
         self.first.is_none()
+    }
+
+    /// The gathered data as a frame, or `none` when there is none.
+    fn or(
+        mut self,
+        none: Poll<Option<Result<Frame<Bytes>, hyper::Error>>>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.take() {
+            Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+            None => none,
+        }
     }
 
     fn take(&mut self) -> Option<Bytes> {

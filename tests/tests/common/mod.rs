@@ -30,6 +30,14 @@ pub fn replay_bin() -> &'static str {
     env!("CARGO_BIN_EXE_sglang-replay")
 }
 
+/// A fresh, empty directory under the temp dir, named for the test and this process.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("sglsup-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
 /// A port free now, below Linux's ephemeral range: a port the kernel hands out can be taken by
 /// any outgoing connection (every test's HTTP) between this pick and the server's bind.
 pub fn free_port() -> u16 {
