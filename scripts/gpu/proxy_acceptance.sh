@@ -171,14 +171,33 @@ if [[ " $PHASES " == *" S "* ]]; then
           case $side in proxy) port=$PPORT ;; relay) port=$RPORT ;; *) port=$PORT ;; esac
           post "http://127.0.0.1:$PORT/flush_cache" > /dev/null 2>&1 || true
           cpu0=$(awk '{print $14+$15}' "/proc/$SUP/stat"); srv0=$(tree_cpu "$SUP")
+          # a window per run: the server's own batch series (running requests, decode throughput)
+          # over it, whichever path the client took
+          post "http://$MET/-/window/start?name=c$conc-$side-$i" > /dev/null
           DATASET=random-ids bench "$port" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
+          post "http://$MET/-/window/stop" > "$P/c$conc-$side-$i.window.json" 2>&1
           cpu1=$(awk '{print $14+$15}' "/proc/$SUP/stat"); srv1=$(tree_cpu "$SUP")
           python3 - "$P/c$conc-$side-$i.jsonl" "$side" "$conc" "$i" "$cpu0" "$cpu1" "$srv0" "$srv1" <<'PY'
-import json, sys, os
+import json, sys, os, statistics as st
 f, side, conc, i, c0, c1, s0, s1 = sys.argv[1:]
 b = [json.loads(l.replace("Infinity", "1e999")) for l in open(f)][-1]
 hz = os.sysconf("SC_CLK_TCK")
 print(f"S c={conc} round {i} {side:6s}: out {b['output_throughput']:.1f} tok/s, median E2E {b['median_e2e_latency_ms']:.1f} ms, median TPOT {b['median_tpot_ms']:.3f} ms, median TTFT {b['median_ttft_ms']:.2f} ms, completed {b['completed']}, supervisor CPU {(float(c1)-float(c0))/hz:.2f} s, server CPU {(float(s1)-float(s0))/hz:.2f} s, over {b['duration']:.2f} s")
+# where the time went, per request (bench_serving's own details): the ITLs, how the tokens
+# came in (chunks per request: SGLang sends one event per step; fewer means merged steps)
+itl = sorted(x for r in b.get("itls", []) for x in r)
+chunks = [len(set(r)) for r in b.get("itls", [])]
+ttft = sorted(t for t in b.get("ttfts", []) if t)
+q = lambda v, p: v[min(len(v) - 1, int(p * len(v)))] * 1000 if v else float("nan")
+print(f"    ITL p50 {q(itl, .5):.2f} p90 {q(itl, .9):.2f} p99 {q(itl, .99):.2f} max {q(itl, 1):.1f} ms; TTFT p10 {q(ttft, .1):.1f} p50 {q(ttft, .5):.1f} p90 {q(ttft, .9):.1f} p99 {q(ttft, .99):.1f} ms; distinct ITL values per request (median) {st.median(chunks) if chunks else 0}")
+try:
+    w = json.load(open(f.replace(".jsonl", ".window.json")))
+    d = (w.get("server_batches") or {}).get("decode") or {}
+    pf = (w.get("server_batches") or {}).get("prefill") or {}
+    g = lambda m, k: (m.get(k) or {})
+    print(f"    server (its log, over the run): decode lines {d.get('samples')}, running requests mean {g(d,'running_requests').get('mean')} max {g(d,'running_requests').get('max')}, queued mean {g(d,'queued_requests').get('mean')}, decode tok/s mean {json.dumps({k: v.get('mean') for k, v in d.items() if 'throughput' in k and isinstance(v, dict)})}, cuda graph share {d.get('cuda_graph_share')}; prefill lines {pf.get('samples')}")
+except Exception as e:
+    print(f"    server batches: n/a ({e})")
 PY
         done
       done

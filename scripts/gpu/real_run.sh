@@ -311,14 +311,22 @@ print(f"ok  startup_profile  ready {p['until_s']} s, JIT {j['wall_s']} s ({j['sh
 for s in p["segments"]:
     print(f"    {s['name']:<20} {s['duration_s']:>8} s  JIT {s['jit_s']:>8} s  compilers {s['compiler_processes']}")
 PY
-      curl -s -X POST "http://127.0.0.1:9400/-/window/start?name=load" > /dev/null
-      curl -s -X POST "http://127.0.0.1:9400/-/profile/start?steps=20" > "$P/profile_start.json"
-      for i in $(seq 16); do
-        curl -s http://127.0.0.1:8000/generate -H 'content-type: application/json' \
-          -d '{"text":"Once upon a time","sampling_params":{"max_new_tokens":64},"stream":true}' > /dev/null &
-      done; wait
-      curl -s -X POST "http://127.0.0.1:9400/-/profile/stop" > "$P/profile_stop.json"
-      curl -s -X POST "http://127.0.0.1:9400/-/window/stop" > "$P/window.json"
+      call() { python3 -c 'import sys,urllib.request,urllib.error
+try: r = urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=b"", method="POST"), timeout=120); print(r.read().decode())
+except urllib.error.HTTPError as e: print(e.read().decode())' "$1"; }
+      call "http://127.0.0.1:9400/-/window/start?name=load" > /dev/null
+      call "http://127.0.0.1:9400/-/profile/start?steps=20" > "$P/profile_start.json"
+      python3 - <<'PY'
+import json, threading, urllib.request
+body = json.dumps({"text": "Once upon a time", "sampling_params": {"max_new_tokens": 64}, "stream": True}).encode()
+def one():
+    r = urllib.request.urlopen(urllib.request.Request("http://127.0.0.1:8000/generate", data=body, headers={"content-type": "application/json"}), timeout=120)
+    r.read()
+ts = [threading.Thread(target=one) for _ in range(16)]
+[t.start() for t in ts]; [t.join() for t in ts]
+PY
+      call "http://127.0.0.1:9400/-/profile/stop" > "$P/profile_stop.json"
+      call "http://127.0.0.1:9400/-/window/stop" > "$P/window.json"
       check profile_traces "$(python3 -c 'import json,sys; v=json.load(open(sys.argv[1])); sys.exit(0 if v.get("ok") and v["traces"] else 1)' "$P/profile_stop.json"; echo $?)" \
         "$(python3 -c 'import json,sys; v=json.load(open(sys.argv[1])); print("stop answered", v.get("stop"), "traces", [(t["file"].rsplit("/",1)[-1], t["bytes"]) for t in v.get("traces", [])])' "$P/profile_stop.json" 2>&1)"
       check window_batches "$(grep -q server_batches "$P/window.json"; echo $?)" "$(head -c 600 "$P/window.json")"

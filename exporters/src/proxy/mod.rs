@@ -11,6 +11,7 @@
 //! the client receives the same bytes as over a direct connection. A client that goes away drops
 //! the response body, which closes the upstream request.
 mod record;
+mod shards;
 mod sse;
 mod stream;
 mod upstream;
@@ -27,6 +28,7 @@ use hyper::{Request, Response, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 use record::{Recorder, Sink, Started};
 use sglang_probes::sync::lock;
+use shards::{shard_count, Shards};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -45,6 +47,8 @@ pub enum ProxyError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("cannot start the proxy's threads: {0} (the limit on processes and threads is reached: `ulimit -u`, or the cgroup's pids.max; raise it or end other processes)")]
+    Threads(std::io::Error),
 }
 
 type UpstreamBody = Either<Prefixed, Full<Bytes>>;
@@ -113,10 +117,17 @@ pub async fn start(
         header_timeout: Duration::from_secs(60),
         evict_oldest: false,
     };
+    let shards = Shards::start(shard_count()).map_err(ProxyError::Threads)?;
     spawn_accept_loop(listener, limits, "proxy", move |stream| {
         let _ = stream.set_nodelay(true);
         let p = proxy.clone();
-        async move {
+        // Accepted here, served by a shard: its socket moves to that shard's reactor.
+        let stream = stream.into_std();
+        shards.run(move || async move {
+            let stream = match stream.and_then(tokio::net::TcpStream::from_std) {
+                Ok(s) => s,
+                Err(e) => return tracing::debug!("proxy connection: {e}"),
+            };
             let up = Arc::new(Upstream::new(p.upstream_addr.clone()));
             let svc = service_fn(move |req| p.clone().forward(req, up.clone()));
             if let Err(e) = limits
@@ -126,7 +137,7 @@ pub async fn start(
             {
                 tracing::debug!("proxy connection: {e}");
             }
-        }
+        })
     });
     Ok(local)
 }

@@ -32,14 +32,17 @@ fn one(addr: &str, path: &str, body: &str) -> std::io::Result<Stream> {
     s.write_all(req.as_bytes())?;
     let mut buf = vec![0u8; 64 << 10];
     let (mut first, mut last, mut max_gap, mut events) = (None, t0, Duration::ZERO, 0u64);
+    let mut carry = Vec::with_capacity(buf.len() + 5);
     loop {
         let n = s.read(&mut buf)?;
         if n == 0 {
             break;
         }
         let now = Instant::now();
-        let data = &buf[..n];
-        let k = data.windows(6).filter(|w| w == b"data: ").count() as u64;
+        // An event's "data: " may be split between reads: count over the last read's tail too.
+        carry.extend_from_slice(&buf[..n]);
+        let k = carry.windows(6).filter(|w| w == b"data: ").count() as u64;
+        carry.drain(..carry.len().saturating_sub(5));
         if k > 0 {
             if first.is_some() {
                 max_gap = max_gap.max(now - last);

@@ -1,0 +1,127 @@
+//! The proxy's connections run on threads of their own, each a single-threaded runtime that owns
+//! the connections it is given from accept to close. An SSE event then costs one wake-up of the
+//! one thread that reads and forwards it. On the supervisor's work-stealing runtime every event
+//! also woke idle workers to look for work: measured at 32 streams, one event at a time, the
+//! supervisor's CPU per event grew with its workers (19.9 µs with one, 28.1 with two, 42.2 with
+//! four: BENCHMARKS.md, "Proxy threads").
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tokio::sync::{mpsc, oneshot};
+
+/// A connection's work, built on the shard that runs it (its sockets register with that
+/// thread's reactor).
+type Job = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+pub(crate) struct Shards {
+    queues: Vec<mpsc::UnboundedSender<Job>>,
+    next: AtomicUsize,
+}
+
+/// One shard keeps up with a few hundred thousand events per second; large hosts get more for
+/// thousands of streams, small ones one (a thread per core would compete with the server).
+pub(crate) fn shard_count() -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cores / 8).clamp(1, 4)
+}
+
+impl Shards {
+    /// Start `n` shard threads. They end when this is dropped (with the accept loop).
+    pub(crate) fn start(n: usize) -> std::io::Result<Self> {
+        let mut queues = Vec::with_capacity(n);
+        for i in 0..n.max(1) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
+            std::thread::Builder::new()
+                .name(format!("proxy-{i}"))
+                .spawn(move || {
+                    rt.block_on(async move {
+                        while let Some(job) = rx.recv().await {
+                            tokio::spawn(job());
+                        }
+                    });
+                })?;
+            queues.push(tx);
+        }
+        Ok(Shards {
+            queues,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// Run the future `make` builds on the next shard (round robin: connections are alike, and
+    /// a benchmark opens them together); the returned future ends when it does, or when the
+    /// shard is gone.
+    pub(crate) fn run<M, F>(&self, make: M) -> impl Future<Output = ()> + Send + 'static
+    where
+        M: FnOnce() -> F + Send + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.queues.len();
+        let (done_tx, done_rx) = oneshot::channel::<()>();
+        let job: Job = Box::new(move || {
+            Box::pin(async move {
+                make().await;
+                let _ = done_tx.send(());
+            })
+        });
+        let sent = self.queues[i].send(job).is_ok();
+        async move {
+            if sent {
+                let _ = done_rx.await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn jobs_run_on_the_shard_threads_round_robin_and_their_end_is_awaited() {
+        let shards = Shards::start(2).unwrap();
+        let mut names = Vec::new();
+        for _ in 0..4 {
+            let (tx, rx) = oneshot::channel();
+            shards
+                .run(move || async move {
+                    tokio::task::yield_now().await;
+                    let name = std::thread::current().name().map(str::to_string);
+                    let _ = tx.send(name);
+                })
+                .await;
+            names.push(rx.await.unwrap().unwrap());
+        }
+        assert_eq!(names, ["proxy-0", "proxy-1", "proxy-0", "proxy-1"]);
+    }
+
+    #[tokio::test]
+    async fn a_socket_made_on_a_shard_is_served_by_that_shards_reactor() {
+        let shards = Shards::start(1).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let (mut s, _) = listener.accept().unwrap();
+            let mut b = [0u8; 4];
+            s.read_exact(&mut b).unwrap();
+            s.write_all(&b).unwrap();
+        });
+        let (tx, rx) = oneshot::channel();
+        shards
+            .run(move || async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+                s.write_all(b"ping").await.unwrap();
+                let mut b = [0u8; 4];
+                s.read_exact(&mut b).await.unwrap();
+                let _ = tx.send(b);
+            })
+            .await;
+        assert_eq!(&rx.await.unwrap(), b"ping");
+        server.join().unwrap();
+    }
+}
