@@ -240,7 +240,7 @@ if [[ " $PHASES " == *" E "* ]]; then
 fi
 [ -n "${PACK_JIT:-}" ] && cache_pack "$O/jit-cache.tar.xz" >/dev/null 2>&1
 # few files come back: the jit cache and one archive of the rest
-tar -C "$O" --exclude jit-cache.tar.xz -czf "$O/../acceptance-files.tar.gz" . 2>/dev/null
+tar -C "$O" --exclude jit-cache.tar.xz --exclude "S/c*-*-*.jsonl" -czf "$O/../acceptance-files.tar.gz" . 2>/dev/null
 [ -f "$O/jit-cache.tar.xz" ] && mv "$O/jit-cache.tar.xz" "$O/../"
 say "done"
 exit 0

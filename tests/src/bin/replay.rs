@@ -736,6 +736,11 @@ fn start_http(args: &Args, fx: Arc<HttpFixtures>) -> Result<()> {
     }
     let listener = TcpListener::bind((args.host.as_str(), args.port))
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+    // std listens with a backlog of 128: a proxy that connects 256 streams at once would see
+    // SYNs dropped (a 1 s retry) where SGLang's uvicorn (backlog 2048) takes them all. A second
+    // listen() sets the backlog (the kernel caps it at somaxconn).
+    // SAFETY: listen(2) on a socket we own; no memory is passed.
+    unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&listener), 2048) };
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
             let fx = fx.clone();
