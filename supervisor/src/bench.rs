@@ -377,4 +377,37 @@ mod tests {
         assert_eq!(end, 102.1);
         assert_eq!(source["matched_by"], "completed count and duration");
     }
+
+    #[test]
+    fn a_requests_log_reads_back_the_exact_times_the_proxy_wrote() {
+        // A start the proxy logged that a fast (not round-trip) float parser reads one ULP low,
+        // then a sweep of unix times like it (about one in eight misread so).
+        let mut starts = vec![1_796_289_988.837_783_3];
+        starts.extend((0..20_000).map(|i| 1_796_289_988.0 + f64::from(i) * 0.000_123_7));
+        let mut text = Vec::new();
+        for (i, s) in starts.iter().enumerate() {
+            // Written as the proxy writes a line.
+            text.extend(
+                serde_json::to_vec(&req(*s, 0.01 + f64::from(i as u32) * 1e-7, 4)).unwrap(),
+            );
+            text.push(b'\n');
+        }
+        let path = std::env::temp_dir().join(format!("sglsup-reqlog-{}.jsonl", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        let (back, bad) = read_requests_log(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!((back.len(), bad), (starts.len(), 0));
+        let misread: Vec<(f64, f64)> = starts
+            .iter()
+            .zip(&back)
+            .filter(|(s, r)| s.to_bits() != r.start_unix.to_bits())
+            .map(|(s, r)| (*s, r.start_unix))
+            .take(3)
+            .collect();
+        assert!(misread.is_empty(), "written, read back: {misread:?}");
+        for (i, r) in back.iter().enumerate() {
+            let e2e = 0.01 + f64::from(i as u32) * 1e-7;
+            assert_eq!(r.e2e_s.to_bits(), e2e.to_bits(), "e2e {e2e}");
+        }
+    }
 }

@@ -528,3 +528,227 @@ mod tests {
         assert!(with_usage_asked(br#"{"prompt":"hi","stream":1}"#).is_some());
     }
 }
+
+/// Every proxied request ends with exactly one record, made before the client holds the last
+/// byte of its answer: a check right after the client's read (or a shutdown then) finds it,
+/// whatever frames the answer and whoever closes first.
+#[cfg(test)]
+mod exactly_once_tests {
+    use super::*;
+    use serde_json::Value;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    const JSON: &str = r#"{"text":"a b","meta_info":{"prompt_tokens":2,"completion_tokens":2}}"#;
+    const EVENTS: [&str; 3] = [
+        r#"data: {"text":" a","meta_info":{"prompt_tokens":2,"completion_tokens":1}}"#,
+        r#"data: {"text":" a b","meta_info":{"prompt_tokens":2,"completion_tokens":2}}"#,
+        "data: [DONE]",
+    ];
+
+    /// How the fake server frames its answer.
+    #[derive(Clone, Copy, Debug)]
+    enum Framing {
+        Length,
+        Chunked,
+        /// Chunked, and the connection closed right after the last chunk.
+        ChunkedThenClose,
+        /// No length: the body ends when the server closes.
+        Eof,
+        /// 204, no body.
+        NoContent,
+        /// The answer to a HEAD: a length, no body.
+        Head,
+    }
+
+    fn answer(f: Framing) -> (Vec<u8>, bool) {
+        let chunked = || {
+            let mut s = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_string();
+            for e in EVENTS {
+                let frame = format!("{e}\n\n");
+                s += &format!("{:x}\r\n{frame}\r\n", frame.len());
+            }
+            s + "0\r\n\r\n"
+        };
+        let (s, close) = match f {
+            Framing::Length => (
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{JSON}",
+                    JSON.len()
+                ),
+                false,
+            ),
+            Framing::Chunked => (chunked(), false),
+            Framing::ChunkedThenClose => (chunked(), true),
+            Framing::Eof => (
+                format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{JSON}"),
+                true,
+            ),
+            Framing::NoContent => ("HTTP/1.1 204 No Content\r\n\r\n".to_string(), false),
+            Framing::Head => (
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                    JSON.len()
+                ),
+                false,
+            ),
+        };
+        (s.into_bytes(), close)
+    }
+
+    /// A server that answers every request on a connection with `f`'s framing.
+    async fn server(f: Framing) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        // One request: its head, then its content-length body.
+                        let head_end = loop {
+                            if let Some(i) = memchr::memmem::find(&buf, b"\r\n\r\n") {
+                                break i + 4;
+                            }
+                            match s.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        };
+                        let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse().unwrap());
+                        while buf.len() < head_end + len {
+                            match s.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        buf.drain(..head_end + len);
+                        let (bytes, close) = answer(f);
+                        if s.write_all(&bytes).await.is_err() || close {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// How the client asks and leaves.
+    #[derive(Clone, Copy, Debug)]
+    enum Client {
+        /// `Connection: close`, read to EOF.
+        CloseReadToEof,
+        /// Keep-alive, read up to the answer's last byte, then close at once.
+        LeaveAtLastByte,
+    }
+
+    /// One `/generate` through the proxy; returns the answer's bytes once the client has them.
+    async fn ask(proxy: SocketAddr, c: Client, f: Framing) -> Vec<u8> {
+        let mut s = TcpStream::connect(proxy).await.unwrap();
+        let (method, body) = match f {
+            Framing::Head => ("HEAD", ""),
+            _ => ("POST", r#"{"text":"a b","stream":true}"#),
+        };
+        let conn = match c {
+            Client::CloseReadToEof => "Connection: close\r\n",
+            Client::LeaveAtLastByte => "",
+        };
+        let req = format!(
+            "{method} /generate HTTP/1.1\r\nHost: x\r\n{conn}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if matches!(c, Client::LeaveAtLastByte) && complete(&got, f) {
+                return got; // dropped here: closed right after the last byte
+            }
+            let n = s.read(&mut chunk).await.unwrap();
+            if n == 0 {
+                return got;
+            }
+            got.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// The whole answer is in `got` (the proxy answers chunked unless the length is known).
+    fn complete(got: &[u8], f: Framing) -> bool {
+        let Some(head_end) = memchr::memmem::find(got, b"\r\n\r\n") else {
+            return false;
+        };
+        match f {
+            Framing::NoContent | Framing::Head => true,
+            Framing::Length => got.len() - (head_end + 4) == JSON.len(),
+            _ => got.ends_with(b"0\r\n\r\n"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_proxied_request_is_recorded_once_before_its_client_has_the_last_byte() {
+        let dir = std::env::temp_dir().join(format!("sglsup-once-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut n = 0;
+        for f in [
+            Framing::Length,
+            Framing::Chunked,
+            Framing::ChunkedThenClose,
+            Framing::Eof,
+            Framing::NoContent,
+            Framing::Head,
+        ] {
+            let upstream = server(f).await;
+            let log_path = dir.join(format!("{f:?}.jsonl"));
+            let log = std::fs::File::create(&log_path).unwrap();
+            let stats = Arc::new(crate::report::RequestStats::default());
+            let metrics = ProxyMetrics::register(&mut Default::default());
+            let proxy = start(
+                "127.0.0.1:0",
+                &format!("http://{upstream}"),
+                metrics,
+                stats.clone(),
+                Some(log),
+                None,
+            )
+            .await
+            .unwrap();
+            let mut asked = 0;
+            for c in [Client::CloseReadToEof, Client::LeaveAtLastByte] {
+                for _ in 0..20 {
+                    let got = ask(proxy, c, f).await;
+                    assert!(
+                        complete(&got, f),
+                        "{f:?} {c:?}: {}",
+                        String::from_utf8_lossy(&got)
+                    );
+                    asked += 1;
+                    // No wait: the record is there by the time the client has its answer.
+                    let lines = std::fs::read_to_string(&log_path).unwrap();
+                    let recs: Vec<Value> = lines
+                        .lines()
+                        .map(|l| serde_json::from_str(l).unwrap())
+                        .collect();
+                    assert_eq!(recs.len(), asked, "{f:?} {c:?}: {lines}");
+                    let last = &recs[asked - 1];
+                    assert!(last.get("error").is_none(), "{f:?} {c:?}: {last}");
+                    let run = stats.run_summary(None).unwrap();
+                    assert_eq!(run["completed"], asked, "{f:?} {c:?}: {run}");
+                    assert_eq!(run["errors"], 0, "{f:?} {c:?}: {run}");
+                    n += 1;
+                }
+            }
+            // Nothing more comes later (a second record at drop, say).
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let lines = std::fs::read_to_string(&log_path).unwrap().lines().count();
+            assert_eq!(lines, asked, "{f:?}: records after the answers");
+        }
+        assert_eq!(n, 240);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -172,14 +172,20 @@ impl Measured {
         drop_usage: bool,
     ) -> Self {
         let events = EventStream::new(rec.api(), drop_usage && stream);
-        Measured {
+        let mut m = Measured {
             inner,
             rec: Some(rec),
             stream,
             events,
             ended: false,
             failed: Deferred::default(),
+        };
+        // An answer without a body (HEAD, 204, 304) is whole with its head: hyper never polls
+        // such a body, and one dropped unpolled would be recorded as a client that left.
+        if m.inner.is_end_stream() {
+            m.finish(None);
         }
+        m
     }
 
     fn pass(&mut self, data: Bytes) -> Bytes {

@@ -661,4 +661,45 @@ mod tests {
         assert!(!html.contains("#010203"), "axis ink is currentColor");
         assert!(html.contains("persist ~/.cache"));
     }
+
+    #[test]
+    fn a_window_distribution_counts_the_request_that_opened_its_span() {
+        // Three requests as the proxy logged them in a failed run: the window's span starts at
+        // the first one's start, which a fast float parser read back one ULP before it.
+        let starts = [
+            1_796_289_988.837_783_3,
+            1_796_289_988.846_714_5,
+            1_796_289_988.868_510_7,
+        ];
+        let e2e = [0.008_707_077, 0.021_484_463, 0.034_898_625];
+        let mut log = String::new();
+        for (s, e) in starts.iter().zip(e2e) {
+            log += &json!({"ts": "", "start_unix": s, "endpoint": "/generate", "status": 200,
+                "stream": true, "ttft_s": 0.002, "e2e_s": e, "itl_s": [0.002],
+                "prompt_tokens": 2, "completion_tokens": 4})
+            .to_string();
+            log.push('\n');
+        }
+        let path =
+            std::env::temp_dir().join(format!("sglsup-html-span-{}.jsonl", std::process::id()));
+        std::fs::write(&path, log).unwrap();
+        // The report holds the window's span as the run computed it, never re-read.
+        let r = json!({"windows": [{"name": "c1", "requests": {"completed": 3,
+            "benchmark_start_time_unix": starts[0], "benchmark_end_time_unix": starts[2] + e2e[2]}}]});
+        let html = page(
+            &r,
+            &Inputs {
+                requests_log: Some(&path),
+                ..Default::default()
+            },
+        );
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            html.contains("c1 (n=3)"),
+            "{:?}",
+            html.match_indices("c1 (n=")
+                .map(|(i, _)| &html[i..i + 8])
+                .collect::<Vec<_>>()
+        );
+    }
 }
