@@ -5,38 +5,8 @@ mod common;
 use common::*;
 use serde_json::Value;
 use sglang_supervisor_tests::http;
-use std::path::PathBuf;
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 use std::time::Duration;
-
-/// Compile `tests/stubs/<src>` into a shared library named `name` (once per test binary).
-fn build_stub(src: &str, name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sglsup-stubs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let lib = dir.join(name);
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("stubs")
-        .join(src);
-    let st = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(st.success(), "compiling {}", src.display());
-    lib
-}
-
-fn stub_lib() -> &'static PathBuf {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| build_stub("nvml_stub.c", "libnvidia-ml.so.1"))
-}
-
-fn rocm_stub() -> &'static PathBuf {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| build_stub("rocm_smi_stub.c", "librocm_smi64.so.1"))
-}
 
 fn probe_rocm(lib: &std::path::Path, env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(supervisor_bin());
@@ -68,7 +38,9 @@ fn rocm_smi_readings_through_our_own_bindings() {
     // count × resolution (15.3 µJ): ~1000 J at start, never the raw tick count.
     let e = g["energy_j"].as_f64().unwrap();
     assert!((1000.0..1100.0).contains(&e), "{e}");
-    assert_eq!(g["memory_used_bytes"], 3u64 << 30);
+    assert_eq!(g["memory_used_bytes"], 4u64 << 30, "VRAM used of GPU 1");
+    assert_eq!(v[0]["memory_used_bytes"], 3u64 << 30, "VRAM used of GPU 0");
+    assert_eq!(g["memory_total_bytes"], 274877906944u64);
     assert_eq!(g["utilization"], 0.88);
     assert_eq!(g["temperature_c"], 51.0);
     // rsmi_init's INIT_ERROR (a host without an AMD GPU): no GPU, not a crash.
@@ -283,6 +255,36 @@ fn sglang_probes_csv_header() -> &'static str {
     "timestamp, index, power.draw [W], temperature.gpu, clocks.current.sm [MHz], clocks.current.memory [MHz], utilization.gpu [%], utilization.memory [%]"
 }
 
+/// A driver without nvmlDeviceGetMemoryInfo_v2 (before R510) still gives memory, through v1,
+/// whose `used` counts the driver's reserved memory (64 MiB in the stub) as such drivers do.
+#[test]
+fn nvml_memory_falls_back_to_the_v1_call_where_v2_is_missing() {
+    let out = probe(
+        &[
+            ("STUB_NVML_GPUS", "2"),
+            ("STUB_NVML_MEM_USED_MIB", "1000"),
+            ("STUB_NVML_MEMORY", "v1"),
+        ],
+        &["--json"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["memory_used_bytes"], (1000u64 + 64) << 20);
+    assert_eq!(v[1]["memory_used_bytes"], (2000u64 + 64) << 20);
+    assert_eq!(v[1]["memory_total_bytes"], 150754820096u64);
+    let v2 = probe(&[("STUB_NVML_MEM_USED_MIB", "1000")], &["--json"]);
+    let v2: Value = serde_json::from_slice(&v2.stdout).unwrap();
+    assert_eq!(
+        v2[0]["memory_used_bytes"],
+        1000u64 << 20,
+        "v2: reserved apart"
+    );
+}
+
 #[test]
 fn a_gpu_lost_mid_run_is_reported_and_voids_power() {
     let (run, _) = run_with_stub(
@@ -492,7 +494,8 @@ fn the_grafana_dashboard_queries_only_series_that_exist() {
 /// The driver is asked for uuid and name once; every later scrape still has them, under our
 /// label names and dcgm-exporter's (`UUID`, `modelName`, `gpu`), so dashboards can join the two.
 #[test]
-fn gpu_series_carry_uuid_and_model_under_ours_and_dcgm_exporters_label_names() {
+fn gpu_series_carry_the_sampled_memory_used_and_uuid_and_model_under_ours_and_dcgm_exporters_label_names(
+) {
     let lib = stub_lib().to_str().unwrap().to_string();
     let mut run = Run::start(
         "gpu-labels",
@@ -506,7 +509,7 @@ fn gpu_series_carry_uuid_and_model_under_ours_and_dcgm_exporters_label_names() {
                 "20ms",
             ],
             replay: &["--speed", "50"],
-            env: &[("STUB_NVML_GPUS", "2")],
+            env: &[("STUB_NVML_GPUS", "2"), ("STUB_NVML_MEM_USED_MIB", "1000")],
             ..Default::default()
         },
     );
@@ -519,6 +522,14 @@ fn gpu_series_carry_uuid_and_model_under_ours_and_dcgm_exporters_label_names() {
         let want = format!(
             r#"{{gpu="{gpu}",uuid="{uuid}",name="NVIDIA H200 (stub)",UUID="{uuid}",modelName="NVIDIA H200 (stub)"}}"#
         );
+        // The memory the sampler read (1000 MiB × (index + 1) in the stub), in bytes.
+        let used = (1000u64 * (gpu + 1)) << 20;
+        let series = format!("sglang_supervisor_gpu_memory_used_bytes{want} ");
+        let value = body
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .and_then(|v| v.parse::<f64>().ok());
+        assert_eq!(value, Some(used as f64), "GPU {gpu} in:\n{body}");
         for series in [
             "sglang_supervisor_gpu_power_watts",
             "sglang_supervisor_gpu_memory_used_bytes",
