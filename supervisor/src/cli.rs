@@ -498,8 +498,9 @@ pub struct RunArgs {
     pub report: Option<PathBuf>,
 
     /// Write the report as one self-contained HTML page here at exit: start-up Gantt per rank
-    /// with the JIT share, GPU power over time (from --power-csv), latency distributions (from
-    /// --requests-log), the server's batch series, flags audit, teardown. No network needed.
+    /// with the JIT share, GPU power and memory over time (from --power-csv), latency
+    /// distributions (from --requests-log), the server's batch series, flags audit, teardown. No
+    /// network needed.
     #[arg(long, env = "SGLANG_SUPERVISOR_REPORT_HTML", value_name = "PATH")]
     pub report_html: Option<PathBuf>,
 
