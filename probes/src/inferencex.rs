@@ -523,7 +523,7 @@ pub fn parse_power(v: &str) -> Option<f64> {
 }
 
 /// Fields of one CSV line (`skipinitialspace`, double quotes honoured).
-fn fields(line: &str) -> Vec<String> {
+pub(crate) fn fields(line: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut cur = String::new();
     let (mut quoted, mut at_start) = (false, true);
@@ -561,7 +561,7 @@ fn fields(line: &str) -> Vec<String> {
 }
 
 /// Timestamp, power and GPU-id columns, found as InferenceX finds them.
-fn columns(header: &[String]) -> (Option<usize>, Option<usize>, Option<usize>) {
+pub(crate) fn columns(header: &[String]) -> (Option<usize>, Option<usize>, Option<usize>) {
     let lower: Vec<String> = header.iter().map(|h| h.to_ascii_lowercase()).collect();
     let time = lower.iter().position(|h| h.contains("time"));
     let power = lower.iter().position(|h| {

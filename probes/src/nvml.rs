@@ -4,11 +4,11 @@
 use crate::gpu::{GpuError, GpuProbe, GpuProcess, GpuSample, Want};
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
-use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::error::{nvml_sym, nvml_try, NvmlError};
 use nvml_wrapper::struct_wrappers::device::FieldValueSample;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::sys_exports::field_id::{NVML_FI_DEV_POWER_AVERAGE, NVML_FI_DEV_POWER_INSTANT};
-use nvml_wrapper::Nvml;
+use nvml_wrapper::{Device, Nvml};
 use std::ffi::{OsStr, OsString};
 use std::sync::{Arc, RwLock};
 
@@ -81,6 +81,20 @@ fn milliwatts(v: &Result<FieldValueSample, NvmlError>) -> Option<f64> {
     Some(mw / 1000.0)
 }
 
+/// (used, total) bytes from `nvmlDeviceGetMemoryInfo`, for drivers without its `_v2` (before
+/// R510), the only one nvml-wrapper calls. Its `used` counts the driver's reserved memory too.
+fn memory_info_v1(nvml: &Nvml, dev: &Device<'_>) -> Result<(u64, u64), NvmlError> {
+    let f = nvml_sym(nvml.lib().nvmlDeviceGetMemoryInfo.as_ref())?;
+    let mut info = std::mem::MaybeUninit::zeroed();
+    // SAFETY: the symbol has nvml.h's v1 signature (nvml-wrapper-sys' binding of it); `dev` is a
+    // valid handle of this library; `info` is a writable nvmlMemory_t, read only after success.
+    unsafe {
+        nvml_try(f(dev.handle(), info.as_mut_ptr()))?;
+        let info = info.assume_init();
+        Ok((info.used, info.total))
+    }
+}
+
 impl GpuProbe for NvmlProbe {
     fn backend(&self) -> &'static str {
         "nvml"
@@ -123,9 +137,16 @@ impl GpuProbe for NvmlProbe {
         if s.power_avg_w.is_none() {
             s.power_avg_w = r.opt(dev.power_usage()).map(|mw| f64::from(mw) / 1000.0);
         }
-        if let Some(m) = r.opt(dev.memory_info()) {
-            s.memory_used_bytes = Some(m.used);
-            s.memory_total_bytes = Some(m.total);
+        let memory = match dev.memory_info() {
+            Err(e) if !matches!(e, NvmlError::GpuLost) => {
+                tracing::trace!(index, "nvmlDeviceGetMemoryInfo_v2: {e}; trying v1");
+                memory_info_v1(&nvml, &dev)
+            }
+            v2 => v2.map(|m| (m.used, m.total)),
+        };
+        if let Some((used, total)) = r.opt(memory) {
+            s.memory_used_bytes = Some(used);
+            s.memory_total_bytes = Some(total);
         }
         if let Some(u) = r.opt(dev.utilization_rates()) {
             s.utilization = Some(f64::from(u.gpu) / 100.0);

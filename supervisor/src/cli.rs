@@ -484,7 +484,8 @@ pub struct RunArgs {
 
     /// Stream GPU samples here in the layout of `nvidia-smi --query-gpu=timestamp,index,
     /// power.draw,temperature.gpu,clocks.current.sm,clocks.current.memory,utilization.gpu,
-    /// utilization.memory --format=csv` (power.draw holds the instant power where the GPU has it).
+    /// utilization.memory,memory.used --format=csv` (power.draw holds the instant power where the
+    /// GPU has it; memory.used, last, in MiB).
     /// Every energy-counter reading goes to `<stem>_energy.csv` beside it (for `report
     /// --bench-result`).
     #[arg(long, env = "SGLANG_SUPERVISOR_POWER_CSV", value_name = "PATH")]
@@ -497,8 +498,9 @@ pub struct RunArgs {
     pub report: Option<PathBuf>,
 
     /// Write the report as one self-contained HTML page here at exit: start-up Gantt per rank
-    /// with the JIT share, GPU power over time (from --power-csv), latency distributions (from
-    /// --requests-log), the server's batch series, flags audit, teardown. No network needed.
+    /// with the JIT share, GPU power and memory over time (from --power-csv), latency
+    /// distributions (from --requests-log), the server's batch series, flags audit, teardown. No
+    /// network needed.
     #[arg(long, env = "SGLANG_SUPERVISOR_REPORT_HTML", value_name = "PATH")]
     pub report_html: Option<PathBuf>,
 

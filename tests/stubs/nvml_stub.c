@@ -9,6 +9,12 @@
  *   STUB_NVML_LOST_INDEX=I     device I reports GPU_IS_LOST ...
  *   STUB_NVML_LOST_AFTER_MS=T  ... T ms after init (default 0)
  *   STUB_NVML_PROCS=pid:bytes,...   compute processes on every device
+ *   STUB_NVML_MEM_USED_MIB=N   device i has N×(i+1) MiB in use (default: 2 GiB with processes,
+ *                              else 0), 64 MiB more reserved by the driver
+ *   STUB_NVML_MEMORY=v1        nvmlDeviceGetMemoryInfo_v2 is FUNCTION_NOT_FOUND (a driver before
+ *                              R510); nvmlDeviceGetMemoryInfo (v1, whose used counts the reserved)
+ *                              answers
+ *   STUB_NVML_MEMORY=none      neither memory call is supported
  * The energy counter follows the instant power over monotonic time, so counter and integral agree.
  * nvmlDeviceGetCurrentClocksThrottleReasons is deliberately missing (a symbol an old driver lacks).
  */
@@ -20,8 +26,9 @@
 
 typedef int nvmlReturn_t;
 typedef void *nvmlDevice_t;
-enum { OK = 0, INVALID_ARG = 2, NOT_SUPPORTED = 3, INSUFFICIENT_SIZE = 7, DRIVER_NOT_LOADED = 9, GPU_IS_LOST = 15 };
+enum { OK = 0, INVALID_ARG = 2, NOT_SUPPORTED = 3, INSUFFICIENT_SIZE = 7, DRIVER_NOT_LOADED = 9, FUNCTION_NOT_FOUND = 13, GPU_IS_LOST = 15 };
 
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
@@ -33,7 +40,9 @@ typedef struct {
 } nvmlFieldValue_t;
 
 static unsigned gpus = 1, power_mw = 150000;
-static int no_energy = 0, lost_index = -1;
+static int no_energy = 0, lost_index = -1, mem_used_mib = -1;
+static char memory[8];
+static const unsigned long long MEM_TOTAL = 150754820096ULL, MEM_RESERVED = 64ULL << 20;
 static double lost_after_s = 0, t_init = 0;
 static char procs[256];
 
@@ -54,6 +63,8 @@ nvmlReturn_t nvmlInit_v2(void) {
     lost_index = getenv("STUB_NVML_LOST_INDEX") ? (int)env_u("STUB_NVML_LOST_INDEX", 0) : -1;
     lost_after_s = env_u("STUB_NVML_LOST_AFTER_MS", 0) / 1000.0;
     snprintf(procs, sizeof procs, "%s", getenv("STUB_NVML_PROCS") ? getenv("STUB_NVML_PROCS") : "");
+    mem_used_mib = getenv("STUB_NVML_MEM_USED_MIB") ? (int)env_u("STUB_NVML_MEM_USED_MIB", 0) : -1;
+    snprintf(memory, sizeof memory, "%s", getenv("STUB_NVML_MEMORY") ? getenv("STUB_NVML_MEMORY") : "v2");
     t_init = now_s();
     return OK;
 }
@@ -106,11 +117,25 @@ nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t d, unsigned long l
     *mj = 5000000ULL + (unsigned long long)((now_s() - t_init) * power_mw);
     return OK;
 }
+static unsigned long long mem_used(nvmlDevice_t d) {
+    if (mem_used_mib >= 0) return (unsigned long long)mem_used_mib * (idx(d) + 1) << 20;
+    return procs[0] ? 2ULL << 30 : 0;
+}
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
     if (lost(d)) return GPU_IS_LOST;
-    m->total = 150754820096ULL;
-    m->used = procs[0] ? 2ULL << 30 : 0;
-    m->reserved = 0;
+    if (strcmp(memory, "v1") == 0) return FUNCTION_NOT_FOUND;
+    if (strcmp(memory, "none") == 0) return NOT_SUPPORTED;
+    m->total = MEM_TOTAL;
+    m->used = mem_used(d);
+    m->reserved = MEM_RESERVED;
+    m->free = m->total - m->used - m->reserved;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
+    if (lost(d)) return GPU_IS_LOST;
+    if (strcmp(memory, "none") == 0) return NOT_SUPPORTED;
+    m->total = MEM_TOTAL;
+    m->used = mem_used(d) + MEM_RESERVED;
     m->free = m->total - m->used;
     return OK;
 }

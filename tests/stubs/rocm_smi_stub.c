@@ -5,6 +5,9 @@
  *   STUB_RSMI_INIT_STATUS=N   rsmi_init's status (default 0; 8 = INIT_ERROR, no AMD GPU)
  *   STUB_RSMI_GPUS=N          device count (default 1)
  *   STUB_RSMI_POWER_UW=N      average socket power, µW (default 500000000)
+ *   STUB_RSMI_NO_MEMORY=1     rsmi_dev_memory_usage_get is NOT_SUPPORTED
+ * Device i has (3 + i) GiB of VRAM in use; memory calls for another type than VRAM are
+ * NOT_SUPPORTED, so a reading proves the VRAM type was asked for.
  * The energy counter ticks in 15.3 µJ units and follows the power over monotonic time.
  */
 #include <stdint.h>
@@ -13,6 +16,8 @@
 #include <time.h>
 
 static unsigned gpus = 1;
+static int no_memory = 0;
+enum { RSMI_STATUS_NOT_SUPPORTED = 2, RSMI_MEM_TYPE_VRAM = 0 };
 static unsigned long long power_uw = 500000000ULL;
 static double t0;
 static const float RES_UJ = 15.3f;
@@ -30,6 +35,7 @@ int rsmi_init(uint64_t flags) {
     if (st && atoi(st) != 0) return atoi(st);
     gpus = getenv("STUB_RSMI_GPUS") ? (unsigned)atoi(getenv("STUB_RSMI_GPUS")) : 1;
     if (getenv("STUB_RSMI_POWER_UW")) power_uw = strtoull(getenv("STUB_RSMI_POWER_UW"), 0, 10);
+    no_memory = getenv("STUB_RSMI_NO_MEMORY") != NULL;
     t0 = now_s();
     return 0;
 }
@@ -46,7 +52,17 @@ int rsmi_dev_energy_count_get(uint32_t i, uint64_t *count, float *res, uint64_t 
     *ts = (uint64_t)(now_s() * 1e9);
     return 0;
 }
-int rsmi_dev_memory_total_get(uint32_t i, int type, uint64_t *v) { (void)type; guard(i); *v = 274877906944ULL; return 0; }
-int rsmi_dev_memory_usage_get(uint32_t i, int type, uint64_t *v) { (void)type; guard(i); *v = 3ULL << 30; return 0; }
+int rsmi_dev_memory_total_get(uint32_t i, int type, uint64_t *v) {
+    guard(i);
+    if (type != RSMI_MEM_TYPE_VRAM) return RSMI_STATUS_NOT_SUPPORTED;
+    *v = 274877906944ULL;
+    return 0;
+}
+int rsmi_dev_memory_usage_get(uint32_t i, int type, uint64_t *v) {
+    guard(i);
+    if (type != RSMI_MEM_TYPE_VRAM || no_memory) return RSMI_STATUS_NOT_SUPPORTED;
+    *v = (3ULL + i) << 30;
+    return 0;
+}
 int rsmi_dev_busy_percent_get(uint32_t i, uint32_t *p) { guard(i); *p = 88; return 0; }
 int rsmi_dev_temp_metric_get(uint32_t i, uint32_t sensor, uint32_t metric, int64_t *t) { (void)sensor; (void)metric; guard(i); *t = 51000; return 0; }

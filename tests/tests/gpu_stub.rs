@@ -5,38 +5,8 @@ mod common;
 use common::*;
 use serde_json::Value;
 use sglang_supervisor_tests::http;
-use std::path::PathBuf;
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 use std::time::Duration;
-
-/// Compile `tests/stubs/<src>` into a shared library named `name` (once per test binary).
-fn build_stub(src: &str, name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sglsup-stubs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let lib = dir.join(name);
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("stubs")
-        .join(src);
-    let st = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(st.success(), "compiling {}", src.display());
-    lib
-}
-
-fn stub_lib() -> &'static PathBuf {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| build_stub("nvml_stub.c", "libnvidia-ml.so.1"))
-}
-
-fn rocm_stub() -> &'static PathBuf {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| build_stub("rocm_smi_stub.c", "librocm_smi64.so.1"))
-}
 
 fn probe_rocm(lib: &std::path::Path, env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(supervisor_bin());
@@ -68,7 +38,9 @@ fn rocm_smi_readings_through_our_own_bindings() {
     // count × resolution (15.3 µJ): ~1000 J at start, never the raw tick count.
     let e = g["energy_j"].as_f64().unwrap();
     assert!((1000.0..1100.0).contains(&e), "{e}");
-    assert_eq!(g["memory_used_bytes"], 3u64 << 30);
+    assert_eq!(g["memory_used_bytes"], 4u64 << 30, "VRAM used of GPU 1");
+    assert_eq!(v[0]["memory_used_bytes"], 3u64 << 30, "VRAM used of GPU 0");
+    assert_eq!(g["memory_total_bytes"], 274877906944u64);
     assert_eq!(g["utilization"], 0.88);
     assert_eq!(g["temperature_c"], 51.0);
     // rsmi_init's INIT_ERROR (a host without an AMD GPU): no GPU, not a crash.
@@ -206,23 +178,39 @@ fn no_gpu_is_an_empty_answer_and_a_broken_named_backend_exit_125() {
 
 fn run_with_stub(name: &str, env: &[(&str, &str)], replay: &[&str]) -> (Run, Vec<Value>) {
     let lib = stub_lib().to_str().unwrap().to_string();
+    run_sampled(
+        name,
+        &["--nvml-lib", &lib, "--gpu-backend", "nvml"],
+        env,
+        replay,
+    )
+}
+
+/// A replayed run sampled through `backend` (its options) at 50 Hz, stopped with SIGTERM; the
+/// power CSV's lines.
+fn run_sampled(
+    name: &str,
+    backend: &[&str],
+    env: &[(&str, &str)],
+    replay: &[&str],
+) -> (Run, Vec<Value>) {
     let csv = std::env::temp_dir().join(format!("sglsup-{name}-{}.csv", std::process::id()));
     let csv_s = csv.to_str().unwrap().to_string();
     let mut run = Run::start(
         name,
         Opts {
             supervisor: &[
-                "--nvml-lib",
-                &lib,
-                "--gpu-backend",
-                "nvml",
-                "--sample-interval",
-                "20ms",
-                "--energy-interval",
-                "200ms",
-                "--power-csv",
-                &csv_s,
-            ],
+                backend,
+                &[
+                    "--sample-interval",
+                    "20ms",
+                    "--energy-interval",
+                    "200ms",
+                    "--power-csv",
+                    &csv_s,
+                ],
+            ]
+            .concat(),
             replay: &[&["--speed", "50"], replay].concat(),
             env,
             ..Default::default()
@@ -242,10 +230,10 @@ fn run_with_stub(name: &str, env: &[(&str, &str)], replay: &[&str]) -> (Run, Vec
 }
 
 #[test]
-fn sampled_run_writes_power_csv_and_an_exact_energy_window() {
+fn sampled_run_writes_power_and_memory_used_per_gpu_to_the_csv_and_an_exact_energy_window() {
     let (run, rows) = run_with_stub(
         "gpu-ok",
-        &[("STUB_NVML_GPUS", "2")],
+        &[("STUB_NVML_GPUS", "2"), ("STUB_NVML_MEM_USED_MIB", "1234")],
         &["--ranks", "TP0,TP1"],
     );
     let power = run.events_named("power").pop().unwrap();
@@ -265,22 +253,108 @@ fn sampled_run_writes_power_csv_and_an_exact_energy_window() {
     let teardown = run.events_named("gpu_teardown").pop().unwrap();
     assert_eq!(teardown["clean"], true, "{teardown}");
     assert_eq!(rows[0].as_str().unwrap(), sglang_probes_csv_header());
-    let row = rows[1].as_str().unwrap();
-    let cols: Vec<&str> = row.split(", ").collect();
-    assert_eq!(cols.len(), 8, "{row}");
-    assert!(
-        cols[0].len() == 23 && cols[0].as_bytes()[4] == b'/',
-        "nvidia-smi timestamp: {row}"
-    );
-    assert_eq!(
-        &cols[2..],
-        ["150.00 W", "33", "1980 MHz", "3201 MHz", "42 %", "7 %"]
-    );
     assert!(rows.len() > 20);
+    for row in &rows[1..] {
+        let row = row.as_str().unwrap();
+        let cols: Vec<&str> = row.split(", ").collect();
+        assert_eq!(cols.len(), 9, "{row}");
+        assert!(
+            cols[0].len() == 23 && cols[0].as_bytes()[4] == b'/',
+            "nvidia-smi timestamp: {row}"
+        );
+        // NVML's memory used (v2, the driver's reserved 64 MiB not counted), per GPU, last.
+        let mib = match cols[1] {
+            "0" => "1234 MiB",
+            "1" => "2468 MiB",
+            other => panic!("GPU {other}: {row}"),
+        };
+        assert_eq!(
+            &cols[2..],
+            ["150.00 W", "33", "1980 MHz", "3201 MHz", "42 %", "7 %", mib],
+            "{row}"
+        );
+    }
 }
 
 fn sglang_probes_csv_header() -> &'static str {
-    "timestamp, index, power.draw [W], temperature.gpu, clocks.current.sm [MHz], clocks.current.memory [MHz], utilization.gpu [%], utilization.memory [%]"
+    "timestamp, index, power.draw [W], temperature.gpu, clocks.current.sm [MHz], clocks.current.memory [MHz], utilization.gpu [%], utilization.memory [%], memory.used [MiB]"
+}
+
+/// ROCm SMI's VRAM in use (`rsmi_dev_memory_usage_get`, RSMI_MEM_TYPE_VRAM) reaches the same
+/// column, in nvidia-smi's format.
+#[test]
+fn rocm_vram_used_per_gpu_is_the_csvs_memory_column() {
+    let lib = rocm_stub().to_str().unwrap().to_string();
+    let (_, rows) = run_sampled(
+        "rocm-mem",
+        &["--rocm-lib", &lib, "--gpu-backend", "rocm"],
+        &[("STUB_RSMI_GPUS", "2")],
+        &["--ranks", "TP0,TP1"],
+    );
+    assert_eq!(rows[0].as_str().unwrap(), sglang_probes_csv_header());
+    assert!(rows.len() > 20);
+    for row in &rows[1..] {
+        let row = row.as_str().unwrap();
+        let cols: Vec<&str> = row.split(", ").collect();
+        let mib = match cols[1] {
+            "0" => "3072 MiB",
+            "1" => "4096 MiB",
+            other => panic!("GPU {other}: {row}"),
+        };
+        assert_eq!(cols[2], "500.00 W", "{row}");
+        assert_eq!(cols.get(8), Some(&mib), "{row}");
+    }
+}
+
+/// A library that gives no memory reading leaves it absent: `[N/A]` in the CSV (as nvidia-smi
+/// writes it), no `memory_used_bytes` from `probe`, never 0. For NVML and for ROCm SMI.
+#[test]
+fn memory_used_the_library_does_not_give_is_na_in_the_csv_and_absent_never_zero() {
+    let (_, rows) = run_with_stub("gpu-nomem", &[("STUB_NVML_MEMORY", "none")], &[]);
+    assert!(rows.len() > 20);
+    for row in &rows[1..] {
+        let row = row.as_str().unwrap();
+        assert!(row.ends_with(", 7 %, [N/A]"), "{row}");
+    }
+    let out = probe(&[("STUB_NVML_MEMORY", "none")], &["--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v[0].get("memory_used_bytes").is_none(), "{v}");
+    assert!(v[0].get("memory_total_bytes").is_none(), "{v}");
+    assert_eq!(v[0]["power_w"], 150.0, "the rest is read");
+    let out = probe_rocm(rocm_stub(), &[("STUB_RSMI_NO_MEMORY", "1")]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v[0].get("memory_used_bytes").is_none(), "{v}");
+    assert_eq!(v[0]["memory_total_bytes"], 274877906944u64);
+}
+
+/// A driver without nvmlDeviceGetMemoryInfo_v2 (before R510) still gives memory, through v1,
+/// whose `used` counts the driver's reserved memory (64 MiB in the stub) as such drivers do.
+#[test]
+fn nvml_memory_falls_back_to_the_v1_call_where_v2_is_missing() {
+    let out = probe(
+        &[
+            ("STUB_NVML_GPUS", "2"),
+            ("STUB_NVML_MEM_USED_MIB", "1000"),
+            ("STUB_NVML_MEMORY", "v1"),
+        ],
+        &["--json"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["memory_used_bytes"], (1000u64 + 64) << 20);
+    assert_eq!(v[1]["memory_used_bytes"], (2000u64 + 64) << 20);
+    assert_eq!(v[1]["memory_total_bytes"], 150754820096u64);
+    let v2 = probe(&[("STUB_NVML_MEM_USED_MIB", "1000")], &["--json"]);
+    let v2: Value = serde_json::from_slice(&v2.stdout).unwrap();
+    assert_eq!(
+        v2[0]["memory_used_bytes"],
+        1000u64 << 20,
+        "v2: reserved apart"
+    );
 }
 
 #[test]
@@ -492,7 +566,8 @@ fn the_grafana_dashboard_queries_only_series_that_exist() {
 /// The driver is asked for uuid and name once; every later scrape still has them, under our
 /// label names and dcgm-exporter's (`UUID`, `modelName`, `gpu`), so dashboards can join the two.
 #[test]
-fn gpu_series_carry_uuid_and_model_under_ours_and_dcgm_exporters_label_names() {
+fn gpu_series_carry_the_sampled_memory_used_and_uuid_and_model_under_ours_and_dcgm_exporters_label_names(
+) {
     let lib = stub_lib().to_str().unwrap().to_string();
     let mut run = Run::start(
         "gpu-labels",
@@ -506,7 +581,7 @@ fn gpu_series_carry_uuid_and_model_under_ours_and_dcgm_exporters_label_names() {
                 "20ms",
             ],
             replay: &["--speed", "50"],
-            env: &[("STUB_NVML_GPUS", "2")],
+            env: &[("STUB_NVML_GPUS", "2"), ("STUB_NVML_MEM_USED_MIB", "1000")],
             ..Default::default()
         },
     );
@@ -519,6 +594,14 @@ fn gpu_series_carry_uuid_and_model_under_ours_and_dcgm_exporters_label_names() {
         let want = format!(
             r#"{{gpu="{gpu}",uuid="{uuid}",name="NVIDIA H200 (stub)",UUID="{uuid}",modelName="NVIDIA H200 (stub)"}}"#
         );
+        // The memory the sampler read (1000 MiB × (index + 1) in the stub), in bytes.
+        let used = (1000u64 * (gpu + 1)) << 20;
+        let series = format!("sglang_supervisor_gpu_memory_used_bytes{want} ");
+        let value = body
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .and_then(|v| v.parse::<f64>().ok());
+        assert_eq!(value, Some(used as f64), "GPU {gpu} in:\n{body}");
         for series in [
             "sglang_supervisor_gpu_power_watts",
             "sglang_supervisor_gpu_memory_used_bytes",

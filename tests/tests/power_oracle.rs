@@ -1,7 +1,8 @@
 //! `power_valid`, reasons and energy of `report --bench-result` against InferenceX's own
 //! `utils/aggregate_power.py` (unmodified, `../shared/oracles/inferencex/`, python3 stdlib only)
 //! on the same CSV and benchmark JSON: the real H200 c32 capture (tests/fixtures/gpu/) and
-//! variants of it built to hit each reason code the script has.
+//! variants of it built to hit each reason code the script has, in the header recorded then
+//! and in the one `run` writes now (memory.used [MiB] appended).
 //!
 //! Each case also carries the oracle's answer as recorded, so the check still runs where the
 //! oracle or python3 is not there (it says so on stderr); where they are, the live answer must
@@ -175,6 +176,27 @@ fn with_power(row: &str, power: &str) -> String {
     f.join(", ")
 }
 
+/// `text` as `run` writes it now: `memory.used [MiB]` after the eight columns of before, its
+/// cells `N MiB` (nvidia-smi's format), or `[N/A]` in rows `na` picks.
+fn with_memory_column(text: &str, na: impl Fn(&str) -> bool) -> String {
+    let mut lines = text.lines();
+    let header = format!("{}, memory.used [MiB]", lines.next().unwrap());
+    assert_eq!(
+        header,
+        sglang_probes::sampler::CSV_HEADER,
+        "the header we write"
+    );
+    let mut out = format!("{header}\n");
+    for (i, l) in lines.enumerate() {
+        if na(l) {
+            out += &format!("{l}, [N/A]\n");
+        } else {
+            out += &format!("{l}, {} MiB\n", 70_000 + i % 4_000);
+        }
+    }
+    out
+}
+
 struct Case {
     name: &'static str,
     csv: String,
@@ -207,6 +229,34 @@ fn cases() -> Vec<Case> {
             bench: bench(START, END),
             gpus: 1,
             recorded: (true, &[], &[("0", 3205.7418014685827)]),
+        },
+        Case {
+            name: "the real window with the memory.used column run writes now, last",
+            csv: with_memory_column(&real_csv(), |_| false),
+            bench: bench(START, END),
+            gpus: 1,
+            recorded: (true, &[], &[("0", 3205.7418014685827)]),
+        },
+        Case {
+            name: "memory.used [N/A] inside the window is no power issue",
+            csv: with_memory_column(&real_csv(), |l| at(l, (15, 34, 0.0), (15, 34, 5.0))),
+            bench: bench(START, END),
+            gpus: 1,
+            recorded: (true, &[], &[("0", 3205.7418014685827)]),
+        },
+        Case {
+            name: "a 3.5 s hole in the samples, with the memory.used column",
+            csv: with_memory_column(
+                &edit_rows(|l| (!at(l, (15, 34, 10.0), (15, 34, 13.5))).then(|| l.to_string())),
+                |_| false,
+            ),
+            bench: bench(START, END),
+            gpus: 1,
+            recorded: (
+                false,
+                &["sampling_gap_exceeded"],
+                &[("0", 3208.04850143716)],
+            ),
         },
         Case {
             name: "a whole-run window starting 0.5 s before the first sample (no slack)",

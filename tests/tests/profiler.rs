@@ -347,8 +347,21 @@ fn page_requests(netlog: &std::path::Path) -> Vec<String> {
     urls
 }
 
+/// The `<div id="{id}">` of a page and what it holds, up to the next `<div id=` or the
+/// section's end.
+fn div<'a>(page: &'a str, id: &str) -> Option<&'a str> {
+    let (_, rest) = page.split_once(&format!("<div id=\"{id}\">"))?;
+    let end = [rest.find("<div id="), rest.find("</section>")]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(rest.len());
+    Some(&rest[..end])
+}
+
 #[test]
-fn the_html_report_of_a_run_opens_offline_in_chromium_with_every_section_and_no_console_error() {
+fn the_html_report_of_a_run_opens_offline_in_chromium_with_every_section_gpu_power_and_memory_plots_and_no_console_error(
+) {
     let dec = |r: u32| {
         format!("] Decode batch, #running-req: {r}, #token: 900, token usage: 0.{r}, cuda graph: True, gen throughput (token/s): {}.0, #queue-req: 1", 100 * r)
     };
@@ -359,6 +372,7 @@ fn the_html_report_of_a_run_opens_offline_in_chromium_with_every_section_and_no_
     let log = dir.join("server.log");
     std::fs::write(&log, start_then(&after)).unwrap();
     let (html, requests) = (dir.join("report.html"), dir.join("requests.jsonl"));
+    let csv = dir.join("gpu_metrics.csv");
     let mut run = Run::start(
         "html",
         Opts {
@@ -369,6 +383,15 @@ fn the_html_report_of_a_run_opens_offline_in_chromium_with_every_section_and_no_
                 "127.0.0.1:0",
                 "--requests-log",
                 requests.to_str().unwrap(),
+                // GPUs through the NVML stub: power and memory used in the power CSV.
+                "--gpu-backend",
+                "nvml",
+                "--nvml-lib",
+                stub_lib().to_str().unwrap(),
+                "--sample-interval",
+                "50ms",
+                "--power-csv",
+                csv.to_str().unwrap(),
             ],
             replay: &[
                 "--speed",
@@ -378,6 +401,7 @@ fn the_html_report_of_a_run_opens_offline_in_chromium_with_every_section_and_no_
                 "--log",
                 log.to_str().unwrap(),
             ],
+            env: &[("STUB_NVML_MEM_USED_MIB", "1234")],
             ..Default::default()
         },
     );
@@ -414,11 +438,39 @@ fn the_html_report_of_a_run_opens_offline_in_chromium_with_every_section_and_no_
             "section {id} missing"
         );
     }
-    // Start-up Gantt, three latency CDFs (TPOT needs more tokens than one), three batch plots.
+    // Start-up Gantt, GPU power and memory, three latency CDFs (TPOT needs more tokens than
+    // one), three batch plots.
     assert!(
-        dom.matches("<svg").count() >= 6,
+        dom.matches("<svg").count() >= 8,
         "{} plots",
         dom.matches("<svg").count()
+    );
+    // GPU memory used, per GPU over time, under the power plot, the window shaded.
+    let power = div(&dom, "gpu-power").expect("the power plot's div");
+    let memory = div(&dom, "gpu-memory").expect("the memory plot's div");
+    assert!(
+        dom.find("<div id=\"gpu-power\">") < dom.find("<div id=\"gpu-memory\">"),
+        "memory under power"
+    );
+    for (d, caption) in [
+        (power, "GPU power (windows shaded)"),
+        (memory, "GPU memory used (windows shaded)"),
+    ] {
+        assert_eq!(d.matches("<svg").count(), 1, "{d}");
+        assert!(d.contains(caption), "{d}");
+        assert!(
+            d.contains("GPU 0") && d.contains("c1"),
+            "GPU 0, window c1: {d}"
+        );
+    }
+    assert!(
+        std::fs::read_to_string(&csv)
+            .unwrap()
+            .lines()
+            .nth(1)
+            .unwrap()
+            .ends_with(", 1234 MiB"),
+        "the plot's source"
     );
     assert!(
         dom.contains("c1 (n=3)"),
@@ -440,7 +492,7 @@ fn the_html_report_of_a_run_opens_offline_in_chromium_with_every_section_and_no_
     let _ = std::fs::remove_file(&shot);
     let out = chromium(
         &[
-            "--window-size=1000,3400",
+            "--window-size=1000,3800",
             &format!("--screenshot={}", shot.display()),
             &url,
         ],
@@ -456,7 +508,7 @@ fn the_html_report_of_a_run_opens_offline_in_chromium_with_every_section_and_no_
 }
 
 #[test]
-fn report_html_from_files_and_compare_html_are_pages_with_their_sections() {
+fn report_html_from_files_old_and_new_power_csvs_and_compare_html_are_pages_with_their_sections() {
     let fx = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/real-h200-supervised");
     let dir = std::env::temp_dir().join(format!("sglsup-rhtml-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -484,6 +536,38 @@ fn report_html_from_files_and_compare_html_are_pages_with_their_sections() {
         page.matches("<svg").count() >= 2,
         "start-up and power plots"
     );
+    // P_power.csv was recorded before memory was: the power plot, and one line for memory.
+    assert_eq!(div(&page, "gpu-power").unwrap().matches("<svg").count(), 1);
+    let memory = div(&page, "gpu-memory").unwrap();
+    assert!(
+        !memory.contains("<svg") && memory.contains("no memory.used column"),
+        "{memory}"
+    );
+    // The same CSV with memory.used appended (the header `run` writes now): both plots.
+    let old = std::fs::read_to_string(fx.join("P_power.csv")).unwrap();
+    let mut lines = old.lines();
+    let mut new = format!("{}, memory.used [MiB]\n", lines.next().unwrap());
+    for (i, l) in lines.enumerate() {
+        new += &format!("{l}, {} MiB\n", 500 + i);
+    }
+    let new_csv = dir.join("new_power.csv");
+    std::fs::write(&new_csv, new).unwrap();
+    let out = std::process::Command::new(supervisor_bin())
+        .arg("report")
+        .arg("--events")
+        .arg(fx.join("B_events.jsonl"))
+        .arg("--power-csv")
+        .arg(&new_csv)
+        .arg("--html")
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert_eq!(div(&page, "gpu-power").unwrap().matches("<svg").count(), 1);
+    let memory = div(&page, "gpu-memory").unwrap();
+    assert_eq!(memory.matches("<svg").count(), 1, "{memory}");
+    assert!(memory.contains("GPU memory used"), "{memory}");
     let out = std::process::Command::new(supervisor_bin())
         .args(["compare", "--format", "html", "--force"])
         .arg(dir.join("r.json"))

@@ -2,7 +2,8 @@
 //! come, and the rows written kept per GPU (timestamp and power as the CSV has them, and the
 //! counter readings), so that InferenceX's verdict can be asked over any span of the run on
 //! exactly what the CSV holds. Memory stays bounded: past `MAX_KEPT_ROWS` rows per GPU (29 h at
-//! 10 Hz) the oldest half is let go (the CSV keeps everything).
+//! 10 Hz) the oldest half is let go (the CSV keeps everything). The GPU memory used is the last
+//! column (`memory.used [MiB]`); `parse_memory_used` reads it back for the report's plot.
 use super::lock;
 use crate::gpu::GpuSample;
 use crate::inferencex::{self, CounterEnergy, Row, Telemetry, Verdict, MAX_SAMPLE_GAP_S};
@@ -14,8 +15,10 @@ use std::sync::Mutex;
 pub const MAX_KEPT_ROWS: usize = 1 << 20;
 
 /// The header `nvidia-smi --query-gpu=timestamp,index,power.draw,temperature.gpu,clocks.current.sm,
-/// clocks.current.memory,utilization.gpu,utilization.memory --format=csv` prints.
-pub const CSV_HEADER: &str = "timestamp, index, power.draw [W], temperature.gpu, clocks.current.sm [MHz], clocks.current.memory [MHz], utilization.gpu [%], utilization.memory [%]";
+/// clocks.current.memory,utilization.gpu,utilization.memory,memory.used --format=csv` prints.
+/// `memory.used` came last, after the rest: readers that take columns by position (files from
+/// before it have the first eight only) read the same columns as before.
+pub const CSV_HEADER: &str = "timestamp, index, power.draw [W], temperature.gpu, clocks.current.sm [MHz], clocks.current.memory [MHz], utilization.gpu [%], utilization.memory [%], memory.used [MiB]";
 
 /// The CSV files being written and the rows kept from them.
 pub(super) struct PowerCsv {
@@ -155,8 +158,12 @@ fn csv_row(unix_s: f64, s: &GpuSample) -> String {
     let temp = s.temperature_c.map_or_else(na, |t| format!("{t:.0}"));
     let mhz = |hz: Option<u64>| hz.map_or_else(na, |h| format!("{} MHz", h / 1_000_000));
     let pct = |r: Option<f64>| r.map_or_else(na, |r| format!("{:.0} %", r * 100.0));
+    // nvidia-smi's whole MiB (bytes >> 20).
+    let mib = s
+        .memory_used_bytes
+        .map_or_else(na, |b| format!("{} MiB", b >> 20));
     format!(
-        "{}, {}, {power}, {temp}, {}, {}, {}, {}\n",
+        "{}, {}, {power}, {temp}, {}, {}, {}, {}, {mib}\n",
         nvidia_smi_timestamp(unix_s),
         s.index,
         mhz(s.sm_clock_hz),
@@ -164,6 +171,52 @@ fn csv_row(unix_s: f64, s: &GpuSample) -> String {
         pct(s.utilization),
         pct(s.memory_utilization)
     )
+}
+
+/// One row's GPU memory used, as a CSV line gives it (absent: empty, unparseable or `[N/A]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryRow {
+    pub unix_s: Option<f64>,
+    pub gpu: Option<String>,
+    pub used_mib: Option<f64>,
+}
+
+/// The `memory.used` column of a power CSV: ours, or an nvidia-smi capture (`1234 MiB`, or bare
+/// `1234` with `--format=csv,nounits`). Columns are found by name (timestamp and GPU id as
+/// InferenceX finds them), wherever they are; `None` when the header has no timestamp or no
+/// `memory.used [MiB]` column, as in power CSVs written before memory was recorded.
+pub fn parse_memory_used(text: &str) -> Option<Vec<MemoryRow>> {
+    let mut lines = text.lines().filter(|l| !l.is_empty());
+    let header: Vec<String> = inferencex::fields(lines.next()?)
+        .into_iter()
+        .map(|f| f.trim().to_string())
+        .collect();
+    let (time, _, gpu) = inferencex::columns(&header);
+    let time = time?;
+    let used = header.iter().position(|h| {
+        let h = h.to_ascii_lowercase();
+        h == "memory.used [mib]" || h == "memory.used"
+    })?;
+    Some(
+        lines
+            .map(|l| {
+                let f = inferencex::fields(l);
+                let cell = |i: usize| f.get(i).map_or("", |s| s.trim());
+                MemoryRow {
+                    unix_s: inferencex::parse_timestamp(cell(time)),
+                    gpu: gpu.map(|g| cell(g).to_string()).filter(|g| !g.is_empty()),
+                    used_mib: inferencex::parse_power(cell(used))
+                        .filter(|m| m.is_finite() && *m >= 0.0),
+                }
+            })
+            .collect(),
+    )
+}
+
+/// `parse_memory_used` of a file; `None` also when it cannot be read (the power reader says why).
+pub fn read_memory_used(path: &std::path::Path) -> Option<Vec<MemoryRow>> {
+    let bytes = std::fs::read(path).ok()?;
+    parse_memory_used(&String::from_utf8_lossy(&bytes))
 }
 
 /// `2026/12/02 09:19:31.105` (UTC), nvidia-smi's timestamp format: milliseconds floored, as
@@ -203,8 +256,86 @@ mod tests {
         };
         assert_eq!(
             csv_row(1_796_210_437.105, &s),
-            "2026/12/02 11:20:37.105, 3, 123.46 W, 33, 1980 MHz, [N/A], 50 %, [N/A]\n"
+            "2026/12/02 11:20:37.105, 3, 123.46 W, 33, 1980 MHz, [N/A], 50 %, [N/A], [N/A]\n",
+            "memory used absent: [N/A], never 0 MiB"
         );
+        let s = GpuSample {
+            memory_used_bytes: Some((1234 << 20) + 1023),
+            ..s
+        };
+        assert_eq!(
+            csv_row(1_796_210_437.105, &s),
+            "2026/12/02 11:20:37.105, 3, 123.46 W, 33, 1980 MHz, [N/A], 50 %, [N/A], 1234 MiB\n",
+            "nvidia-smi's whole MiB, last"
+        );
+        assert_eq!(
+            CSV_HEADER.split(", ").count(),
+            csv_row(0.0, &s).split(", ").count()
+        );
+    }
+
+    #[test]
+    fn memory_used_reads_from_new_headers_and_nvidia_smi_captures_and_is_none_for_old_ones() {
+        let new = format!(
+            "{CSV_HEADER}\n2026/12/02 11:20:37.105, 0, 1.00 W, 33, [N/A], [N/A], [N/A], [N/A], 1234 MiB\n\
+             2026/12/02 11:20:37.205, 1, 1.00 W, 33, [N/A], [N/A], [N/A], [N/A], [N/A]\n"
+        );
+        let rows = parse_memory_used(&new).unwrap();
+        assert_eq!(
+            rows,
+            [
+                MemoryRow {
+                    unix_s: Some(1_796_210_437.105),
+                    gpu: Some("0".into()),
+                    used_mib: Some(1234.0)
+                },
+                MemoryRow {
+                    unix_s: Some(1_796_210_437.205),
+                    gpu: Some("1".into()),
+                    used_mib: None
+                },
+            ]
+        );
+        // nvidia-smi's own capture (`--format=csv,nounits`, memory.used third, no index).
+        let smi = "timestamp, power.draw [W], memory.used [MiB], memory.total [MiB]\n\
+                   2026/12/02 09:19:31.105, 82.35, 512, 143771\n";
+        let rows = parse_memory_used(smi).unwrap();
+        assert_eq!(rows[0].used_mib, Some(512.0));
+        assert_eq!(rows[0].gpu, None);
+        // The header written before memory was recorded: no memory series, not zeros.
+        let old = "timestamp, index, power.draw [W], temperature.gpu, clocks.current.sm [MHz], clocks.current.memory [MHz], utilization.gpu [%], utilization.memory [%]\n\
+                   2026/12/02 11:20:37.105, 0, 1.00 W, 33, [N/A], [N/A], [N/A], [N/A]\n";
+        assert_eq!(parse_memory_used(old), None);
+        assert_eq!(parse_memory_used(""), None);
+    }
+
+    /// InferenceX's reader (ours, `inferencex::parse_csv`) takes the same timestamp, GPU and power
+    /// from a row with the memory column as from the same row without it.
+    #[test]
+    fn the_memory_column_leaves_the_power_reading_unchanged() {
+        let s = GpuSample {
+            index: 2,
+            power_w: Some(412.345),
+            memory_used_bytes: Some(80 << 30),
+            ..GpuSample::default()
+        };
+        let with = format!("{CSV_HEADER}\n{}", csv_row(1_796_210_437.105, &s));
+        let old_header = CSV_HEADER.trim_end_matches(", memory.used [MiB]");
+        let row = csv_row(1_796_210_437.105, &s);
+        let without = format!(
+            "{old_header}\n{}\n",
+            row.trim_end().trim_end_matches(", 81920 MiB")
+        );
+        let (a, b) = (
+            inferencex::parse_csv(&with),
+            inferencex::parse_csv(&without),
+        );
+        let (inferencex::Telemetry::Rows(a), inferencex::Telemetry::Rows(b)) = (a, b) else {
+            panic!("unusable");
+        };
+        assert_eq!(a, b);
+        assert_eq!(a[0].power_w, Some(412.35));
+        assert!(without.lines().nth(1).unwrap().ends_with("[N/A]"));
     }
 
     #[test]

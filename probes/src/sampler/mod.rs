@@ -17,7 +17,9 @@ mod stats;
 mod thread;
 mod window;
 
-pub use csv::{nvidia_smi_timestamp, CSV_HEADER, MAX_KEPT_ROWS};
+pub use csv::{
+    nvidia_smi_timestamp, parse_memory_used, read_memory_used, MemoryRow, CSV_HEADER, MAX_KEPT_ROWS,
+};
 pub use stats::GpuWindow;
 
 use crate::gpu::{GpuError, GpuProbe, GpuSample, Want};

@@ -20,7 +20,7 @@ pub struct Inputs<'a> {
 pub const SECTIONS: &[(&str, &str)] = &[
     ("identity", "Run"),
     ("startup", "Start-up"),
-    ("gpu", "GPU power over time"),
+    ("gpu", "GPU power and memory over time"),
     ("latency", "Latency and throughput per window"),
     ("batches", "The server's batch series"),
     ("flags", "Flags audit and deprecations"),
@@ -238,47 +238,73 @@ fn window_spans(r: &Value) -> Vec<(f64, f64, String)> {
         .collect()
 }
 
+/// GPU power, then memory used, per GPU over time from the power CSV, on one time axis (from the
+/// CSV's first sample), the windows shaded on both; each plot in its own `<div id=...>`
+/// (`gpu-power`, `gpu-memory`), or one line saying why there is none.
 fn gpu(r: &Value, inputs: &Inputs) -> String {
+    use sglang_probes::inferencex::{read_csv, Telemetry};
     let Some(csv) = inputs.power_csv else {
-        return "<p class=\"note\">No power series: give the run's power CSV (--power-csv).</p>"
+        return "<p class=\"note\">No power or memory series: give the run's power CSV (--power-csv).</p>"
             .into();
     };
-    let rows = match sglang_probes::inferencex::read_csv(csv) {
-        sglang_probes::inferencex::Telemetry::Rows(rows) => rows,
-        sglang_probes::inferencex::Telemetry::Unusable(why) => {
-            return format!(
-                "<p class=\"note\">{}: unusable ({})</p>",
-                esc(&csv.display().to_string()),
-                why.join(", ")
-            )
-        }
+    let power = read_csv(csv);
+    let memory = sglang_probes::sampler::read_memory_used(csv);
+    let power_t = match &power {
+        Telemetry::Rows(rows) => rows.iter().filter_map(|r| r.unix_s).collect(),
+        Telemetry::Unusable(_) => Vec::new(),
     };
-    let t0 = rows
-        .iter()
-        .filter_map(|r| r.unix_s)
-        .fold(f64::MAX, f64::min);
-    let mut by: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for row in &rows {
-        if let (Some(t), Some(p)) = (row.unix_s, row.power_w) {
-            by.entry(format!("GPU {}", row.gpu.as_deref().unwrap_or("?")))
-                .or_default()
-                .push((t - t0, p));
-        }
-    }
-    let series: Vec<Series> = by.into_iter().collect();
+    let memory_t = memory.iter().flatten().filter_map(|r| r.unix_s);
+    let t0 = power_t.into_iter().chain(memory_t).fold(f64::MAX, f64::min);
     let shade: Vec<(f64, f64, String)> = window_spans(r)
         .into_iter()
         .map(|(a, b, n)| (a - t0, b - t0, n))
         .collect();
-    let mut out = plot::lines(
-        "GPU power (windows shaded)",
-        "seconds since the first sample",
-        "W",
-        &series,
-        &shade,
-    );
-    out.push_str("<p class=\"note\">Memory is not in the power CSV; the windows' energy and the teardown's memory check are below.</p>");
-    out
+    let x = "seconds since the first sample";
+    let power = match power {
+        Telemetry::Rows(rows) => {
+            let pts = rows
+                .iter()
+                .filter_map(|row| Some((row.unix_s?, row.gpu.as_deref(), row.power_w?)));
+            plot::lines(
+                "GPU power (windows shaded)",
+                x,
+                "W",
+                &per_gpu(t0, pts),
+                &shade,
+            )
+        }
+        Telemetry::Unusable(why) => format!(
+            "<p class=\"note\">{}: unusable ({})</p>",
+            esc(&csv.display().to_string()),
+            why.join(", ")
+        ),
+    };
+    let memory = match memory {
+        None => "<p class=\"note\">No GPU memory series: this power CSV has no memory.used column (written before memory was recorded).</p>".to_string(),
+        Some(rows) => {
+            let pts = rows
+                .iter()
+                .filter_map(|row| Some((row.unix_s?, row.gpu.as_deref(), row.used_mib? / 1024.0)));
+            let series = per_gpu(t0, pts);
+            if series.is_empty() {
+                "<p class=\"note\">No GPU memory series: the GPU library gave no memory reading ([N/A] in the power CSV).</p>".to_string()
+            } else {
+                plot::lines("GPU memory used (windows shaded)", x, "GiB", &series, &shade)
+            }
+        }
+    };
+    format!("<div id=\"gpu-power\">{power}</div><div id=\"gpu-memory\">{memory}</div>")
+}
+
+/// (unix seconds, GPU id, value) → one line per GPU, in seconds from `t0`.
+fn per_gpu<'a>(t0: f64, pts: impl Iterator<Item = (f64, Option<&'a str>, f64)>) -> Vec<Series> {
+    let mut by: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for (t, gpu, v) in pts {
+        by.entry(format!("GPU {}", gpu.unwrap_or("?")))
+            .or_default()
+            .push((t - t0, v));
+    }
+    by.into_iter().collect()
 }
 
 fn latency(r: &Value, inputs: &Inputs) -> String {
@@ -701,5 +727,79 @@ mod tests {
                 .map(|(i, _)| &html[i..i + 8])
                 .collect::<Vec<_>>()
         );
+    }
+
+    /// The GPU section's two plots from one power CSV: the new header (memory.used last) gives
+    /// power and memory per GPU; the old one (no memory column) and a CSV of `[N/A]` memory give
+    /// the power plot and one line saying why there is no memory plot.
+    #[test]
+    fn the_gpu_section_plots_memory_used_under_power_from_new_csvs_and_says_why_not_for_old_ones() {
+        let dir = std::env::temp_dir().join(format!("html-gpu-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let old_header = "timestamp, index, power.draw [W], temperature.gpu, clocks.current.sm [MHz], clocks.current.memory [MHz], utilization.gpu [%], utilization.memory [%]";
+        let rows = |memory: &dyn Fn(u32, u32) -> String| -> String {
+            let mut out = String::new();
+            for i in 0..20u32 {
+                for g in 0..2 {
+                    out += &format!(
+                        "1970/01/01 00:00:{:02}.{:03}, {g}, {}.00 W, 33, 1980 MHz, 3201 MHz, 42 %, 7 %{}\n",
+                        10 + i / 10,
+                        (i % 10) * 100,
+                        100 + i,
+                        memory(i, g)
+                    );
+                }
+            }
+            out
+        };
+        let new = format!(
+            "{}\n{}",
+            sglang_probes::sampler::CSV_HEADER,
+            rows(&|i, g| format!(", {} MiB", 1024 * (g + 1) + 10 * i))
+        );
+        let na = format!(
+            "{}\n{}",
+            sglang_probes::sampler::CSV_HEADER,
+            rows(&|_, _| ", [N/A]".into())
+        );
+        let old = format!("{old_header}\n{}", rows(&|_, _| String::new()));
+        let r = json!({"windows": [{"name": "c8", "requests": {"benchmark_start_time_unix": 10.5, "benchmark_end_time_unix": 11.2}}]});
+        let section_of = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            gpu(
+                &r,
+                &Inputs {
+                    power_csv: Some(&path),
+                    requests_log: None,
+                },
+            )
+        };
+        let html = section_of("new.csv", &new);
+        let (power, memory) = html.split_once("<div id=\"gpu-memory\">").unwrap();
+        for (part, caption) in [
+            (power, "GPU power (windows shaded)"),
+            (memory, "GPU memory used (windows shaded)"),
+        ] {
+            assert_eq!(part.matches("<svg").count(), 1, "{part}");
+            assert!(part.contains(caption), "{part}");
+            // plotters writes a text's content on a line of its own
+            let label = |t: &str| part.contains(&format!(">\n{t}\n</text>"));
+            assert!(label("GPU 0") && label("GPU 1"), "a line per GPU: {part}");
+            assert!(label("c8"), "the window shaded and named: {part}");
+        }
+        assert!(memory.contains(">\nGiB\n</text>"), "{memory}");
+        for (name, text, why) in [
+            ("old.csv", &old, "has no memory.used column"),
+            ("na.csv", &na, "gave no memory reading"),
+        ] {
+            let html = section_of(name, text);
+            let (power, memory) = html.split_once("<div id=\"gpu-memory\">").unwrap();
+            assert_eq!(power.matches("<svg").count(), 1, "{name}: {power}");
+            assert!(!memory.contains("<svg"), "{name}: {memory}");
+            assert_eq!(memory.matches("<p class=\"note\">").count(), 1, "{name}");
+            assert!(memory.contains(why), "{name}: {memory}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

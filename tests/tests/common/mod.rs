@@ -26,6 +26,37 @@ pub fn supervisor_bin() -> PathBuf {
     bin
 }
 
+/// Compile `tests/stubs/<src>` (stand-ins for libnvidia-ml and librocm_smi64, so the real
+/// loading code paths run without a GPU) into a shared library named `name` (once per test binary).
+pub fn build_stub(src: &str, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sglsup-stubs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = dir.join(name);
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("stubs")
+        .join(src);
+    let st = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(st.success(), "compiling {}", src.display());
+    lib
+}
+
+/// The NVML stub (`tests/stubs/nvml_stub.c`), for `--nvml-lib`.
+pub fn stub_lib() -> &'static PathBuf {
+    static LIB: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    LIB.get_or_init(|| build_stub("nvml_stub.c", "libnvidia-ml.so.1"))
+}
+
+/// The ROCm SMI stub (`tests/stubs/rocm_smi_stub.c`), for `--rocm-lib`.
+pub fn rocm_stub() -> &'static PathBuf {
+    static LIB: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    LIB.get_or_init(|| build_stub("rocm_smi_stub.c", "librocm_smi64.so.1"))
+}
+
 pub fn replay_bin() -> &'static str {
     env!("CARGO_BIN_EXE_sglang-replay")
 }
