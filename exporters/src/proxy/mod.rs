@@ -751,4 +751,32 @@ mod exactly_once_tests {
         assert_eq!(n, 240);
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// SGLang sends one chunk per event; a client parses what it is sent. Chunks that arrive in
+    /// one read (here all of them, in one write) reach the client as the server framed them, byte
+    /// for byte on the wire (but the hex case of the sizes): not joined into one chunk.
+    #[tokio::test]
+    async fn chunks_that_arrive_together_reach_the_client_framed_as_the_server_framed_them() {
+        let upstream = server(Framing::Chunked).await;
+        let metrics = ProxyMetrics::register(&mut Default::default());
+        let stats = Arc::new(crate::report::RequestStats::default());
+        let proxy = start(
+            "127.0.0.1:0",
+            &format!("http://{upstream}"),
+            metrics,
+            stats,
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+        let got = ask(proxy, Client::CloseReadToEof, Framing::Chunked).await;
+        let (sent, _) = answer(Framing::Chunked);
+        let body = |b: &[u8]| b[memchr::memmem::find(b, b"\r\n\r\n").unwrap() + 4..].to_vec();
+        // hyper writes a chunk's size in upper-case hex, h11 (uvicorn) in lower-case.
+        assert_eq!(
+            String::from_utf8_lossy(&body(&got)).to_lowercase(),
+            String::from_utf8_lossy(&body(&sent)).to_lowercase()
+        );
+    }
 }

@@ -7,9 +7,9 @@
 //! The upstream connection is driven by the task that serves its client connection, not by a
 //! task of its own: hyper's client hands a response body over one chunk at a time through a
 //! channel, so a connection task of its own meant two task wake-ups and one client write per SSE
-//! event. Driven here, one poll drains every event the last read brought ([`Driven`]) and the
-//! client gets them in one write, as a direct connection or a byte relay gives them.
-use bytes::BytesMut;
+//! event. Driven here, the events one read brought are given in turn within one poll of the
+//! client connection ([`Driven`]) and leave in one write, as a direct connection or a byte relay
+//! gives them.
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{handshake, Connection, SendRequest};
 use hyper::{Request, Response};
@@ -184,13 +184,15 @@ where
 }
 
 /// An answer's body read by the client connection's own task: each poll drives the upstream
-/// connection and takes every chunk its buffered bytes hold, and gives them as one frame.
+/// connection and gives the next chunk it has read. Chunks stay as the server framed them (one
+/// client chunk per server chunk, byte for byte on the wire): hyper's server polls the body again
+/// while it can buffer, so what one read brought still leaves in one write. Joining them changed
+/// what the benchmark client parses (fewer, larger chunks than SGLang sends).
 pub(crate) struct Driven<B: Body + 'static> {
     body: Incoming,
     lent: Lent<B>,
-    /// A trailers frame that came after data in the same poll: given next.
-    next: Option<Frame<Bytes>>,
-    /// An error that came after data.
+    /// The server's connection failed: given after one more poll, in which hyper writes the
+    /// chunks it holds for the client.
     failed: Deferred<hyper::Error>,
 }
 
@@ -208,7 +210,6 @@ where
         Driven {
             body,
             lent,
-            next: None,
             failed: Deferred::default(),
         }
     }
@@ -228,13 +229,9 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
-        if let Some(f) = this.next.take() {
-            return Poll::Ready(Some(Ok(f)));
-        }
         if let Some(p) = this.failed.poll(cx) {
             return p;
         }
-        let mut batch = Batch::default();
         // The body asks the connection for more only when polled empty: one more round after a
         // first empty poll lets the connection answer that ask from what it has read.
         let mut asked = false;
@@ -243,100 +240,37 @@ where
                 c.drive(cx);
             }
             match Pin::new(&mut this.body).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => {
-                        batch.push(data);
-                        asked = false;
-                    }
-                    Err(other) => match batch.take() {
-                        Some(data) => {
-                            this.next = Some(other);
-                            return Poll::Ready(Some(Ok(Frame::data(data))));
+                Poll::Ready(Some(Err(e))) => {
+                    this.failed.set(e);
+                    return this.failed.poll(cx).unwrap_or(Poll::Pending);
+                }
+                Poll::Ready(Some(frame)) => {
+                    if this.body.is_end_stream() {
+                        // Polled again, the body would say so; a body whose length is reached
+                        // may not be.
+                        if let Some(c) = this.lent.conn.as_mut() {
+                            c.drive(cx);
                         }
-                        None => return Poll::Ready(Some(Ok(other))),
-                    },
-                },
-                Poll::Ready(Some(Err(e))) => match batch.take() {
-                    Some(data) => {
-                        this.failed.set(e);
-                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                        this.lent.finish();
                     }
-                    None => return Poll::Ready(Some(Err(e))),
-                },
+                    return Poll::Ready(Some(frame));
+                }
                 Poll::Ready(None) => {
                     this.lent.finish();
-                    return batch.or(Poll::Ready(None));
+                    return Poll::Ready(None);
                 }
-                Poll::Pending if !asked && batch.is_empty() => asked = true,
-                Poll::Pending => {
-                    return batch.or(Poll::Pending);
-                }
-            }
-            if this.body.is_end_stream() {
-                // Polled again, the body would say so; a body whose length is reached may not be.
-                if let Some(c) = this.lent.conn.as_mut() {
-                    c.drive(cx);
-                }
-                this.lent.finish();
-                return batch.or(Poll::Ready(None));
+                Poll::Pending if !asked => asked = true,
+                Poll::Pending => return Poll::Pending,
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.next.is_none() && !self.failed.holds() && self.body.is_end_stream()
+        !self.failed.holds() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
-    }
-}
-
-/// The chunks of one poll: the first kept as it is (no copy for the common single chunk), more
-/// joined.
-#[derive(Default)]
-struct Batch {
-    first: Option<Bytes>,
-    more: Option<BytesMut>,
-}
-
-impl Batch {
-    fn push(&mut self, data: Bytes) {
-        match (&self.first, &mut self.more) {
-            (None, _) => self.first = Some(data),
-            (Some(_), Some(m)) => m.extend_from_slice(&data),
-            (Some(f), None) => {
-                let mut m = BytesMut::with_capacity(2 * (f.len() + data.len()));
-                m.extend_from_slice(f);
-                m.extend_from_slice(&data);
-                self.more = Some(m);
-            }
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.first.is_none()
-    }
-
-    /// The gathered data as a frame, or `none` when there is none.
-    fn or(
-        mut self,
-        none: Poll<Option<Result<Frame<Bytes>, hyper::Error>>>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match self.take() {
-            Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
-            None => none,
-        }
-    }
-
-    fn take(&mut self) -> Option<Bytes> {
-        match self.more.take() {
-            Some(m) => {
-                self.first = None;
-                Some(m.freeze())
-            }
-            None => self.first.take(),
-        }
     }
 }
 
