@@ -21,6 +21,55 @@ struct Stream {
     events: u64,
 }
 
+/// HTTP/1.1 chunked transfer coding taken off incrementally: the head, then each chunk's size
+/// line, its data, and the CRLF after it.
+#[derive(Default)]
+struct Dechunk {
+    /// Bytes of the size line (or of the head) seen so far.
+    line: Vec<u8>,
+    in_body: bool,
+    /// Data bytes left in the current chunk, then 2 for its CRLF.
+    left: usize,
+    crlf: usize,
+}
+
+impl Dechunk {
+    fn feed(&mut self, mut data: &[u8], out: &mut Vec<u8>) {
+        while !data.is_empty() {
+            if self.left > 0 {
+                let n = self.left.min(data.len());
+                out.extend_from_slice(&data[..n]);
+                self.left -= n;
+                data = &data[n..];
+                if self.left == 0 {
+                    self.crlf = 2;
+                }
+            } else if self.crlf > 0 {
+                let n = self.crlf.min(data.len());
+                self.crlf -= n;
+                data = &data[n..];
+            } else {
+                let b = data[0];
+                data = &data[1..];
+                self.line.push(b);
+                if !self.in_body {
+                    if self.line.ends_with(b"\r\n\r\n") {
+                        self.in_body = true;
+                        self.line.clear();
+                    }
+                } else if self.line.ends_with(b"\r\n") {
+                    let size = std::str::from_utf8(&self.line[..self.line.len() - 2])
+                        .ok()
+                        .and_then(|l| usize::from_str_radix(l.split(';').next()?.trim(), 16).ok())
+                        .unwrap_or(0);
+                    self.left = size;
+                    self.line.clear();
+                }
+            }
+        }
+    }
+}
+
 fn one(addr: &str, path: &str, body: &str) -> std::io::Result<Stream> {
     let mut s = TcpStream::connect(addr)?;
     s.set_nodelay(true)?;
@@ -33,14 +82,17 @@ fn one(addr: &str, path: &str, body: &str) -> std::io::Result<Stream> {
     let mut buf = vec![0u8; 64 << 10];
     let (mut first, mut last, mut max_gap, mut events) = (None, t0, Duration::ZERO, 0u64);
     let mut carry = Vec::with_capacity(buf.len() + 5);
+    let mut dechunk = Dechunk::default();
     loop {
         let n = s.read(&mut buf)?;
         if n == 0 {
             break;
         }
         let now = Instant::now();
-        // An event's "data: " may be split between reads: count over the last read's tail too.
-        carry.extend_from_slice(&buf[..n]);
+        // Events are counted in the body as sent (the chunk framing taken off: a proxy may cut a
+        // server's chunk in two where it arrived in two reads), and an event's "data: " may be
+        // split between reads: count over the last read's tail too.
+        dechunk.feed(&buf[..n], &mut carry);
         let k = carry.windows(6).filter(|w| w == b"data: ").count() as u64;
         carry.drain(..carry.len().saturating_sub(5));
         if k > 0 {
