@@ -18,12 +18,14 @@ pub(crate) struct Shards {
     next: AtomicUsize,
 }
 
-/// A quarter of the cores, one to four: on the 16-core H200 host two shards saturated at 1024
+/// A quarter of the cores, two to four: on the 16-core H200 host two shards saturated at 1024
 /// streams of 250 events/s each (+13 ms on the largest inter-chunk gap), and a thread per core
-/// would compete with the server and the benchmark client.
+/// would compete with the server and the benchmark client. Never one: the scheduler shares a
+/// busy core per thread, and a server of hundreds of threads starved a lone proxy thread on two
+/// cores (+650 ms on the largest gap per stream); idle shards cost nothing.
 pub(crate) fn shard_count() -> usize {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    (cores / 4).clamp(1, 4)
+    (cores / 4).clamp(2, 4)
 }
 
 impl Shards {
