@@ -208,9 +208,9 @@ fn init_tracing(format: LogFormat) {
     }
 }
 
-/// Async worker threads: two, and up to four on large hosts, where a proxy carrying a thousand
-/// streams needs more than two cores' worth of socket work to keep up (the threads sleep when idle).
+/// Async worker threads: two. The proxy's connections run on threads of their own
+/// (`sglang_exporters::proxy`), so what is left here (the metrics server, the lifecycle, the
+/// sampler's hand-offs) never needs more, and idle workers woken to steal work cost CPU.
 fn runtime_threads() -> usize {
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    (cores / 4).clamp(2, 4)
+    2
 }
