@@ -120,21 +120,23 @@ fn probe(env: &[(&str, &str)], extra: &[&str]) -> Output {
     c.output().unwrap()
 }
 
-#[test]
-fn probe_reads_every_field_and_leaves_unsupported_ones_out() {
-    let out = probe(
-        &[
-            ("STUB_NVML_GPUS", "2"),
-            ("STUB_NVML_PROCS", "4242:2147483648"),
-        ],
-        &["--json"],
-    );
+/// `probe --json` that succeeded, parsed.
+fn probe_json(env: &[(&str, &str)]) -> Value {
+    let out = probe(env, &["--json"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn probe_reads_every_field_and_leaves_unsupported_ones_out() {
+    let v = probe_json(&[
+        ("STUB_NVML_GPUS", "2"),
+        ("STUB_NVML_PROCS", "4242:2147483648"),
+    ]);
     let gpus = v.as_array().unwrap();
     assert_eq!(gpus.len(), 2);
     let g = &gpus[1];
@@ -331,20 +333,11 @@ fn memory_used_the_library_does_not_give_is_na_in_the_csv_and_absent_never_zero(
 /// whose `used` counts the driver's reserved memory (64 MiB in the stub) as such drivers do.
 #[test]
 fn nvml_memory_falls_back_to_the_v1_call_where_v2_is_missing() {
-    let out = probe(
-        &[
-            ("STUB_NVML_GPUS", "2"),
-            ("STUB_NVML_MEM_USED_MIB", "1000"),
-            ("STUB_NVML_MEMORY", "v1"),
-        ],
-        &["--json"],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = probe_json(&[
+        ("STUB_NVML_GPUS", "2"),
+        ("STUB_NVML_MEM_USED_MIB", "1000"),
+        ("STUB_NVML_MEMORY", "v1"),
+    ]);
     assert_eq!(v[0]["memory_used_bytes"], (1000u64 + 64) << 20);
     assert_eq!(v[1]["memory_used_bytes"], (2000u64 + 64) << 20);
     assert_eq!(v[1]["memory_total_bytes"], 150754820096u64);
