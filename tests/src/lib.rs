@@ -17,6 +17,66 @@ pub struct Timed {
     pub total: Duration,
 }
 
+/// HTTP/1.1 chunked transfer coding taken off incrementally: the head, then each chunk's size
+/// line, its data, and the CRLF after it.
+#[derive(Default)]
+pub struct Dechunk {
+    /// Bytes of the size line (or of the head) seen so far.
+    line: Vec<u8>,
+    in_body: bool,
+    /// Data bytes left in the current chunk, then 2 for its CRLF.
+    left: usize,
+    crlf: usize,
+}
+
+impl Dechunk {
+    pub fn feed(&mut self, mut data: &[u8], out: &mut Vec<u8>) {
+        while !data.is_empty() {
+            if self.left > 0 {
+                let n = self.left.min(data.len());
+                out.extend_from_slice(&data[..n]);
+                self.left -= n;
+                data = &data[n..];
+                if self.left == 0 {
+                    self.crlf = 2;
+                }
+            } else if self.crlf > 0 {
+                let n = self.crlf.min(data.len());
+                self.crlf -= n;
+                data = &data[n..];
+            } else {
+                let b = data[0];
+                data = &data[1..];
+                self.line.push(b);
+                if !self.in_body {
+                    if self.line.ends_with(b"\r\n\r\n") {
+                        self.in_body = true;
+                        self.line.clear();
+                    }
+                } else if self.line.ends_with(b"\r\n") {
+                    let size = std::str::from_utf8(&self.line[..self.line.len() - 2])
+                        .ok()
+                        .and_then(|l| usize::from_str_radix(l.split(';').next()?.trim(), 16).ok())
+                        .unwrap_or(0);
+                    self.left = size;
+                    self.line.clear();
+                }
+            }
+        }
+    }
+}
+
+/// A whole chunked body (after the head) with the framing taken off: what a client reads.
+pub fn dechunked(body: &[u8]) -> Vec<u8> {
+    let mut d = Dechunk {
+        in_body: true,
+        ..Dechunk::default()
+    };
+    let mut out = Vec::with_capacity(body.len());
+    d.feed(body, &mut out);
+    out
+}
+
 /// POST `body` to `path` on `addr` (HOST:PORT), `Connection: close`, and time the answer.
 pub fn post_timed(addr: &str, path: &str, body: &str) -> std::io::Result<Timed> {
     let mut s = TcpStream::connect(addr)?;

@@ -8,7 +8,7 @@
 //! server's own CPU per event it wrote in the direct rounds is printed beside the proxy's: the
 //! floor a userspace forwarder of the same bytes over loopback cannot go below by much (a write
 //! per event, and the wake-up of the reader it delivers to).
-use sglang_supervisor_tests::median;
+use sglang_supervisor_tests::{median, Dechunk};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -19,55 +19,6 @@ struct Stream {
     e2e: f64,
     max_gap: f64,
     events: u64,
-}
-
-/// HTTP/1.1 chunked transfer coding taken off incrementally: the head, then each chunk's size
-/// line, its data, and the CRLF after it.
-#[derive(Default)]
-struct Dechunk {
-    /// Bytes of the size line (or of the head) seen so far.
-    line: Vec<u8>,
-    in_body: bool,
-    /// Data bytes left in the current chunk, then 2 for its CRLF.
-    left: usize,
-    crlf: usize,
-}
-
-impl Dechunk {
-    fn feed(&mut self, mut data: &[u8], out: &mut Vec<u8>) {
-        while !data.is_empty() {
-            if self.left > 0 {
-                let n = self.left.min(data.len());
-                out.extend_from_slice(&data[..n]);
-                self.left -= n;
-                data = &data[n..];
-                if self.left == 0 {
-                    self.crlf = 2;
-                }
-            } else if self.crlf > 0 {
-                let n = self.crlf.min(data.len());
-                self.crlf -= n;
-                data = &data[n..];
-            } else {
-                let b = data[0];
-                data = &data[1..];
-                self.line.push(b);
-                if !self.in_body {
-                    if self.line.ends_with(b"\r\n\r\n") {
-                        self.in_body = true;
-                        self.line.clear();
-                    }
-                } else if self.line.ends_with(b"\r\n") {
-                    let size = std::str::from_utf8(&self.line[..self.line.len() - 2])
-                        .ok()
-                        .and_then(|l| usize::from_str_radix(l.split(';').next()?.trim(), 16).ok())
-                        .unwrap_or(0);
-                    self.left = size;
-                    self.line.clear();
-                }
-            }
-        }
-    }
 }
 
 fn one(addr: &str, path: &str, body: &str) -> std::io::Result<Stream> {
