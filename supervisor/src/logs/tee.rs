@@ -28,8 +28,8 @@ const CHUNK: usize = 256 * 1024;
 pub const MAX_PARSED_LINE: usize = 1024 * 1024;
 /// Chunks the terminal copy may fall behind before it drops (bounded memory: 16 × 256 KiB).
 const TERMINAL_QUEUE_CHUNKS: usize = 16;
-/// Read buffers the terminal writer hands back for reuse, at most.
-const SPARE_BUFFERS: usize = 4;
+/// Read buffers kept for reuse by whoever held them last, at most.
+const SPARE_BUFFERS: usize = 8;
 /// When a multi-line message is open and the pipe is quiet this long, close it.
 const CAPTURE_IDLE_MS: u16 = 200;
 /// Bytes of recent output kept in memory for diagnoses.
@@ -310,7 +310,26 @@ pub struct TerminalCopy {
     lossless: bool,
     pending: Arc<AtomicU64>,
     pub dropped: Arc<AtomicU64>,
-    spare: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+/// Read buffers handed back by their last holder, so a busy log does not allocate (and fault in)
+/// a fresh 256 KiB buffer per read.
+static SPARE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+
+/// A `CHUNK`-byte buffer to read into: one handed back, or a new one.
+fn spare_buffer() -> Vec<u8> {
+    lock(&SPARE).pop().unwrap_or_else(|| vec![0; CHUNK])
+}
+
+/// Done with `chunk`: a read buffer goes back for reuse if this was its last holder. `into_inner`
+/// (not `try_unwrap`) so that, of two holders letting go at once, exactly one gets it back.
+fn recycle(chunk: Arc<Vec<u8>>) {
+    if let Some(buf) = Arc::into_inner(chunk) {
+        let mut spare = lock(&SPARE);
+        if buf.len() == CHUNK && spare.len() < SPARE_BUFFERS {
+            spare.push(buf);
+        }
+    }
 }
 
 /// The process-wide writers of fd 1 and fd 2.
@@ -325,9 +344,8 @@ impl TerminalCopy {
     fn start(fd: i32) -> TerminalCopy {
         let dropped = Arc::new(AtomicU64::new(0));
         let pending = Arc::new(AtomicU64::new(0));
-        let spare = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = sync_channel::<(Arc<Vec<u8>>, usize)>(TERMINAL_QUEUE_CHUNKS);
-        let (d, p, sp) = (dropped.clone(), pending.clone(), spare.clone());
+        let (d, p) = (dropped.clone(), pending.clone());
         let dup = if fd == 1 {
             nix::unistd::dup(std::io::stdout())
         } else {
@@ -348,13 +366,7 @@ impl TerminalCopy {
                         d.fetch_add(n as u64, Ordering::Relaxed);
                     }
                     p.fetch_sub(1, Ordering::Release);
-                    // The reader is done with it too: a read buffer goes back for reuse.
-                    if let Ok(buf) = Arc::try_unwrap(chunk) {
-                        let mut spare = lock(&sp);
-                        if buf.len() == CHUNK && spare.len() < SPARE_BUFFERS {
-                            spare.push(buf);
-                        }
-                    }
+                    recycle(chunk);
                 }
             });
         match started {
@@ -363,21 +375,14 @@ impl TerminalCopy {
                 lossless,
                 pending,
                 dropped,
-                spare,
             },
             Err(_) => TerminalCopy {
                 tx: None,
                 lossless,
                 pending,
                 dropped,
-                spare,
             },
         }
-    }
-
-    /// A `CHUNK`-byte buffer to read into: one the writer is done with, or a new one.
-    fn buffer(&self) -> Vec<u8> {
-        lock(&self.spare).pop().unwrap_or_else(|| vec![0; CHUNK])
     }
 
     pub fn offer(&self, bytes: &[u8]) {
@@ -552,8 +557,7 @@ fn read_loop(
         nix::fcntl::FcntlArg::F_SETPIPE_SZ(CHUNK as libc::c_int),
     );
     let mut file = File::from(fd);
-    let new_buffer = || terminal.map_or_else(|| vec![0u8; CHUNK], TerminalCopy::buffer);
-    let mut buf = new_buffer();
+    let mut buf = spare_buffer();
     let mut framer = LineFramer::new(MAX_PARSED_LINE);
     let mut parser = LogParser::new();
     let mut bytes = 0u64;
@@ -592,7 +596,7 @@ fn read_loop(
                     &mut parser,
                     &mut emit,
                 );
-                buf = Arc::try_unwrap(chunk).unwrap_or_else(|_| new_buffer());
+                buf = Arc::into_inner(chunk).unwrap_or_else(spare_buffer);
             }
             Some(r) => {
                 let red = r.feed(&buf[..n]);
