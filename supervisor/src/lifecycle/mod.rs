@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::time::sleep_until;
 
-/// How long the readers may take to drain after the tree is dead.
+/// How long the log threads may take to drain after the tree is dead.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long teardown waits for killed processes to disappear before calling them leftovers.
 const KILL_WAIT: Duration = Duration::from_secs(2);
@@ -431,6 +431,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
 
 /// The child's output readers, its exit and the sentinel: what watches the running server.
 struct Watch {
+    /// The pipes' readers, then the log parser thread (when there is one): the order to join.
     readers: Vec<std::thread::JoinHandle<StreamStats>>,
     log_rx: mpsc::UnboundedReceiver<Timed>,
     exit_rx: tokio::sync::oneshot::Receiver<ExitStatus>,
@@ -496,18 +497,15 @@ impl Watch {
         );
         let (log_tx, log_rx) = mpsc::unbounded_channel::<Timed>();
         let tee_to = |fd| (!args.no_tee).then(|| tee::terminal(fd));
-        let mut readers = Vec::new();
-        for (stream, fd, term) in [
+        let pipes = [
             (tee::Stream::Stdout, spawned.stdout, tee_to(1)),
             (tee::Stream::Stderr, spawned.stderr, tee_to(2)),
-        ] {
-            if let Some(fd) = fd {
-                readers.push(
-                    tee::spawn_reader(stream, fd, shared.clone(), term, log_tx.clone())
-                        .context("starting a log reader thread")?,
-                );
-            }
-        }
+        ]
+        .into_iter()
+        .filter_map(|(stream, fd, term)| Some((stream, fd?, term)))
+        .collect();
+        let readers = tee::spawn_log_threads(pipes, &shared, &log_tx)
+            .context("starting a log reader thread")?;
         Ok(Watch {
             readers,
             log_rx,
@@ -1132,6 +1130,8 @@ impl Supervision {
     }
 }
 
+/// Waits for the log threads in order: the readers, then the parser thread, which ends once it
+/// has parsed every read they handed it. So when this returns, every event is in `log_rx`.
 async fn join_readers(readers: Vec<std::thread::JoinHandle<StreamStats>>) -> Vec<StreamStats> {
     let joined = tokio::task::spawn_blocking(move || {
         readers

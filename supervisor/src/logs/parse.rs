@@ -334,6 +334,16 @@ pub struct ParseStats {
     pub truncated_lines: u64,
 }
 
+impl ParseStats {
+    /// Another parser's counts added to these (the report sums every pipe's).
+    pub fn add(&mut self, other: &ParseStats) {
+        self.lines += other.lines;
+        self.progress_lines += other.progress_lines;
+        self.non_utf8_lines += other.non_utf8_lines;
+        self.truncated_lines += other.truncated_lines;
+    }
+}
+
 /// Parser state for one stream (stdout or stderr: a traceback never spans both).
 #[derive(Default)]
 pub struct LogParser {

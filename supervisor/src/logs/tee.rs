@@ -5,7 +5,11 @@
 //! streams under a lock, so the file keeps arrival order), a non-blocking hand-off to a terminal
 //! writer thread (a bounded queue: when a terminal or pipe is slower than the child, the terminal
 //! copy drops chunks and counts them; the log file never does, nor a copy to a file or /dev/null,
-//! which cannot stall), then line framing and parsing in place.
+//! which cannot stall), then the same buffer to one parser thread for both pipes (line framing
+//! and parsing, in read order), so that reading and writing overlap parsing instead of adding to
+//! it. The parser's queue is bounded and never drops: a parser that falls behind makes the
+//! readers wait, a few reads ahead at most. When the OS refuses the parser thread, each reader
+//! parses its own reads in place.
 use super::parse::{batch_fields, is_plain, BatchKind, LogEvent, LogParser, LogSink, ParseStats};
 use crate::events::FatalReason;
 use crate::redact::{Secrets, StreamRedactor};
@@ -17,9 +21,11 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, SendError, SyncSender, TrySendError};
+use std::sync::mpsc::{
+    sync_channel, Receiver, RecvTimeoutError, SendError, SyncSender, TrySendError,
+};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// Bytes read per `read` call (the pipe is enlarged to match).
@@ -28,10 +34,12 @@ const CHUNK: usize = 256 * 1024;
 pub const MAX_PARSED_LINE: usize = 1024 * 1024;
 /// Chunks the terminal copy may fall behind before it drops (bounded memory: 16 × 256 KiB).
 const TERMINAL_QUEUE_CHUNKS: usize = 16;
-/// Read buffers the terminal writer hands back for reuse, at most.
-const SPARE_BUFFERS: usize = 4;
+/// Read buffers kept for reuse by whoever held them last (terminal writer, parser), at most.
+const SPARE_BUFFERS: usize = 8;
 /// When a multi-line message is open and the pipe is quiet this long, close it.
 const CAPTURE_IDLE_MS: u16 = 200;
+/// The same, for the parser thread's waits.
+const CAPTURE_IDLE: Duration = Duration::from_millis(CAPTURE_IDLE_MS as u64);
 /// Bytes of recent output kept in memory for diagnoses.
 const TAIL_BYTES: usize = 64 * 1024;
 
@@ -241,12 +249,14 @@ impl Batches {
     }
 }
 
-/// The reader's sink: events to the lifecycle, batches kept here and published to
+/// The parser's sink: events to the lifecycle, batches kept here and published to
 /// `Shared::batches` after each chunk.
 struct ReaderSink<'a> {
     events: &'a UnboundedSender<Timed>,
     batches: Batches,
     series: &'a ServerSeries,
+    /// When the lines being parsed were read (the parser may run a few reads behind).
+    at: Instant,
 }
 
 impl LogSink for ReaderSink<'_> {
@@ -265,10 +275,7 @@ impl LogSink for ReaderSink<'_> {
             _ => {}
         }
         // The receiver is gone only when the supervisor is shutting down.
-        let _ = self.events.send(Timed {
-            at: Instant::now(),
-            event,
-        });
+        let _ = self.events.send(Timed { at: self.at, event });
     }
 
     fn batch(&mut self, kind: BatchKind, rank: Option<&str>, body: &[u8]) {
@@ -301,8 +308,8 @@ impl Shared {
 /// our own messages go through it, so a stalled terminal (a full pipe nobody reads) can block
 /// neither the child nor the supervisor: past the queue's bound, chunks are dropped and counted.
 ///
-/// A reader's chunk is not copied: the queue holds the read buffer itself (shared with the reader,
-/// which parses it meanwhile), and the writer hands finished buffers back for the next reads.
+/// A reader's chunk is not copied: the queue holds the read buffer itself (shared with the parser,
+/// which parses it meanwhile); whichever of them is done with it last hands it back for reuse.
 pub struct TerminalCopy {
     tx: Option<SyncSender<(Arc<Vec<u8>>, usize)>>,
     /// Our fd is a regular file or a device such as /dev/null: a write there finishes, so the
@@ -310,7 +317,26 @@ pub struct TerminalCopy {
     lossless: bool,
     pending: Arc<AtomicU64>,
     pub dropped: Arc<AtomicU64>,
-    spare: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+/// Read buffers handed back by their last holder, so a busy log does not allocate (and fault in)
+/// a fresh 256 KiB buffer per read.
+static SPARE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+
+/// A `CHUNK`-byte buffer to read into: one handed back, or a new one.
+fn spare_buffer() -> Vec<u8> {
+    lock(&SPARE).pop().unwrap_or_else(|| vec![0; CHUNK])
+}
+
+/// Done with `chunk`: a read buffer goes back for reuse if this was its last holder. `into_inner`
+/// (not `try_unwrap`) so that, of two holders letting go at once, exactly one gets it back.
+fn recycle(chunk: Arc<Vec<u8>>) {
+    if let Some(buf) = Arc::into_inner(chunk) {
+        let mut spare = lock(&SPARE);
+        if buf.len() == CHUNK && spare.len() < SPARE_BUFFERS {
+            spare.push(buf);
+        }
+    }
 }
 
 /// The process-wide writers of fd 1 and fd 2.
@@ -325,9 +351,8 @@ impl TerminalCopy {
     fn start(fd: i32) -> TerminalCopy {
         let dropped = Arc::new(AtomicU64::new(0));
         let pending = Arc::new(AtomicU64::new(0));
-        let spare = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = sync_channel::<(Arc<Vec<u8>>, usize)>(TERMINAL_QUEUE_CHUNKS);
-        let (d, p, sp) = (dropped.clone(), pending.clone(), spare.clone());
+        let (d, p) = (dropped.clone(), pending.clone());
         let dup = if fd == 1 {
             nix::unistd::dup(std::io::stdout())
         } else {
@@ -348,13 +373,7 @@ impl TerminalCopy {
                         d.fetch_add(n as u64, Ordering::Relaxed);
                     }
                     p.fetch_sub(1, Ordering::Release);
-                    // The reader is done with it too: a read buffer goes back for reuse.
-                    if let Ok(buf) = Arc::try_unwrap(chunk) {
-                        let mut spare = lock(&sp);
-                        if buf.len() == CHUNK && spare.len() < SPARE_BUFFERS {
-                            spare.push(buf);
-                        }
-                    }
+                    recycle(chunk);
                 }
             });
         match started {
@@ -363,21 +382,14 @@ impl TerminalCopy {
                 lossless,
                 pending,
                 dropped,
-                spare,
             },
             Err(_) => TerminalCopy {
                 tx: None,
                 lossless,
                 pending,
                 dropped,
-                spare,
             },
         }
-    }
-
-    /// A `CHUNK`-byte buffer to read into: one the writer is done with, or a new one.
-    fn buffer(&self) -> Vec<u8> {
-        lock(&self.spare).pop().unwrap_or_else(|| vec![0; CHUNK])
     }
 
     pub fn offer(&self, bytes: &[u8]) {
@@ -405,10 +417,10 @@ impl TerminalCopy {
     }
 
     /// Wait (bounded) until everything queued was written: called once before exiting.
-    pub fn flush(&self, timeout: std::time::Duration) {
+    pub fn flush(&self, timeout: Duration) {
         let end = Instant::now() + timeout;
         while self.pending.load(Ordering::Acquire) > 0 && Instant::now() < end {
-            std::thread::sleep(std::time::Duration::from_millis(2));
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
 }
@@ -515,7 +527,8 @@ impl LineFramer {
     }
 }
 
-/// What one reader saw, returned when its pipe closes.
+/// What one log thread saw, returned when it ends: a reader counts its pipe's bytes (and its
+/// lines when it parses them itself), the parser thread the lines of both pipes. Summed.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct StreamStats {
     pub bytes: u64,
@@ -523,13 +536,192 @@ pub struct StreamStats {
     pub parse: ParseStats,
 }
 
+/// Reads queued for the parser thread, at most. Past this the readers wait for it: memory stays
+/// bounded, and the log file runs at most this many reads (and the one being parsed) ahead of
+/// the parser.
+const PARSE_QUEUE_CHUNKS: usize = 4;
+
+/// What a reader hands the parser thread, in the order it read.
+enum ToParser {
+    /// `chunk[..n]`, read from `stream` at `at`.
+    Chunk {
+        stream: Stream,
+        chunk: Arc<Vec<u8>>,
+        n: usize,
+        at: Instant,
+    },
+    /// `stream`'s pipe closed: its last line and its open message are due now, not at the end of
+    /// the other pipe.
+    End(Stream),
+}
+
+/// One pipe's lines: framed across reads, parsed in order, events and batches passed on.
+struct LineState<'a> {
+    framer: LineFramer,
+    parser: LogParser,
+    sink: ReaderSink<'a>,
+}
+
+impl<'a> LineState<'a> {
+    fn new(events: &'a UnboundedSender<Timed>, series: &'a ServerSeries) -> Self {
+        LineState {
+            framer: LineFramer::new(MAX_PARSED_LINE),
+            parser: LogParser::new(),
+            sink: ReaderSink {
+                events,
+                batches: Batches::default(),
+                series,
+                at: Instant::now(),
+            },
+        }
+    }
+
+    /// One read, made at `at`.
+    fn feed(&mut self, bytes: &[u8], at: Instant, shared: &Shared) {
+        self.sink.at = at;
+        // One SIMD pass over the chunk spares every line of it its own UTF-8 and `\r`/ESC checks.
+        let plain = is_plain(bytes);
+        let (parser, sink) = (&mut self.parser, &mut self.sink);
+        self.framer
+            .feed_hinted(bytes, plain, |line, truncated, plain| {
+                parser.line_hinted(line, truncated, plain, sink)
+            });
+        self.sink.batches.publish(&shared.batches, &shared.series);
+    }
+
+    /// The pipe went quiet with a multi-line message open: close it now, not at the next line.
+    fn idle(&mut self) {
+        self.sink.at = Instant::now();
+        self.parser.flush(&mut self.sink);
+    }
+
+    /// The pipe closed: its last line (it had no newline), its open message, its counters.
+    fn finish(mut self, shared: &Shared) -> ParseStats {
+        let (parser, sink) = (&mut self.parser, &mut self.sink);
+        self.framer
+            .finish(|line, truncated| parser.line(line, truncated, sink));
+        self.sink.at = Instant::now();
+        self.parser.flush(&mut self.sink);
+        self.sink.batches.publish(&shared.batches, &shared.series);
+        self.parser.stats
+    }
+}
+
+/// Where a reader's reads go to be parsed.
+enum Parsing<'a> {
+    /// To the parser thread; a send waits while its queue is full.
+    Thread(SyncSender<ToParser>, Stream),
+    /// Here, between reads: no parser thread could be started.
+    Inline(Box<LineState<'a>>),
+    /// The parser thread ended early (only a bug would do that): the log goes on, unparsed.
+    Off,
+}
+
+impl Parsing<'_> {
+    fn chunk(&mut self, chunk: Arc<Vec<u8>>, n: usize, at: Instant, shared: &Shared) {
+        match self {
+            Parsing::Thread(tx, stream) => {
+                let stream = *stream;
+                if tx
+                    .send(ToParser::Chunk {
+                        stream,
+                        chunk,
+                        n,
+                        at,
+                    })
+                    .is_err()
+                {
+                    tracing::error!("the log parser thread ended early; the log file and the terminal copy go on, unparsed");
+                    *self = Parsing::Off;
+                }
+            }
+            Parsing::Inline(lines) => {
+                lines.feed(&chunk[..n], at, shared);
+                recycle(chunk);
+            }
+            Parsing::Off => recycle(chunk),
+        }
+    }
+
+    /// The pipe closed. Parsing in place, its counters; else the parser thread counts.
+    fn finish(self, shared: &Shared) -> ParseStats {
+        match self {
+            Parsing::Thread(tx, stream) => {
+                // Gone only if it ended early (already reported).
+                let _ = tx.send(ToParser::End(stream));
+                ParseStats::default()
+            }
+            Parsing::Inline(lines) => lines.finish(shared),
+            Parsing::Off => ParseStats::default(),
+        }
+    }
+}
+
+/// A reader learns, before its first read, where its reads go: `Some` is the parser thread's
+/// queue, `None` (or no word: the start failed after this reader) says to parse in place.
+type ParserWord = std::sync::mpsc::Receiver<Option<SyncSender<ToParser>>>;
+
+/// Start the log threads: one reader per pipe, then one parser thread for both pipes. Returned in
+/// the order to join them: the parser, which ends after the readers, last. A refused reader is an
+/// error; a refused parser thread is not (each reader then parses its own reads), and asking for
+/// it last lets a run whose thread limit allows the readers only go on.
+pub fn spawn_log_threads(
+    pipes: Vec<(Stream, OwnedFd, Option<&'static TerminalCopy>)>,
+    shared: &Arc<Shared>,
+    events: &UnboundedSender<Timed>,
+) -> std::io::Result<Vec<std::thread::JoinHandle<StreamStats>>> {
+    start(pipes, shared, events, true)
+}
+
+/// [`spawn_log_threads`]; `parser_thread: false` tries no parser thread (as if refused).
+fn start(
+    pipes: Vec<(Stream, OwnedFd, Option<&'static TerminalCopy>)>,
+    shared: &Arc<Shared>,
+    events: &UnboundedSender<Timed>,
+    parser_thread: bool,
+) -> std::io::Result<Vec<std::thread::JoinHandle<StreamStats>>> {
+    let mut threads = Vec::new();
+    let mut words = Vec::new();
+    for (stream, fd, terminal) in pipes {
+        let (word, heard) = std::sync::mpsc::channel();
+        threads.push(spawn_reader(
+            stream,
+            fd,
+            shared.clone(),
+            terminal,
+            events.clone(),
+            heard,
+        )?);
+        words.push(word);
+    }
+    let (tx, rx) = sync_channel(PARSE_QUEUE_CHUNKS);
+    let parser = parser_thread.then(|| spawn_parser(rx, shared.clone(), events.clone()));
+    let tx = match parser {
+        Some(Ok(handle)) => {
+            threads.push(handle);
+            Some(tx)
+        }
+        Some(Err(e)) => {
+            tracing::warn!("no log parser thread ({e}): each reader parses its own output");
+            None
+        }
+        None => None,
+    };
+    for word in words {
+        // A reader gone already (it panicked) needs no word.
+        let _ = word.send(tx.clone());
+    }
+    Ok(threads)
+}
+
 /// Read `fd` to its end on a new thread.
-pub fn spawn_reader(
+fn spawn_reader(
     stream: Stream,
     fd: OwnedFd,
     shared: Arc<Shared>,
     terminal: Option<&'static TerminalCopy>,
     events: UnboundedSender<Timed>,
+    word: ParserWord,
 ) -> std::io::Result<std::thread::JoinHandle<StreamStats>> {
     let name = match stream {
         Stream::Stdout => "child-stdout",
@@ -537,14 +729,30 @@ pub fn spawn_reader(
     };
     std::thread::Builder::new()
         .name(name.into())
-        .spawn(move || read_loop(fd, &shared, terminal, &events))
+        .spawn(move || {
+            let parsing = match word.recv() {
+                Ok(Some(tx)) => Parsing::Thread(tx, stream),
+                _ => Parsing::Inline(Box::new(LineState::new(&events, &shared.series))),
+            };
+            read_loop(fd, &shared, terminal, parsing)
+        })
+}
+
+fn spawn_parser(
+    rx: Receiver<ToParser>,
+    shared: Arc<Shared>,
+    events: UnboundedSender<Timed>,
+) -> std::io::Result<std::thread::JoinHandle<StreamStats>> {
+    std::thread::Builder::new()
+        .name("log-parser".into())
+        .spawn(move || parse_loop(&rx, &shared, &events))
 }
 
 fn read_loop(
     fd: OwnedFd,
     shared: &Shared,
     terminal: Option<&TerminalCopy>,
-    events: &UnboundedSender<Timed>,
+    mut parsing: Parsing<'_>,
 ) -> StreamStats {
     // Fewer, larger reads when the child writes fast. Failure only costs speed.
     let _ = nix::fcntl::fcntl(
@@ -552,94 +760,87 @@ fn read_loop(
         nix::fcntl::FcntlArg::F_SETPIPE_SZ(CHUNK as libc::c_int),
     );
     let mut file = File::from(fd);
-    let new_buffer = || terminal.map_or_else(|| vec![0u8; CHUNK], TerminalCopy::buffer);
-    let mut buf = new_buffer();
-    let mut framer = LineFramer::new(MAX_PARSED_LINE);
-    let mut parser = LogParser::new();
+    let mut buf = spare_buffer();
     let mut bytes = 0u64;
-    let mut emit = ReaderSink {
-        events,
-        batches: Batches::default(),
-        series: &shared.series,
-    };
     let mut redactor = shared.redact.clone().map(StreamRedactor::new);
     loop {
-        if parser.capturing() && !readable_within(&file, CAPTURE_IDLE_MS) {
-            parser.flush(&mut emit);
+        if closed_idle(&mut parsing, &file) {
             continue;
         }
-        let n = match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                tracing::error!("reading the child's output: {e}");
-                break;
-            }
+        let Some(n) = read_some(&mut file, &mut buf) else {
+            break;
         };
+        let at = Instant::now();
         bytes += n as u64;
-        match &mut redactor {
-            None => {
-                // The buffer itself goes to the terminal queue; reused here if the writer is done
-                // with it by the time this chunk is parsed.
-                let chunk = Arc::new(std::mem::take(&mut buf));
-                pass_on(
-                    &chunk,
-                    n,
-                    shared,
-                    terminal,
-                    &mut framer,
-                    &mut parser,
-                    &mut emit,
-                );
-                buf = Arc::try_unwrap(chunk).unwrap_or_else(|_| new_buffer());
-            }
+        let (chunk, len) = match &mut redactor {
+            // The buffer itself goes on to the terminal queue and the parser: no copy.
+            None => (Arc::new(std::mem::take(&mut buf)), n),
             Some(r) => {
                 let red = r.feed(&buf[..n]);
                 let len = red.len();
-                pass_on(
-                    &Arc::new(red),
-                    len,
-                    shared,
-                    terminal,
-                    &mut framer,
-                    &mut parser,
-                    &mut emit,
-                );
+                (Arc::new(red), len)
             }
+        };
+        pass_on(chunk, len, at, shared, terminal, &mut parsing);
+        if buf.is_empty() {
+            buf = spare_buffer();
         }
     }
     if let Some(r) = &mut redactor {
         let held = r.finish();
         let len = held.len();
         pass_on(
-            &Arc::new(held),
+            Arc::new(held),
             len,
+            Instant::now(),
             shared,
             terminal,
-            &mut framer,
-            &mut parser,
-            &mut emit,
+            &mut parsing,
         );
     }
-    framer.finish(|line, truncated| parser.line(line, truncated, &mut emit));
-    parser.flush(&mut emit);
-    emit.batches.publish(&shared.batches, &shared.series);
     StreamStats {
         bytes,
-        parse: parser.stats,
+        parse: parsing.finish(shared),
     }
 }
 
-/// One chunk (`chunk[..n]`), once: to the log file, the terminal copy, the tail, and the parser.
+/// One read; `None` at the end of the pipe (or an error, reported: the pipe is done either way).
+fn read_some(file: &mut File, buf: &mut [u8]) -> Option<usize> {
+    loop {
+        match file.read(buf) {
+            Ok(0) => return None,
+            Ok(n) => return Some(n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::error!("reading the child's output: {e}");
+                return None;
+            }
+        }
+    }
+}
+
+/// Parsing in place with a message open, the pipe quiet for a while: the message is closed (true).
+/// The parser thread watches for quiet itself, without holding up the reads.
+fn closed_idle(parsing: &mut Parsing<'_>, file: &File) -> bool {
+    let Parsing::Inline(lines) = parsing else {
+        return false;
+    };
+    let quiet = lines.parser.capturing() && !readable_within(file, CAPTURE_IDLE_MS);
+    if quiet {
+        lines.idle();
+    }
+    quiet
+}
+
+/// One chunk (`chunk[..n]`, read at `at`), once: to the log file, the terminal copy, the tail,
+/// and the parser.
 fn pass_on(
-    chunk: &Arc<Vec<u8>>,
+    chunk: Arc<Vec<u8>>,
     n: usize,
+    at: Instant,
     shared: &Shared,
     terminal: Option<&TerminalCopy>,
-    framer: &mut LineFramer,
-    parser: &mut LogParser,
-    emit: &mut ReaderSink<'_>,
+    parsing: &mut Parsing<'_>,
 ) {
     let bytes = &chunk[..n];
     if bytes.is_empty() {
@@ -650,12 +851,103 @@ fn pass_on(
         t.offer_shared(chunk.clone(), n);
     }
     lock(&shared.tail).push(bytes);
-    // One SIMD pass over the chunk spares every line of it its own UTF-8 and `\r`/ESC checks.
-    let plain = is_plain(bytes);
-    framer.feed_hinted(bytes, plain, |line, truncated, plain| {
-        parser.line_hinted(line, truncated, plain, emit)
-    });
-    emit.batches.publish(&shared.batches, &shared.series);
+    parsing.chunk(chunk, n, at, shared);
+}
+
+/// The parser thread: both pipes' reads in the order they were read, until both readers are done.
+fn parse_loop(
+    rx: &Receiver<ToParser>,
+    shared: &Shared,
+    events: &UnboundedSender<Timed>,
+) -> StreamStats {
+    let mut pipes = Pipes::new(events, &shared.series);
+    loop {
+        let got = match pipes.idle_deadline() {
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(at) => rx.recv_timeout(at.saturating_duration_since(Instant::now())),
+        };
+        match got {
+            Ok(msg) => pipes.take(msg, shared),
+            // Only when nothing is queued: a pipe whose reads wait in the queue is not quiet.
+            Err(RecvTimeoutError::Timeout) => pipes.close_idle(),
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    StreamStats {
+        bytes: 0,
+        parse: pipes.finish(shared),
+    }
+}
+
+/// The parser thread's state: each pipe's lines (until its `End`), when each was last fed, and
+/// the counters of the pipes that ended.
+struct Pipes<'a> {
+    lines: [Option<LineState<'a>>; 2],
+    /// When each pipe's last read was parsed: it is quiet from then on.
+    fed: [Instant; 2],
+    ended: ParseStats,
+}
+
+impl<'a> Pipes<'a> {
+    fn new(events: &'a UnboundedSender<Timed>, series: &'a ServerSeries) -> Self {
+        Pipes {
+            lines: [(); 2].map(|()| Some(LineState::new(events, series))),
+            fed: [Instant::now(); 2],
+            ended: ParseStats::default(),
+        }
+    }
+
+    fn take(&mut self, msg: ToParser, shared: &Shared) {
+        match msg {
+            ToParser::Chunk {
+                stream,
+                chunk,
+                n,
+                at,
+            } => {
+                if let Some(lines) = &mut self.lines[stream as usize] {
+                    lines.feed(&chunk[..n], at, shared);
+                }
+                self.fed[stream as usize] = Instant::now();
+                recycle(chunk);
+            }
+            ToParser::End(stream) => {
+                if let Some(lines) = self.lines[stream as usize].take() {
+                    self.ended.add(&lines.finish(shared));
+                }
+            }
+        }
+    }
+
+    /// When the first pipe with a multi-line message open will have been quiet long enough.
+    fn idle_deadline(&self) -> Option<Instant> {
+        self.lines
+            .iter()
+            .zip(&self.fed)
+            .filter(|(l, _)| l.as_ref().is_some_and(|l| l.parser.capturing()))
+            .map(|(_, at)| *at + CAPTURE_IDLE)
+            .min()
+    }
+
+    fn close_idle(&mut self) {
+        let now = Instant::now();
+        for (lines, at) in self.lines.iter_mut().zip(&self.fed) {
+            match lines {
+                Some(l) if l.parser.capturing() && now >= *at + CAPTURE_IDLE => l.idle(),
+                _ => {}
+            }
+        }
+    }
+
+    /// Both readers are gone. One that ended without its `End` (it panicked): its lines so far
+    /// still count.
+    fn finish(self, shared: &Shared) -> ParseStats {
+        let mut stats = self.ended;
+        for lines in self.lines.into_iter().flatten() {
+            stats.add(&lines.finish(shared));
+        }
+        stats
+    }
 }
 
 fn readable_within(fd: &impl AsFd, ms: u16) -> bool {
@@ -851,6 +1143,188 @@ mod tests {
             }
         }
         assert!(seen >= 5, "fixtures not found under {dir}");
+    }
+
+    /// What the log threads pass on, gathered once they are all joined.
+    struct Passed {
+        events: Vec<LogEvent>,
+        stats: StreamStats,
+        batches: Batches,
+    }
+
+    /// `inputs` (stdout's, then stderr's) written into pipes in pieces of 1 byte to 64 KiB, read
+    /// by the log threads with a parser thread or parsing in place.
+    fn through_pipes(inputs: &[&[u8]], parser_thread: bool) -> Passed {
+        let shared = Shared::new(
+            LogFile::new(None, None),
+            None,
+            Arc::new(ServerSeries::default()),
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut pipes = Vec::new();
+        let mut writers = Vec::new();
+        for (data, stream) in inputs.iter().zip([Stream::Stdout, Stream::Stderr]) {
+            let (r, w) = nix::unistd::pipe().unwrap();
+            pipes.push((stream, r, None));
+            let data = data.to_vec();
+            writers.push(std::thread::spawn(move || {
+                write_in_pieces(File::from(w), &data)
+            }));
+        }
+        let threads = start(pipes, &shared, &tx, parser_thread).unwrap();
+        assert_eq!(threads.len(), inputs.len() + usize::from(parser_thread));
+        drop(tx);
+        writers.into_iter().for_each(|w| w.join().unwrap());
+        let mut stats = StreamStats::default();
+        for t in threads {
+            let s = t.join().unwrap();
+            stats.bytes += s.bytes;
+            stats.parse.add(&s.parse);
+        }
+        // Every event is there once the threads are joined: nothing comes later.
+        let mut events = Vec::new();
+        while let Ok(t) = rx.try_recv() {
+            events.push(t.event);
+        }
+        assert!(rx.is_closed());
+        let batches = std::mem::take(&mut *lock(&shared.batches));
+        Passed {
+            events,
+            stats,
+            batches,
+        }
+    }
+
+    /// The reference's events split the way the reader's sink splits them: batch lines kept
+    /// (counted, latest per kind and rank), retractions to the series, the rest as events.
+    fn as_passed(data: &[u8]) -> (Vec<LogEvent>, Batches, ParseStats) {
+        let (all, stats) = reference(data, MAX_PARSED_LINE);
+        let mut batches = Batches::default();
+        let mut events = Vec::new();
+        for e in all {
+            match e {
+                LogEvent::Batch { kind, rank, fields } => {
+                    batches.count[kind as usize] += 1;
+                    let body = Value::Object(fields).to_string();
+                    batches.keep(kind, rank.as_deref(), body.as_bytes());
+                }
+                LogEvent::Retraction { .. } => {}
+                e => events.push(e),
+            }
+        }
+        (events, batches, stats)
+    }
+
+    /// The kinds and ranks of the latest batch lines (their fields are checked by the tests
+    /// above; here what matters is which line was last).
+    fn latest_keys(b: &Batches) -> Vec<(BatchKind, Option<&str>)> {
+        b.latest
+            .iter()
+            .map(|l| (l.kind, l.rank.as_deref()))
+            .collect()
+    }
+
+    fn write_in_pieces(mut w: File, data: &[u8]) {
+        let mut x = data.len() as u64 | 1;
+        let mut rest = data;
+        while !rest.is_empty() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let n = rest.len().min(1 + (x % 65536) as usize);
+            w.write_all(&rest[..n]).unwrap();
+            rest = &rest[n..];
+        }
+    }
+
+    fn fixture_logs() -> Vec<Vec<u8>> {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/sglang-0.5.14-h200"
+        );
+        let mut logs: Vec<Vec<u8>> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|run| std::fs::read(run.path().join("server.log")).ok())
+            .collect();
+        assert!(logs.len() >= 5, "fixtures not found under {dir}");
+        logs.push(tricky());
+        logs
+    }
+
+    #[test]
+    fn log_threads_give_the_full_parsers_events_with_or_without_a_parser_thread() {
+        for data in fixture_logs() {
+            let (events, batches, stats) = as_passed(&data);
+            for parser_thread in [true, false] {
+                let got = through_pipes(&[&data], parser_thread);
+                let why = format!("parser thread: {parser_thread}");
+                assert_eq!(got.events, events, "{why}");
+                assert_eq!(got.stats.parse, stats, "{why}");
+                assert_eq!(got.stats.bytes, data.len() as u64, "{why}");
+                assert_eq!(got.batches.count, batches.count, "{why}");
+                assert_eq!(latest_keys(&got.batches), latest_keys(&batches), "{why}");
+            }
+        }
+    }
+
+    #[test]
+    fn one_parser_thread_keeps_each_pipes_lines_apart_and_in_order() {
+        let logs = fixture_logs();
+        let (out, err) = (&logs[0], logs.last().unwrap());
+        let (mut events, out_batches, mut stats) = as_passed(out);
+        let (err_events, err_batches, err_stats) = as_passed(err);
+        events.extend(err_events);
+        stats.add(&err_stats);
+        // The two pipes' events interleave as their reads fell: compared in one order.
+        let key = |e: &LogEvent| format!("{e:?}");
+        events.sort_by_key(key);
+        for parser_thread in [true, false] {
+            let mut got = through_pipes(&[out, err], parser_thread);
+            got.events.sort_by_key(key);
+            assert_eq!(got.events, events, "parser thread: {parser_thread}");
+            assert_eq!(got.stats.parse, stats);
+            assert_eq!(got.stats.bytes, (out.len() + err.len()) as u64);
+            let counts = [0, 1].map(|k| out_batches.count[k] + err_batches.count[k]);
+            assert_eq!(got.batches.count, counts);
+        }
+    }
+
+    #[test]
+    fn an_open_traceback_is_closed_when_the_pipe_goes_quiet_with_or_without_a_parser_thread() {
+        for parser_thread in [true, false] {
+            let shared = Shared::new(
+                LogFile::new(None, None),
+                None,
+                Arc::new(ServerSeries::default()),
+            );
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let (r, w) = nix::unistd::pipe().unwrap();
+            let threads =
+                start(vec![(Stream::Stderr, r, None)], &shared, &tx, parser_thread).unwrap();
+            let mut w = File::from(w);
+            w.write_all(b"Traceback (most recent call last):\n  File \"x.py\", line 1\n")
+                .unwrap();
+            let since = Instant::now();
+            let event = loop {
+                if let Ok(t) = rx.try_recv() {
+                    break t.event;
+                }
+                assert!(
+                    since.elapsed().as_secs() < 5,
+                    "no event while the pipe is open"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            };
+            assert!(matches!(event, LogEvent::Traceback { .. }), "{event:?}");
+            // Not before the pipe was quiet for the idle time.
+            assert!(since.elapsed() >= CAPTURE_IDLE - Duration::from_millis(20));
+            drop(w);
+            for t in threads {
+                t.join().unwrap();
+            }
+        }
     }
 
     #[test]
