@@ -20,18 +20,5 @@ sys.stdout.write("stamp %d\ntorch.OutOfMemoryError: CUDA out of memory. Tried to
 sys.stdout.flush()
 time.sleep(10)' >/dev/null 2>&1 || true
 done
-python3 - "$work" "$runs" <<'PY'
-import json, sys, datetime, statistics
-work, runs = sys.argv[1], int(sys.argv[2])
-lags = []
-for i in range(1, runs + 1):
-    stamp = int(open(f"{work}/log{i}").read().split()[1]) / 1e9
-    ev = [json.loads(l) for l in open(f"{work}/ev{i}.jsonl")]
-    fatal = next(e for e in ev if e["event"] == "fatal")
-    ts = datetime.datetime.strptime(fatal["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc).timestamp()
-    lags.append((ts - stamp) * 1000)
-lags.sort()
-q = lambda p: lags[min(len(lags) - 1, int(p * len(lags)))]
-print(f"fatal line -> fatal event over {runs} runs: p50 {statistics.median(lags):.3f} ms, p90 {q(0.9):.3f} ms, max {lags[-1]:.3f} ms")
-PY
+python3 benches/event_lag.py "$work" "$runs" fatal 'log{i}' 1 "fatal line -> fatal event"
 rm -rf "$work"

@@ -15,18 +15,5 @@ for i in $(seq "$runs"); do
     target/release/sglang-replay --port "$port" --speed 100 --ready-stamp "$work/stamp$i" --exit-after-ready 0:0.2 \
     >/dev/null 2>&1
 done
-python3 - "$work" "$runs" <<'PY'
-import json, sys, datetime, statistics
-work, runs = sys.argv[1], int(sys.argv[2])
-lags = []
-for i in range(1, runs + 1):
-    stamp = int(open(f"{work}/stamp{i}").read()) / 1e9
-    ev = [json.loads(l) for l in open(f"{work}/ev{i}.jsonl")]
-    ready = next(e for e in ev if e["event"] == "ready")
-    ts = datetime.datetime.strptime(ready["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc).timestamp()
-    lags.append((ts - stamp) * 1000)
-lags.sort()
-q = lambda p: lags[min(len(lags) - 1, int(p * len(lags)))]
-print(f"ready line -> ready event over {runs} runs: p50 {statistics.median(lags):.2f} ms, p90 {q(0.9):.2f} ms, max {lags[-1]:.2f} ms")
-PY
+python3 benches/event_lag.py "$work" "$runs" ready 'stamp{i}' 0 "ready line -> ready event"
 rm -rf "$work"
