@@ -1,4 +1,4 @@
-//! The one way the workspace takes a mutex.
+//! The one way the workspace takes a mutex, and what a refused thread means.
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -8,3 +8,8 @@ use std::sync::{Mutex, MutexGuard};
 pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// What a refused thread means and what to do, for every place that starts threads (the
+/// supervisor's runtime, the proxy's shards).
+pub const THREAD_LIMIT_HINT: &str =
+    " (the limit on processes and threads is reached: `ulimit -u`, or the cgroup's pids.max; raise it or end other processes)";

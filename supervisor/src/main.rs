@@ -1,4 +1,5 @@
 use clap::Parser;
+use sglang_probes::sync::THREAD_LIMIT_HINT;
 use sglang_supervisor::cli::{Cli, Command, LogFormat};
 use sglang_supervisor::logs::tee::{terminal, StderrWriter};
 use sglang_supervisor::{compare, flags, gpu, lifecycle, report, rlimits, sentinel, wait};
@@ -119,10 +120,6 @@ fn dispatch(command: Command) -> ExitCode {
         }
     }
 }
-
-/// What a refused thread means and what to do, for both ways of finding out.
-const THREAD_LIMIT_HINT: &str =
-    " (the limit on processes and threads is reached: `ulimit -u`, or the cgroup's pids.max; raise it or end other processes)";
 
 /// Whether the OS gives `n` more threads now: tokio's runtime, refused one of its workers, panics
 /// and then waits forever for the ones it started, so that is found out before.

@@ -47,7 +47,7 @@ pub enum ProxyError {
         addr: String,
         source: std::io::Error,
     },
-    #[error("cannot start the proxy's threads: {0} (the limit on processes and threads is reached: `ulimit -u`, or the cgroup's pids.max; raise it or end other processes)")]
+    #[error("cannot start the proxy's threads: {0}{hint}", hint = sglang_probes::sync::THREAD_LIMIT_HINT)]
     Threads(std::io::Error),
 }
 
