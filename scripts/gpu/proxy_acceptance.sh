@@ -17,7 +17,13 @@
 #        (a batch past the largest graph runs eager and slower, a step change at c=256/512);
 #        PIN="SERVER_CPUS CLIENT_CPUS SUPERVISOR_CPUS" pins the three apart (taskset lists).
 #        SIDES="direct relay proxy" adds a third arm through tcp-relay (a hop that reads nothing):
-#        the cost of any extra hop, apart from the proxy's own. The server's CPU is read per run.
+#        the cost of any extra hop, apart from the proxy's own. SIDES="... x1 x2" add arms through
+#        further supervisors in front of the same server, each with the environment in X1_ENV,
+#        X2_ENV (proxy tuning). The server's CPU is read per run, per process.
+#   M's knobs: WAKE=1 runs benches/wake_cost.c (a writer's kernel time per write by how its reader
+#   waits); SWEEPS="0 1000" runs proxy.sh once per sweep period (µs; 0: no sweeps), FAIR_SWEEPS
+#   likewise proxy_fair.sh; M_ENV (more environment for those), M_ROUNDS (7), NO_OAI=1 skips the
+#   /v1/completions run, LOG_PATH=1 adds log_path.sh.
 # Needs dev-device/ (a copy of shared/sglang-device) next to it.
 set -u
 BINDIR=$(realpath "${1:?bin dir}"); B=$(realpath "${2:?bundle}"); O=$(realpath -m "${3:?outdir}"); PHASES=${4:-M E S}
@@ -31,10 +37,20 @@ nproc; lscpu | grep -iE "numa|model name|^cpu\(s\)|mhz"; nvidia-smi --query-gpu=
 if [[ " $PHASES " == *" M "* ]]; then
   mkdir -p "$HERE/target/release"
   for b in sglang-supervisor sglang-replay proxy-bench; do cp "$BINDIR/$b" "$HERE/target/release/$b"; done
-  say "M: proxy.sh 256 streams"; (cd "$HERE" && timeout 120 benches/proxy.sh 256 256 7 2000)
+  if [ -n "${WAKE:-}" ]; then  # what a reader's habits cost a writer on this host (benches/wake_cost.c)
+    cc -O2 -o "$O/wake_cost" "$HERE/benches/wake_cost.c" && for gap in 20 100; do for t in 0 -1 100 250 500 1000; do
+      taskset -c 0,1 "$O/wake_cost" 20000 "$gap" "$t"; done; done 2>&1 | grep writer
+  fi
+  for t in ${SWEEPS:-1000}; do  # the proxy's sweep period (SGLANG_SUPERVISOR_PROXY_SWEEP_US), side by side
+    say "M: proxy.sh 256 streams, sweep $t us"
+    (cd "$HERE" && env SGLANG_SUPERVISOR_PROXY_SWEEP_US=$t ${M_ENV:-} timeout 120 benches/proxy.sh 256 256 "${M_ROUNDS:-7}" 2000)
+  done
   [ -n "${M1024:-}" ] && { say "M: proxy.sh 1024 streams"; (cd "$HERE" && timeout 150 benches/proxy.sh 1024 256 5 4000); }
-  say "M: proxy.sh 256 streams, OpenAI completions"; (cd "$HERE" && timeout 120 benches/proxy.sh 256 256 5 2000 /v1/completions)
-  say "M: proxy_fair.sh 1024 streams, 100 scrapes/s"; (cd "$HERE" && timeout 150 benches/proxy_fair.sh 1024 "${FAIR_ROUNDS:-11}" 10000 100)
+  [ -z "${NO_OAI:-}" ] && { say "M: proxy.sh 256 streams, OpenAI completions"; (cd "$HERE" && timeout 120 benches/proxy.sh 256 256 5 2000 /v1/completions); }
+  for t in ${FAIR_SWEEPS-1000}; do
+    say "M: proxy_fair.sh 1024 streams, 100 scrapes/s, sweep $t us"
+    (cd "$HERE" && SGLANG_SUPERVISOR_PROXY_SWEEP_US=$t timeout 150 benches/proxy_fair.sh 1024 "${FAIR_ROUNDS:-11}" 10000 100)
+  done
   if [ -n "${LOG_PATH:-}" ]; then say "M: log_path.sh"; (cd "$HERE" && timeout 150 benches/log_path.sh 5 256); fi
 fi
 
@@ -70,19 +86,26 @@ start_sup() { # start_sup DIR
   PPORT=$(grep -o '"proxy":"[^"]*"' "$1/events.jsonl" | cut -d'"' -f4 | cut -d: -f2)
   say "ready after $(grep -o '"event":"ready"[^}]*' "$1/events.jsonl" | grep -o '"elapsed_s":[0-9.]*'); proxy on $PPORT"
 }
-tree_cpu() { # CPU ticks of every descendant of PID (the server's tree), living ones
+tree_cpu() { # CPU ticks of every living descendant of PID (the server's tree): "TOTAL name=ticks ..."
   python3 - "$1" <<'PY'
 import os, sys
-kids, ticks = {}, {}
+kids, ticks, names = {}, {}, {}
 for d in os.listdir("/proc"):
     if not d.isdigit(): continue
-    try: f = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+    try:
+        raw = open(f"/proc/{d}/stat").read()
+        f = raw.rsplit(")", 1)[1].split()
+        cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")[0].decode(errors="replace")
     except OSError: continue
     kids.setdefault(int(f[1]), []).append(int(d)); ticks[int(d)] = int(f[11]) + int(f[12])
-todo, total = list(kids.get(int(sys.argv[1]), [])), 0
+    # SGLang names its processes (sglang::scheduler, ...); the main one (HTTP server and
+    # tokenizer manager) keeps python's name
+    names[int(d)] = os.path.basename(cmd.split()[0]) if cmd else raw[raw.index("(") + 1:raw.rindex(")")]
+todo, total, by = list(kids.get(int(sys.argv[1]), [])), 0, {}
 while todo:
     p = todo.pop(); total += ticks.get(p, 0); todo += kids.get(p, [])
-print(total)
+    by[names.get(p, "?")] = by.get(names.get(p, "?"), 0) + ticks.get(p, 0)
+print(total, " ".join(f"{k}={v}" for k, v in sorted(by.items()) if v))
 PY
 }
 stop_sup() { kill -TERM "$SUP"; wait "$SUP"; say "supervisor exit $?"; }
@@ -157,9 +180,20 @@ if [[ " $PHASES " == *" S "* ]]; then
   if { [ -n "${SUP:-}" ] && kill -0 "$SUP" 2>/dev/null; } || start_sup "$P"; then
     bench "$PPORT" sglang 32 64 "$P/warm.jsonl"   # JIT and graphs warm before timing anything
     RPORT=30007; RELAY=""
-    if [[ " ${SIDES:-} " == *" relay "* ]]; then
-      "${SUP_PREFIX[@]}" "$BINDIR/tcp-relay" 127.0.0.1:$RPORT 127.0.0.1:$PORT & RELAY=$!
-    fi
+    declare -A XPORT XSUP
+    for side in ${SIDES:-}; do
+      [[ $side == x[0-9] ]] || continue
+      # another supervisor in front of the same server, its proxy tuned by the environment in
+      # X1_ENV, X2_ENV ... (e.g. "SGLANG_SUPERVISOR_PROXY_SWEEP_US=0 SGLANG_SUPERVISOR_PROXY_SHARDS=1")
+      envname=${side^^}_ENV
+      env ${!envname:-} "${SUP_PREFIX[@]}" "$BINDIR/sglang-supervisor" run --upstream "http://127.0.0.1:$PORT" \
+        --ready-on http --proxy-addr 127.0.0.1:0 --metrics-addr none --gpu-backend none --no-preflight --no-tee \
+        --events "$P/$side-events.jsonl" --requests-log "$P/$side-requests.jsonl" -- sleep 100000 2> "$P/$side.err" &
+      XSUP[$side]=$!
+      for _ in $(seq 100); do grep -q '"proxy":' "$P/$side-events.jsonl" 2>/dev/null && break; sleep 0.1; done
+      XPORT[$side]=$(grep -o '"proxy":"[^"]*"' "$P/$side-events.jsonl" | head -1 | cut -d'"' -f4 | cut -d: -f2)
+      say "arm $side: proxy on ${XPORT[$side]}, environment: ${!envname:-}"
+    done
     for conc in ${CONCS:-256 512}; do
       read -r -a arms <<< "${SIDES:-direct proxy}"
       for i in $(seq "${PAIRS:-4}"); do
@@ -168,28 +202,33 @@ if [[ " $PHASES " == *" S "* ]]; then
         for k in $(seq 0 $((n - 1))); do order+=("${arms[$(( (k + i - 1) % n ))]}"); done
         [ "$n" = 2 ] && [ $((i % 2)) = 0 ] && order=("${arms[1]}" "${arms[0]}")
         for side in "${order[@]}"; do
-          case $side in proxy) port=$PPORT ;; relay) port=$RPORT ;; *) port=$PORT ;; esac
+          CPUPID=$SUP
+          case $side in proxy) port=$PPORT ;; relay) port=$RPORT ;; x[0-9]) port=${XPORT[$side]}; CPUPID=${XSUP[$side]} ;; *) port=$PORT ;; esac
           post "http://127.0.0.1:$PORT/flush_cache" > /dev/null 2>&1 || true
-          cpu0=$(awk '{print $14+$15}' "/proc/$SUP/stat"); srv0=$(tree_cpu "$SUP")
+          cpu0=$(awk '{print $14+$15}' "/proc/$CPUPID/stat"); read -r srv0 by0 <<< "$(tree_cpu "$SUP")"
           # a window per run: the server's own batch series (running requests, decode throughput)
           # over it, whichever path the client took
           post "http://$MET/-/window/start?name=c$conc-$side-$i" > /dev/null
           DATASET=random-ids bench "$port" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
           post "http://$MET/-/window/stop" > "$P/c$conc-$side-$i.window.json" 2>&1
-          cpu1=$(awk '{print $14+$15}' "/proc/$SUP/stat"); srv1=$(tree_cpu "$SUP")
-          python3 - "$P/c$conc-$side-$i.jsonl" "$side" "$conc" "$i" "$cpu0" "$cpu1" "$srv0" "$srv1" <<'PY'
+          cpu1=$(awk '{print $14+$15}' "/proc/$CPUPID/stat"); read -r srv1 by1 <<< "$(tree_cpu "$SUP")"
+          python3 - "$P/c$conc-$side-$i.jsonl" "$side" "$conc" "$i" "$cpu0" "$cpu1" "$srv0" "$srv1" "$by0" "$by1" <<'PY'
 import json, sys, os, statistics as st
-f, side, conc, i, c0, c1, s0, s1 = sys.argv[1:]
+f, side, conc, i, c0, c1, s0, s1, by0, by1 = sys.argv[1:]
 b = [json.loads(l.replace("Infinity", "1e999")) for l in open(f)][-1]
 hz = os.sysconf("SC_CLK_TCK")
+by = lambda t: dict(kv.split("=") for kv in t.split())
+b0, b1 = by(by0), by(by1)
+tokens = b["total_output_tokens"] or 1
 print(f"S c={conc} round {i} {side:6s}: out {b['output_throughput']:.1f} tok/s, median E2E {b['median_e2e_latency_ms']:.1f} ms, median TPOT {b['median_tpot_ms']:.3f} ms, median TTFT {b['median_ttft_ms']:.2f} ms, completed {b['completed']}, supervisor CPU {(float(c1)-float(c0))/hz:.2f} s, server CPU {(float(s1)-float(s0))/hz:.2f} s, over {b['duration']:.2f} s")
+print(f"    server CPU per output token by process: " + ", ".join(f"{k} {(int(b1[k]) - int(b0.get(k, 0))) / hz / tokens * 1e6:.1f} us" for k in sorted(b1)))
 # where the time went, per request (bench_serving's own details): the ITLs, how the tokens
 # came in (chunks per request: SGLang sends one event per step; fewer means merged steps)
 itl = sorted(x for r in b.get("itls", []) for x in r)
 chunks = [len(set(r)) for r in b.get("itls", [])]
 ttft = sorted(t for t in b.get("ttfts", []) if t)
 q = lambda v, p: v[min(len(v) - 1, int(p * len(v)))] * 1000 if v else float("nan")
-print(f"    ITL p50 {q(itl, .5):.2f} p90 {q(itl, .9):.2f} p99 {q(itl, .99):.2f} max {q(itl, 1):.1f} ms; TTFT p10 {q(ttft, .1):.1f} p50 {q(ttft, .5):.1f} p90 {q(ttft, .9):.1f} p99 {q(ttft, .99):.1f} ms; distinct ITL values per request (median) {st.median(chunks) if chunks else 0}")
+print(f"    ITL p50 {q(itl, .5):.2f} p90 {q(itl, .9):.2f} p99 {q(itl, .99):.2f} max {q(itl, 1):.1f} ms; TTFT p10 {q(ttft, .1):.1f} p50 {q(ttft, .5):.1f} p90 {q(ttft, .9):.1f} p99 {q(ttft, .99):.1f} ms; distinct ITL values per request (median) {st.median(chunks) if chunks else 0}, chunks per request (median) {st.median([len(r) + 1 for r in b.get('itls', [])] or [0])}")
 try:
     w = json.load(open(f.replace(".jsonl", ".window.json")))
     d = (w.get("server_batches") or {}).get("decode") or {}
@@ -228,6 +267,7 @@ PY
   fi
 fi
 [ -n "${RELAY:-}" ] && kill "$RELAY" 2>/dev/null
+for x in "${XSUP[@]:-}"; do kill -TERM "$x" 2>/dev/null; done
 if [ -n "${SUP:-}" ] && kill -0 "$SUP" 2>/dev/null; then stop_sup; fi
 if [[ " $PHASES " == *" E "* ]]; then
   P=$O/E

@@ -14,6 +14,7 @@ mod record;
 mod shards;
 mod sse;
 mod stream;
+mod sweep;
 mod upstream;
 pub use hyper::body::Bytes;
 pub use record::{ProxyMetrics, ReqLabels, RequestRecord, E2E_BUCKETS, LATENCY_BUCKETS};

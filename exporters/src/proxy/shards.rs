@@ -24,6 +24,13 @@ pub(crate) struct Shards {
 /// busy core per thread, and a server of hundreds of threads starved a lone proxy thread on two
 /// cores (+650 ms on the largest gap per stream); idle shards cost nothing.
 pub(crate) fn shard_count() -> usize {
+    if let Some(n) = std::env::var("SGLANG_SUPERVISOR_PROXY_SHARDS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=64).contains(n))
+    {
+        return n;
+    }
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     (cores / 4).clamp(2, 4)
 }
@@ -32,6 +39,7 @@ impl Shards {
     /// Start `n` shard threads. They end when this is dropped (with the accept loop).
     pub(crate) fn start(n: usize) -> std::io::Result<Self> {
         let mut queues = Vec::with_capacity(n);
+        let sweep_period = super::sweep::period();
         for i in 0..n.max(1) {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -41,6 +49,10 @@ impl Shards {
                 .name(format!("proxy-{i}"))
                 .spawn(move || {
                     rt.block_on(async move {
+                        if let Some(period) = sweep_period {
+                            // Tasks of this runtime run on this thread: the sweeper is this shard's.
+                            tokio::spawn(super::sweep::run(period));
+                        }
                         while let Some(job) = rx.recv().await {
                             tokio::spawn(job());
                         }

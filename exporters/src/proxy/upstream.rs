@@ -10,6 +10,7 @@
 //! event. Driven here, the events one read brought are given in turn within one poll of the
 //! client connection ([`Driven`]) and leave in one write, as a direct connection or a byte relay
 //! gives them.
+use super::sweep::{SweepSwitch, UpstreamSocket};
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{handshake, Connection, SendRequest};
 use hyper::{Request, Response};
@@ -21,13 +22,15 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use tokio::net::TcpStream;
 
-type Driver<B> = Pin<Box<Connection<TokioIo<TcpStream>, B>>>;
+type Driver<B> = Pin<Box<Connection<TokioIo<UpstreamSocket>, B>>>;
 
 /// One upstream connection: the handle requests are sent on and the future that does its I/O.
 struct Conn<B: Body + 'static> {
     sender: SendRequest<B>,
     /// `None` once the connection has ended (a finished future is not polled again).
     driver: Option<Driver<B>>,
+    /// Read the socket in sweeps (while an answer streams) or as data arrives.
+    swept: SweepSwitch,
 }
 
 impl<B> Conn<B>
@@ -99,6 +102,10 @@ where
     /// answered first) is sent on by a task, as a direct client goes on sending it.
     fn finish(&mut self) {
         self.finished = true;
+        // The next answer's head and first event are read as they arrive.
+        if let Some(c) = self.conn.as_ref() {
+            c.swept.set(false);
+        }
         let Some(c) = self
             .conn
             .take_if(|c| c.driver.is_some() && !c.sender.is_ready())
@@ -173,12 +180,14 @@ where
             .await
             .map_err(|e| format!("upstream http://{}: cannot connect: {e}", self.addr))?;
         let _ = stream.set_nodelay(true);
-        let (sender, driver) = handshake(TokioIo::new(stream))
+        let (socket, swept) = UpstreamSocket::new(stream);
+        let (sender, driver) = handshake(TokioIo::new(socket))
             .await
             .map_err(|e| format!("upstream http://{}: {e}", self.addr))?;
         Ok(Conn {
             sender,
             driver: Some(Box::pin(driver)),
+            swept,
         })
     }
 }
@@ -245,6 +254,11 @@ where
                     return this.failed.poll(cx).unwrap_or(Poll::Pending);
                 }
                 Poll::Ready(Some(frame)) => {
+                    // The first event went out as it came; the rest are read in sweeps
+                    // (sweep.rs: the server's writes then wake no one).
+                    if let Some(c) = this.lent.conn.as_ref() {
+                        c.swept.set(true);
+                    }
                     if this.body.is_end_stream() {
                         // Polled again, the body would say so; a body whose length is reached
                         // may not be.
