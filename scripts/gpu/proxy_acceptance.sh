@@ -41,10 +41,10 @@ if [[ " $PHASES " == *" M "* ]]; then
     cc -O2 -o "$O/wake_cost" "$HERE/benches/wake_cost.c" && for gap in 20 100; do for t in 0 -1 100 250 500 1000; do
       taskset -c 0,1 "$O/wake_cost" 20000 "$gap" "$t"; done; done 2>&1 | grep writer
   fi
-  for t in ${SWEEPS:-1000}; do  # the proxy's sweep period (SGLANG_SUPERVISOR_PROXY_SWEEP_US), side by side
-    say "M: proxy.sh 256 streams, sweep $t us"
-    (cd "$HERE" && env SGLANG_SUPERVISOR_PROXY_SWEEP_US=$t ${M_ENV:-} timeout 120 benches/proxy.sh 256 256 "${M_ROUNDS:-7}" 2000)
-  done
+  for c in ${CLIENTS:-threads}; do for t in ${SWEEPS:-1000}; do  # the proxy's sweep period, side by side
+    say "M: proxy.sh 256 streams, sweep $t us, client: $c"
+    (cd "$HERE" && env PROXY_BENCH_CLIENT=$c SGLANG_SUPERVISOR_PROXY_SWEEP_US=$t ${M_ENV:-} timeout 120 benches/proxy.sh 256 256 "${M_ROUNDS:-7}" 2000)
+  done; done
   [ -n "${M1024:-}" ] && { say "M: proxy.sh 1024 streams"; (cd "$HERE" && timeout 150 benches/proxy.sh 1024 256 5 4000); }
   [ -z "${NO_OAI:-}" ] && { say "M: proxy.sh 256 streams, OpenAI completions"; (cd "$HERE" && timeout 120 benches/proxy.sh 256 256 5 2000 /v1/completions); }
   for t in ${FAIR_SWEEPS-1000}; do

@@ -4,6 +4,8 @@
 //! time per forwarded SSE event, read from /proc around the proxied rounds only.
 //! usage: proxy-bench DIRECT PROXY [STREAMS=64] [TOKENS=256] [ROUNDS=5] [SUPERVISOR_PID] [PATH]
 //!        [SERVER_PID]
+//! PROXY_BENCH_CLIENT=one-thread runs every stream on one thread (as bench_serving's asyncio loop
+//! does) instead of a thread per stream, blocked between events.
 //! PATH: /generate (default), /v1/completions or /v1/chat/completions. With SERVER_PID, the
 //! server's own CPU per event it wrote in the direct rounds is printed beside the proxy's: the
 //! floor a userspace forwarder of the same bytes over loopback cannot go below by much (a write
@@ -21,48 +23,104 @@ struct Stream {
     events: u64,
 }
 
+/// What the reads of one answer told: bench_serving's timings, kept per read.
+struct Timing {
+    t0: Instant,
+    first: Option<Instant>,
+    last: Instant,
+    max_gap: Duration,
+    events: u64,
+    carry: Vec<u8>,
+    dechunk: Dechunk,
+}
+
+impl Timing {
+    fn new(t0: Instant) -> Self {
+        Timing {
+            t0,
+            first: None,
+            last: t0,
+            max_gap: Duration::ZERO,
+            events: 0,
+            carry: Vec::with_capacity(64 << 10),
+            dechunk: Dechunk::default(),
+        }
+    }
+
+    fn read(&mut self, bytes: &[u8]) {
+        let now = Instant::now();
+        // Events are counted in the body as sent (the chunk framing taken off: a proxy may cut a
+        // server's chunk in two where it arrived in two reads), and an event's "data: " may be
+        // split between reads: count over the last read's tail too.
+        self.dechunk.feed(bytes, &mut self.carry);
+        let k = self.carry.windows(6).filter(|w| w == b"data: ").count() as u64;
+        self.carry.drain(..self.carry.len().saturating_sub(5));
+        if k > 0 {
+            if self.first.is_some() {
+                self.max_gap = self.max_gap.max(now - self.last);
+            } else {
+                self.first = Some(now);
+            }
+            self.last = now;
+            self.events += k;
+        }
+    }
+
+    fn end(self) -> Stream {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        Stream {
+            ttft: self.first.map_or(f64::NAN, |f| ms(f - self.t0)),
+            e2e: ms(self.t0.elapsed()),
+            max_gap: ms(self.max_gap),
+            events: self.events,
+        }
+    }
+}
+
+fn request(path: &str, body: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// One stream on a thread of its own, blocked in `read` between events: every event written
+/// to it wakes a thread.
 fn one(addr: &str, path: &str, body: &str) -> std::io::Result<Stream> {
     let mut s = TcpStream::connect(addr)?;
     s.set_nodelay(true)?;
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
     let t0 = Instant::now();
-    s.write_all(req.as_bytes())?;
+    s.write_all(request(path, body).as_bytes())?;
     let mut buf = vec![0u8; 64 << 10];
-    let (mut first, mut last, mut max_gap, mut events) = (None, t0, Duration::ZERO, 0u64);
-    let mut carry = Vec::with_capacity(buf.len() + 5);
-    let mut dechunk = Dechunk::default();
+    let mut timing = Timing::new(t0);
     loop {
         let n = s.read(&mut buf)?;
         if n == 0 {
             break;
         }
-        let now = Instant::now();
-        // Events are counted in the body as sent (the chunk framing taken off: a proxy may cut a
-        // server's chunk in two where it arrived in two reads), and an event's "data: " may be
-        // split between reads: count over the last read's tail too.
-        dechunk.feed(&buf[..n], &mut carry);
-        let k = carry.windows(6).filter(|w| w == b"data: ").count() as u64;
-        carry.drain(..carry.len().saturating_sub(5));
-        if k > 0 {
-            if first.is_some() {
-                max_gap = max_gap.max(now - last);
-            } else {
-                first = Some(now);
-            }
-            last = now;
-            events += k;
-        }
+        timing.read(&buf[..n]);
     }
-    let e2e = t0.elapsed();
-    Ok(Stream {
-        ttft: first.map_or(f64::NAN, |f| (f - t0).as_secs_f64() * 1000.0),
-        e2e: e2e.as_secs_f64() * 1000.0,
-        max_gap: max_gap.as_secs_f64() * 1000.0,
-        events,
-    })
+    Ok(timing.end())
+}
+
+/// All streams on one thread, as bench_serving's asyncio loop runs them (`PROXY_BENCH_CLIENT=one-thread`):
+/// a busy thread is not woken by each event written to it.
+async fn one_async(addr: String, path: String, body: String) -> std::io::Result<Stream> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(&addr).await?;
+    s.set_nodelay(true)?;
+    let t0 = Instant::now();
+    s.write_all(request(&path, &body).as_bytes()).await?;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut timing = Timing::new(t0);
+    loop {
+        let n = s.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        timing.read(&buf[..n]);
+    }
+    Ok(timing.end())
 }
 
 fn round(addr: &str, path: &str, streams: usize, tokens: usize) -> Vec<Stream> {
@@ -75,6 +133,26 @@ fn round(addr: &str, path: &str, streams: usize, tokens: usize) -> Vec<Stream> {
         ),
         _ => format!(r#"{{"model":"m","prompt":"x","max_tokens":{tokens},"stream":true}}"#),
     };
+    if std::env::var("PROXY_BENCH_CLIENT").as_deref() == Ok("one-thread") {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return Vec::new();
+        };
+        return rt.block_on(async {
+            let tasks: Vec<_> = (0..streams)
+                .map(|_| tokio::spawn(one_async(addr.into(), path.into(), body.clone())))
+                .collect();
+            let mut done = Vec::with_capacity(streams);
+            for t in tasks {
+                if let Ok(Ok(s)) = t.await {
+                    done.push(s);
+                }
+            }
+            done
+        });
+    }
     let handles: Vec<_> = (0..streams)
         .map(|_| {
             let (a, p, b) = (addr.to_string(), path.to_string(), body.clone());
