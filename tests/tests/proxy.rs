@@ -17,13 +17,14 @@ fn post(addr: &str, path: &str, body: &str) -> Timed {
 }
 
 fn start(name: &str, extra: &[&str]) -> (Run, String, String, std::path::PathBuf) {
-    start_with(name, extra, &[])
+    start_with(name, extra, &[], &[])
 }
 
 fn start_with(
     name: &str,
     extra: &[&str],
     replay_extra: &[&str],
+    env: &[(&str, &str)],
 ) -> (Run, String, String, std::path::PathBuf) {
     let dir = std::env::temp_dir();
     let log = dir.join(format!(
@@ -38,6 +39,7 @@ fn start_with(
         Opts {
             supervisor: &sup,
             replay: &[&["--speed", "50"], replay_extra].concat(),
+            env,
             ..Default::default()
         },
     );
@@ -104,12 +106,26 @@ fn output_events(n: u64, merge: u64) -> u64 {
 
 #[test]
 fn every_endpoint_streamed_or_not_usage_asked_or_not_gets_exact_tokens_and_identical_bytes() {
+    endpoint_matrix("proxy-matrix", &[]);
+}
+
+#[test]
+fn read_in_sweeps_every_endpoint_still_gets_exact_tokens_and_identical_bytes() {
+    // Streaming answers read once a millisecond after their first event (exporters' sweep.rs).
+    endpoint_matrix(
+        "proxy-matrix-swept",
+        &[("SGLANG_SUPERVISOR_PROXY_SWEEP_US", "1000")],
+    );
+}
+
+fn endpoint_matrix(name: &str, env: &[(&str, &str)]) {
     // Like a busy SGLang, every third event carries two tokens; chat answers start with four
     // reasoning tokens.
     let (run, proxy, _, log) = start_with(
-        "proxy-matrix",
+        name,
         &[],
         &["--merge-every", "3", "--reasoning-tokens", "4"],
+        env,
     );
     let direct = format!("127.0.0.1:{}", run.port);
     let n = 10u64;

@@ -219,10 +219,11 @@ fn a_server_with_an_api_key_is_confirmed_ready_with_that_key() {
         !info["max_total_num_tokens"].is_null(),
         "/server_info read with the key: {info}"
     );
-    assert!(run
-        .events_named("warning")
-        .iter()
-        .all(|w| !w.to_string().contains("401")));
+    let warnings = run.events_named("warning");
+    assert!(
+        warnings.iter().all(|w| !w.to_string().contains("401")),
+        "{warnings:?}"
+    );
     let events = std::fs::read_to_string(run.dir.join("events.jsonl")).unwrap();
     assert_eq!(contains_secret(&events), None, "{events}");
 }

@@ -5,15 +5,16 @@
 //! bottleneck of a fast server, so a proxy that waits on each upstream socket made that thread
 //! slower: on the H200 host the server's HTTP process spent 13–20 µs more CPU per output token
 //! through the proxy, and its throughput was exactly one core over that cost
-//! (`docs/real-gpu.md`, seventh session; `benches/wake_cost.c` measures a writer's kernel time per
-//! write: 9 µs to a reader blocked in `read`, 1.8 µs to one that reads every millisecond, on the
-//! dev VM). A busy benchmark client does not wait on its sockets and costs the server nothing.
+//! (`docs/real-gpu.md`, seventh session). `benches/wake_cost.c` measures a writer's kernel time
+//! per write there: 6.3–7.0 µs to a reader blocked in `read`, 1.5–2.2 µs to one that reads every
+//! millisecond. A busy benchmark client does not wait on its sockets and costs the server less.
 //!
-//! So once an answer streams (after its first event: the time to first token is never delayed),
-//! its upstream socket leaves the shard's reactor for a second epoll set that nobody waits on:
-//! the server's writes to it wake no one. Every [`period()`] the shard sweeps that set once
-//! (one `epoll_wait` with no timeout, on a timer of its own) and wakes the answers that have data;
-//! each reads all that came in one `read`. Each later event waits at most one period.
+//! With sweeps on ([`period()`]), once an answer streams (after its first event: the time to
+//! first token is not delayed), its upstream socket leaves the shard's reactor for a second epoll
+//! set that nobody waits on: the server's writes to it wake no one. Every period the shard sweeps
+//! that set once (one `epoll_wait` with no timeout, on a timer of its own) and wakes the answers
+//! that have data; each reads all that came in one `read`. Each later event waits at most one
+//! period.
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
@@ -30,13 +31,15 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
-/// How often streaming answers are read: 1 ms by default (`SGLANG_SUPERVISOR_PROXY_SWEEP_US`
-/// sets it in microseconds; 0 reads every event as it arrives, as before).
+/// How often streaming answers are read, from `SGLANG_SUPERVISOR_PROXY_SWEEP_US` (microseconds,
+/// at most a second). Off by default: on the H200 the sweeps did not bring a real server's
+/// throughput through the proxy to its direct figure, and on the replay benchmark they added up
+/// to a period to every later event (`docs/real-gpu.md`, seventh session).
 pub(crate) fn period() -> Option<Duration> {
     let us = std::env::var("SGLANG_SUPERVISOR_PROXY_SWEEP_US")
         .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(1_000);
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
     (us > 0).then(|| Duration::from_micros(us.min(1_000_000)))
 }
 
