@@ -51,8 +51,12 @@ struct Sweeper {
     /// By token: the answer to wake when its socket has data (`None`: not waiting).
     waiting: Vec<Option<Waker>>,
     free: Vec<usize>,
+    /// Sockets in the set.
     live: usize,
-    /// The sweep loop, parked while no socket is swept.
+    /// Answers waiting for a sweep: the timer runs only while there are some (a kept-alive
+    /// connection that no one reads stays in the set without costing a wake-up per period).
+    pending: usize,
+    /// The sweep loop, parked while no answer waits.
     idle: Option<Waker>,
 }
 
@@ -89,16 +93,17 @@ pub(crate) async fn run(period: Duration) {
             waiting: Vec::new(),
             free: Vec::new(),
             live: 0,
+            pending: 0,
             idle: None,
         })
     });
     let mut events = vec![EpollEvent::empty(); 256];
     let tick = TimeSpec::from_duration(period);
     loop {
-        // Until an answer streams, no timer runs: an idle proxy never wakes.
+        // Until an answer waits, no timer runs: an idle proxy never wakes.
         poll_fn(|cx| {
             with_sweeper(|s| {
-                if s.live > 0 {
+                if s.pending > 0 {
                     Poll::Ready(())
                 } else {
                     s.idle = Some(cx.waker().clone());
@@ -116,7 +121,7 @@ pub(crate) async fn run(period: Duration) {
         {
             return std::future::pending().await;
         }
-        while with_sweeper(|s| s.live).unwrap_or(0) > 0 {
+        while with_sweeper(|s| s.pending).unwrap_or(0) > 0 {
             let Ok(mut ready) = timer.readable().await else {
                 return std::future::pending().await;
             };
@@ -143,6 +148,7 @@ fn sweep(events: &mut [EpollEvent]) {
         let n = s.epoll.wait(events, EpollTimeout::ZERO).unwrap_or(0);
         for e in &events[..n] {
             if let Some(w) = s.waiting.get_mut(e.data() as usize).and_then(Option::take) {
+                s.pending -= 1;
                 w.wake();
             }
         }
@@ -258,10 +264,22 @@ impl Sweeper {
             return Err(e.into());
         }
         self.live += 1;
-        if let Some(w) = self.idle.take() {
-            w.wake();
-        }
         Ok((self.id, token))
+    }
+
+    /// An answer waits for the next sweep (the loop starts its timer if it was idle).
+    fn wait(&mut self, sweeper: u64, token: usize, waker: Waker) {
+        if sweeper != self.id {
+            return;
+        }
+        if let Some(w) = self.waiting.get_mut(token) {
+            if w.replace(waker).is_none() {
+                self.pending += 1;
+                if let Some(idle) = self.idle.take() {
+                    idle.wake();
+                }
+            }
+        }
     }
 
     fn remove(&mut self, sweeper: u64, token: usize, std: &std::net::TcpStream) {
@@ -270,7 +288,9 @@ impl Sweeper {
         }
         let _ = self.epoll.delete(std);
         if let Some(w) = self.waiting.get_mut(token) {
-            *w = None;
+            if w.take().is_some() {
+                self.pending -= 1;
+            }
             self.free.push(token);
             self.live -= 1;
         }
@@ -317,13 +337,7 @@ impl AsyncRead for UpstreamSocket {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         let (sweeper, token) = (*sweeper, *token);
                         let waker = cx.waker().clone();
-                        with_sweeper(|s| {
-                            if s.id == sweeper {
-                                if let Some(w) = s.waiting.get_mut(token) {
-                                    *w = Some(waker);
-                                }
-                            }
-                        });
+                        with_sweeper(|s| s.wait(sweeper, token, waker));
                         return Poll::Pending;
                     }
                     Err(e) => return Poll::Ready(Err(e)),
@@ -463,7 +477,8 @@ mod tests {
     }
 
     #[test]
-    fn a_swept_socket_goes_back_to_the_reactor_to_write_and_sees_the_peer_close() {
+    fn a_swept_socket_goes_back_to_the_reactor_to_write_sees_the_peer_close_and_idle_costs_no_sweeps(
+    ) {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -478,6 +493,12 @@ mod tests {
             let mut buf = [0u8; 16];
             assert_eq!(socket.read(&mut buf).await.unwrap(), 3);
             assert!(matches!(socket.io, Io::Swept { .. }));
+            // In the set but read by no one: the sweep loop parks, no timer runs.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert_eq!(
+                with_sweeper(|s| (s.live, s.pending, s.idle.is_some())),
+                Some((1, 0, true))
+            );
             use tokio::io::AsyncWriteExt;
             socket.write_all(b"back").await.unwrap();
             assert!(matches!(socket.io, Io::Reactor(_)));
@@ -488,7 +509,7 @@ mod tests {
             drop(writer);
             assert_eq!(socket.read(&mut buf).await.unwrap(), 0);
             assert!(matches!(socket.io, Io::Swept { .. }));
-            assert_eq!(with_sweeper(|s| s.live), Some(1));
+            assert_eq!(with_sweeper(|s| (s.live, s.pending)), Some((1, 0)));
             drop(socket);
             assert_eq!(with_sweeper(|s| s.live), Some(0), "dropped: out of the set");
         });
