@@ -440,15 +440,24 @@ mod tests {
         (reads, done.saturating_duration_since(at))
     }
 
-    #[test]
-    fn a_swept_socket_is_read_once_per_period_with_all_that_came_and_an_unswept_one_per_event() {
+    /// Run `f` on a single-threaded runtime, as on a shard, with a sweeper of that period or none.
+    fn on_a_shard<F: std::future::Future>(sweep_ms: Option<u64>, f: F) -> F::Output {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         rt.block_on(async {
-            tokio::spawn(run(Duration::from_millis(50)));
-            tokio::task::yield_now().await;
+            if let Some(ms) = sweep_ms {
+                tokio::spawn(run(Duration::from_millis(ms)));
+                tokio::task::yield_now().await;
+            }
+            f.await
+        })
+    }
+
+    #[test]
+    fn a_swept_socket_is_read_once_per_period_with_all_that_came_and_an_unswept_one_per_event() {
+        on_a_shard(Some(50), async {
             let (swept_reads, late) = five_events(true).await;
             // The five events came within 8 ms: one sweep (or two, if one fell between) read them.
             assert!(swept_reads.len() <= 2, "{swept_reads:?}");
@@ -465,11 +474,7 @@ mod tests {
 
     #[test]
     fn without_a_sweeper_on_the_thread_a_socket_asked_to_be_swept_is_read_as_data_arrives() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        on_a_shard(None, async {
             let (reads, late) = five_events(true).await;
             assert_eq!(reads, vec![10; 5]);
             assert!(late < Duration::from_millis(10), "{late:?}");
@@ -479,13 +484,7 @@ mod tests {
     #[test]
     fn a_swept_socket_goes_back_to_the_reactor_to_write_sees_the_peer_close_and_idle_costs_no_sweeps(
     ) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            tokio::spawn(run(Duration::from_millis(5)));
-            tokio::task::yield_now().await;
+        on_a_shard(Some(5), async {
             let (mut writer, reader) = pair().await;
             let (mut socket, switch) = UpstreamSocket::new(reader);
             switch.set(true);
