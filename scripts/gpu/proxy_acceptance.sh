@@ -184,7 +184,7 @@ if [[ " $PHASES " == *" S "* ]]; then
     for side in ${SIDES:-}; do
       [[ $side == x[0-9] ]] || continue
       # another supervisor in front of the same server, its proxy tuned by the environment in
-      # X1_ENV, X2_ENV ... (e.g. "SGLANG_SUPERVISOR_PROXY_SWEEP_US=0 SGLANG_SUPERVISOR_PROXY_SHARDS=1")
+      # X1_ENV, X2_ENV ... (e.g. "SGLANG_SUPERVISOR_PROXY_SWEEP_US=1000")
       envname=${side^^}_ENV
       env ${!envname:-} "${SUP_PREFIX[@]}" "$BINDIR/sglang-supervisor" run --upstream "http://127.0.0.1:$PORT" \
         --ready-on http --proxy-addr 127.0.0.1:0 --metrics-addr none --gpu-backend none --no-preflight --no-tee \

@@ -24,13 +24,6 @@ pub(crate) struct Shards {
 /// busy core per thread, and a server of hundreds of threads starved a lone proxy thread on two
 /// cores (+650 ms on the largest gap per stream); idle shards cost nothing.
 pub(crate) fn shard_count() -> usize {
-    if let Some(n) = std::env::var("SGLANG_SUPERVISOR_PROXY_SHARDS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|n| (1..=64).contains(n))
-    {
-        return n;
-    }
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     (cores / 4).clamp(2, 4)
 }
