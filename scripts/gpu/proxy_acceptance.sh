@@ -20,6 +20,9 @@
 #        the cost of any extra hop, apart from the proxy's own. SIDES="... x1 x2" add arms through
 #        further supervisors in front of the same server, each with the environment in X1_ENV,
 #        X2_ENV (proxy tuning). The server's CPU is read per run, per process.
+#   S's knobs: COMPILED=1 first runs proxy-bench (a compiled client, a thread per stream and one
+#   thread for all) against the real server, straight and through the proxy, COMPILED_ROUNDS waves
+#   each (4); PAIRS=0 then skips bench_serving.
 #   M's knobs: WAKE=1 runs benches/wake_cost.c (a writer's kernel time per write by how its reader
 #   waits); SWEEPS="0 1000" runs proxy.sh once per sweep period (µs; 0: no sweeps), FAIR_SWEEPS
 #   likewise proxy_fair.sh; M_ENV (more environment for those), M_ROUNDS (7), NO_OAI=1 skips the
@@ -194,6 +197,17 @@ if [[ " $PHASES " == *" S "* ]]; then
       XPORT[$side]=$(grep -o '"proxy":"[^"]*"' "$P/$side-events.jsonl" | head -1 | cut -d'"' -f4 | cut -d: -f2)
       say "arm $side: proxy on ${XPORT[$side]}, environment: ${!envname:-}"
     done
+    if [ -n "${COMPILED:-}" ]; then
+      # A compiled client against the real server (benches' proxy-bench): waves of CONC streams of
+      # 256 tokens, straight and through the proxy alternately, per client kind; with the server's
+      # main (HTTP) process's CPU per event written in each arm. bench_serving's own loop is out.
+      main_pid=$(pgrep -P "$SUP" | head -1)
+      for conc in ${CONCS:-256 512}; do for c in one-thread threads; do
+        say "C: proxy-bench c=$conc client $c (server main pid $main_pid)"
+        "${CLIENT_PREFIX[@]}" env PROXY_BENCH_CLIENT=$c timeout 200 "$BINDIR/proxy-bench" "127.0.0.1:$PORT" "127.0.0.1:$PPORT" \
+          "$conc" 256 "${COMPILED_ROUNDS:-4}" "$SUP" /generate "$main_pid"
+      done; done
+    fi
     for conc in ${CONCS:-256 512}; do
       read -r -a arms <<< "${SIDES:-direct proxy}"
       for i in $(seq "${PAIRS:-4}"); do

@@ -126,7 +126,8 @@ async fn one_async(addr: String, path: String, body: String) -> std::io::Result<
 fn round(addr: &str, path: &str, streams: usize, tokens: usize) -> Vec<Stream> {
     let body = match path {
         "/generate" => format!(
-            r#"{{"text":"x","sampling_params":{{"max_new_tokens":{tokens}}},"stream":true}}"#
+            // ignore_eos: a real SGLang (a dummy model) then gives every stream its full length
+            r#"{{"text":"x","sampling_params":{{"max_new_tokens":{tokens},"ignore_eos":true}},"stream":true}}"#
         ),
         "/v1/chat/completions" => format!(
             r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}],"max_tokens":{tokens},"stream":true}}"#
