@@ -40,7 +40,8 @@ pub(crate) fn period() -> Option<Duration> {
         .ok()
         .and_then(|v| v.trim().parse::<u64>().ok())
         .unwrap_or(0);
-    (us > 0).then(|| Duration::from_micros(us.min(1_000_000)))
+    // Below 50 µs a shard would sweep without pause while an answer waits.
+    (us > 0).then(|| Duration::from_micros(us.clamp(50, 1_000_000)))
 }
 
 /// One shard's set of swept sockets and the answers waiting on them.
@@ -66,8 +67,25 @@ thread_local! {
     static SWEEPER: RefCell<Option<Sweeper>> = const { RefCell::new(None) };
 }
 
+/// This thread's sweeper, if it has one (and its thread-locals are not being torn down).
 fn with_sweeper<T>(f: impl FnOnce(&mut Sweeper) -> T) -> Option<T> {
-    SWEEPER.with(|s| s.borrow_mut().as_mut().map(f))
+    SWEEPER
+        .try_with(|s| s.try_borrow_mut().ok()?.as_mut().map(f))
+        .ok()
+        .flatten()
+}
+
+/// The sweeps stopped (their timer failed): answers waiting for one are woken, and every swept
+/// socket goes back to the reactor at its next read.
+fn retire() -> std::future::Pending<()> {
+    let gone = SWEEPER
+        .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.take()))
+        .ok()
+        .flatten();
+    if let Some(s) = gone {
+        s.waiting.into_iter().flatten().for_each(Waker::wake);
+    }
+    std::future::pending()
 }
 
 /// Sweep this thread's swept sockets every `period`, forever: run by each shard beside its
@@ -97,7 +115,8 @@ pub(crate) async fn run(period: Duration) {
             idle: None,
         })
     });
-    let mut events = vec![EpollEvent::empty(); 256];
+    // Grown to the set's size at a sweep (one `epoll_wait` must see every ready socket).
+    let mut events = vec![EpollEvent::empty(); 64];
     let tick = TimeSpec::from_duration(period);
     loop {
         // Until an answer waits, no timer runs: an idle proxy never wakes.
@@ -119,11 +138,11 @@ pub(crate) async fn run(period: Duration) {
             .set(Expiration::Interval(tick), TimerSetTimeFlags::empty())
             .is_err()
         {
-            return std::future::pending().await;
+            return retire().await;
         }
         while with_sweeper(|s| s.pending).unwrap_or(0) > 0 {
             let Ok(mut ready) = timer.readable().await else {
-                return std::future::pending().await;
+                return retire().await;
             };
             // Read the expirations (however many passed: one sweep does for all of them).
             let _ = ready.try_io(|t| t.get_ref().0.wait().map_err(io::Error::from));
@@ -143,20 +162,24 @@ impl AsRawFd for Tick {
 }
 
 /// Wake every answer whose socket has data, ended or failed.
-fn sweep(events: &mut [EpollEvent]) {
-    with_sweeper(|s| loop {
+fn sweep(events: &mut Vec<EpollEvent>) {
+    let woken = with_sweeper(|s| {
+        // One call sees every socket in the set: a second call would see the same ones again.
+        if events.len() < s.live {
+            events.resize(s.live, EpollEvent::empty());
+        }
         let n = s.epoll.wait(events, EpollTimeout::ZERO).unwrap_or(0);
+        let mut woken = Vec::new();
         for e in &events[..n] {
             if let Some(w) = s.waiting.get_mut(e.data() as usize).and_then(Option::take) {
                 s.pending -= 1;
-                w.wake();
+                woken.push(w);
             }
         }
-        // A full batch may have left ready sockets behind; level-triggered, they show again.
-        if n < events.len() {
-            break;
-        }
+        woken
     });
+    // Woken outside the borrow.
+    woken.into_iter().flatten().for_each(Waker::wake);
 }
 
 /// An upstream socket: in the shard's reactor (every event read as it arrives), or swept.
@@ -164,6 +187,8 @@ fn sweep(events: &mut [EpollEvent]) {
 pub(crate) struct UpstreamSocket {
     io: Io,
     want_swept: Arc<AtomicBool>,
+    /// A write waits on the reactor: the socket stays there (leaving it drops that wait).
+    write_blocked: bool,
 }
 
 enum Io {
@@ -195,6 +220,7 @@ impl UpstreamSocket {
             UpstreamSocket {
                 io: Io::Reactor(stream),
                 want_swept,
+                write_blocked: false,
             },
             switch,
         )
@@ -228,8 +254,18 @@ impl UpstreamSocket {
                 sweeper,
                 token,
             } => {
-                with_sweeper(|s| s.remove(sweeper, token, &std));
-                Io::Reactor(TcpStream::from_std(std)?)
+                let waiter = with_sweeper(|s| s.remove(sweeper, token, &std)).flatten();
+                let stream = TcpStream::from_std(std)?;
+                // A read waiting for a sweep now waits on the reactor.
+                if let Some(w) = waiter {
+                    if stream
+                        .poll_read_ready(&mut Context::from_waker(&w))
+                        .is_ready()
+                    {
+                        w.wake();
+                    }
+                }
+                Io::Reactor(stream)
             }
             Io::Gone => Io::Gone,
         };
@@ -268,32 +304,36 @@ impl Sweeper {
     }
 
     /// An answer waits for the next sweep (the loop starts its timer if it was idle).
-    fn wait(&mut self, sweeper: u64, token: usize, waker: Waker) {
+    /// `false`: the socket is not in this set (no sweep would wake it).
+    fn wait(&mut self, sweeper: u64, token: usize, waker: Waker) -> bool {
         if sweeper != self.id {
-            return;
+            return false;
         }
-        if let Some(w) = self.waiting.get_mut(token) {
-            if w.replace(waker).is_none() {
-                self.pending += 1;
-                if let Some(idle) = self.idle.take() {
-                    idle.wake();
-                }
+        let Some(w) = self.waiting.get_mut(token) else {
+            return false;
+        };
+        if w.replace(waker).is_none() {
+            self.pending += 1;
+            if let Some(idle) = self.idle.take() {
+                idle.wake();
             }
         }
+        true
     }
 
-    fn remove(&mut self, sweeper: u64, token: usize, std: &std::net::TcpStream) {
+    fn remove(&mut self, sweeper: u64, token: usize, std: &std::net::TcpStream) -> Option<Waker> {
         if sweeper != self.id {
-            return;
+            return None;
         }
         let _ = self.epoll.delete(std);
-        if let Some(w) = self.waiting.get_mut(token) {
-            if w.take().is_some() {
-                self.pending -= 1;
-            }
-            self.free.push(token);
-            self.live -= 1;
+        let w = self.waiting.get_mut(token)?;
+        let waiter = w.take();
+        if waiter.is_some() {
+            self.pending -= 1;
         }
+        self.free.push(token);
+        self.live -= 1;
+        waiter
     }
 }
 
@@ -317,33 +357,43 @@ impl AsyncRead for UpstreamSocket {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let swept = this.want_swept.load(Ordering::Relaxed);
+        let swept = this.want_swept.load(Ordering::Relaxed) && !this.write_blocked;
         if let Err(e) = this.switch(swept) {
             return Poll::Ready(Err(e));
         }
-        match &mut this.io {
-            Io::Reactor(s) => Pin::new(s).poll_read(cx, buf),
-            Io::Swept {
-                std,
-                sweeper,
-                token,
-            } => loop {
-                match std.read(buf.initialize_unfilled()) {
+        if let Io::Swept {
+            std,
+            sweeper,
+            token,
+        } = &mut this.io
+        {
+            // The part of hyper's buffer handed over is zeroed first: at most 16 KiB a read.
+            let want = buf.remaining().min(16 << 10);
+            loop {
+                match std.read(buf.initialize_unfilled_to(want)) {
                     Ok(n) => {
                         buf.advance(n);
                         return Poll::Ready(Ok(()));
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        let (sweeper, token) = (*sweeper, *token);
-                        let waker = cx.waker().clone();
-                        with_sweeper(|s| s.wait(sweeper, token, waker));
-                        return Poll::Pending;
+                        let (sweeper, token, waker) = (*sweeper, *token, cx.waker().clone());
+                        if with_sweeper(|s| s.wait(sweeper, token, waker)) == Some(true) {
+                            return Poll::Pending;
+                        }
+                        // No sweep will come (the sweeps stopped): wait on the reactor.
+                        break;
                     }
                     Err(e) => return Poll::Ready(Err(e)),
                 }
-            },
-            Io::Gone => Poll::Ready(Err(gone())),
+            }
+            if let Err(e) = this.switch(false) {
+                return Poll::Ready(Err(e));
+            }
+        }
+        match &mut this.io {
+            Io::Reactor(s) => Pin::new(s).poll_read(cx, buf),
+            _ => Poll::Ready(Err(gone())),
         }
     }
 }
@@ -355,10 +405,13 @@ impl AsyncWrite for UpstreamSocket {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut().reactor() {
+        let this = self.get_mut();
+        let p = match this.reactor() {
             Ok(s) => Pin::new(s).poll_write(cx, buf),
             Err(e) => Poll::Ready(Err(e)),
-        }
+        };
+        this.write_blocked = p.is_pending();
+        p
     }
 
     fn poll_write_vectored(
@@ -366,10 +419,13 @@ impl AsyncWrite for UpstreamSocket {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut().reactor() {
+        let this = self.get_mut();
+        let p = match this.reactor() {
             Ok(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Err(e) => Poll::Ready(Err(e)),
-        }
+        };
+        this.write_blocked = p.is_pending();
+        p
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -391,6 +447,12 @@ impl AsyncWrite for UpstreamSocket {
             Err(e) => Poll::Ready(Err(e)),
         }
     }
+}
+
+/// (live, pending) of this thread's sweeper.
+#[cfg(test)]
+pub(crate) fn counts() -> Option<(usize, usize)> {
+    with_sweeper(|s| (s.live, s.pending))
 }
 
 #[cfg(test)]
@@ -511,6 +573,92 @@ mod tests {
             assert_eq!(with_sweeper(|s| (s.live, s.pending)), Some((1, 0)));
             drop(socket);
             assert_eq!(with_sweeper(|s| s.live), Some(0), "dropped: out of the set");
+        });
+    }
+
+    /// More swept sockets with data at one sweep than a first events buffer holds: one
+    /// `epoll_wait` must see them all (level-triggered, a second call would return the same ones
+    /// again, for ever: the shard froze).
+    #[test]
+    fn a_hundred_sockets_ready_at_one_sweep_are_all_read_and_the_shard_goes_on() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            on_a_shard(Some(5), async {
+                let mut writers = Vec::new();
+                let mut tasks = Vec::new();
+                for _ in 0..100 {
+                    let (mut w, r) = pair().await;
+                    let (mut socket, switch) = UpstreamSocket::new(r);
+                    switch.set(true);
+                    w.write_all(b"x").unwrap();
+                    let mut b = [0u8; 8];
+                    assert_eq!(socket.read(&mut b).await.unwrap(), 1);
+                    assert!(matches!(socket.io, Io::Swept { .. }));
+                    writers.push(w);
+                    tasks.push(tokio::spawn(async move {
+                        let mut b = [0u8; 8];
+                        socket.read(&mut b).await.unwrap()
+                    }));
+                }
+                tokio::task::yield_now().await; // all 300 wait
+                for w in &mut writers {
+                    w.write_all(b"y").unwrap();
+                }
+                for t in tasks {
+                    assert_eq!(t.await.unwrap(), 1);
+                }
+            });
+            let _ = done_tx.send(());
+        });
+        done_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("shard frozen in sweep()");
+    }
+
+    /// hyper polls read, then write, in one turn: a write that takes the swept socket back to the
+    /// reactor must hand the read's waiter over to it, or data from the server wakes no one.
+    #[test]
+    fn a_write_that_blocks_after_a_swept_read_keeps_the_read_waiting_on_the_reactor() {
+        on_a_shard(Some(5), async {
+            let (mut writer, reader) = pair().await;
+            let (mut socket, switch) = UpstreamSocket::new(reader);
+            switch.set(true);
+            writer.write_all(b"one").unwrap();
+            let mut b = [0u8; 16];
+            assert_eq!(socket.read(&mut b).await.unwrap(), 3);
+            let woken = Arc::new(AtomicBool::new(false));
+            struct Flag(Arc<AtomicBool>);
+            impl std::task::Wake for Flag {
+                fn wake(self: Arc<Self>) {
+                    self.0.store(true, Ordering::SeqCst);
+                }
+            }
+            let waker = Waker::from(Arc::new(Flag(woken.clone())));
+            let mut cx = Context::from_waker(&waker);
+            let mut pinned = Pin::new(&mut socket);
+            let mut rb = [0u8; 16];
+            let mut rbuf = ReadBuf::new(&mut rb);
+            assert!(pinned.as_mut().poll_read(&mut cx, &mut rbuf).is_pending());
+            // the peer reads nothing: fill the send buffer until a write blocks
+            let big = vec![0u8; 1 << 20];
+            loop {
+                if pinned.as_mut().poll_write(&mut cx, &big).is_pending() {
+                    break;
+                }
+            }
+            // let delayed ACKs settle, fill what they freed, then start clean
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                while pinned.as_mut().poll_write(&mut cx, &big).is_ready() {}
+            }
+            let mut rb = [0u8; 16];
+            let mut rbuf = ReadBuf::new(&mut rb);
+            assert!(pinned.as_mut().poll_read(&mut cx, &mut rbuf).is_pending());
+            assert!(pinned.as_mut().poll_write(&mut cx, &big).is_pending());
+            woken.store(false, Ordering::SeqCst);
+            writer.write_all(b"two").unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(woken.load(Ordering::SeqCst), "data arrived, nobody woken");
         });
     }
 }

@@ -100,11 +100,15 @@ where
 {
     /// The answer was read to its end: a request body the server has not taken whole yet (it
     /// answered first) is sent on by a task, as a direct client goes on sending it.
-    fn finish(&mut self) {
+    fn finish(&mut self, cx: Option<&mut Context<'_>>) {
         self.finished = true;
-        // The next answer's head and first event are read as they arrive.
-        if let Some(c) = self.conn.as_ref() {
+        // The next answer's head and first event are read as they arrive; driven once more, the
+        // socket goes back to the reactor now (hyper's idle read may have left a sweep waiting).
+        if let Some(c) = self.conn.as_mut() {
             c.swept.set(false);
+            if let Some(cx) = cx {
+                c.drive(cx);
+            }
         }
         let Some(c) = self
             .conn
@@ -214,7 +218,7 @@ where
     pub(crate) fn new(body: Incoming, mut lent: Lent<B>) -> Self {
         // An answer without a body (204, 304, HEAD) is read already; hyper may never poll it.
         if body.is_end_stream() {
-            lent.finish();
+            lent.finish(None);
         }
         Driven {
             body,
@@ -265,12 +269,12 @@ where
                         if let Some(c) = this.lent.conn.as_mut() {
                             c.drive(cx);
                         }
-                        this.lent.finish();
+                        this.lent.finish(Some(cx));
                     }
                     return Poll::Ready(Some(frame));
                 }
                 Poll::Ready(None) => {
-                    this.lent.finish();
+                    this.lent.finish(Some(cx));
                     return Poll::Ready(None);
                 }
                 Poll::Pending if !asked => asked = true,
@@ -324,5 +328,68 @@ impl<E> Deferred<E> {
             return Some(Poll::Pending);
         }
         self.error.take().map(|e| Poll::Ready(Some(Err(e))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full};
+    use std::io::{Read, Write};
+    use std::time::Duration;
+
+    /// The body's last frame drives the connection while the switch still says swept, and
+    /// hyper's idle keep-alive read then waits for a sweep: at the answer's end the socket must go
+    /// back to the reactor, or the shard's timer fires every period while the connection idles.
+    #[test]
+    fn a_kept_connection_idle_after_a_swept_answer_leaves_nothing_in_the_sweep() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            s.set_nodelay(true).unwrap();
+            let mut b = [0u8; 4096];
+            let _ = s.read(&mut b).unwrap();
+            s.write_all(
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n",
+            )
+            .unwrap();
+            for i in 2..5 {
+                std::thread::sleep(Duration::from_millis(20));
+                s.write_all(format!("9\r\ndata: {i}\n\n\r\n").as_bytes())
+                    .unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            s.write_all(b"0\r\n\r\n").unwrap();
+            std::thread::sleep(Duration::from_millis(500));
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            tokio::spawn(super::super::sweep::run(Duration::from_millis(5)));
+            tokio::task::yield_now().await;
+            let up = Arc::new(Upstream::<Full<Bytes>>::new(addr.to_string()));
+            let req = Request::post("/generate")
+                .header("host", "x")
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .unwrap();
+            let (resp, lent) = up.send(req).await.unwrap();
+            let mut body = Driven::new(resp.into_body(), lent);
+            let mut got = Vec::new();
+            while let Some(f) = body.frame().await {
+                got.extend_from_slice(f.unwrap().data_ref().unwrap());
+            }
+            assert_eq!(got.len(), 36);
+            drop(body);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert_eq!(
+                super::super::sweep::counts(),
+                Some((0, 0)),
+                "(live, pending)"
+            );
+        });
+        server.join().unwrap();
     }
 }
