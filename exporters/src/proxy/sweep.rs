@@ -471,6 +471,18 @@ mod tests {
         (writer, reader)
     }
 
+    /// A socket asked to be swept that has read its first bytes (`first`), so it is in the set.
+    async fn swept_after(first: &[u8]) -> (std::net::TcpStream, UpstreamSocket) {
+        let (mut writer, reader) = pair().await;
+        let (mut socket, switch) = UpstreamSocket::new(reader);
+        switch.set(true);
+        writer.write_all(first).unwrap();
+        let mut buf = [0u8; 16];
+        assert_eq!(socket.read(&mut buf).await.unwrap(), first.len());
+        assert!(matches!(socket.io, Io::Swept { .. }));
+        (writer, socket)
+    }
+
     /// Five events 2 ms apart, then how the reader got them: bytes per read and the time from
     /// the last write to the last read.
     async fn five_events(swept: bool) -> (Vec<usize>, Duration) {
@@ -547,13 +559,8 @@ mod tests {
     fn a_swept_socket_goes_back_to_the_reactor_to_write_sees_the_peer_close_and_idle_costs_no_sweeps(
     ) {
         on_a_shard(Some(5), async {
-            let (mut writer, reader) = pair().await;
-            let (mut socket, switch) = UpstreamSocket::new(reader);
-            switch.set(true);
-            writer.write_all(b"one").unwrap();
+            let (mut writer, mut socket) = swept_after(b"one").await;
             let mut buf = [0u8; 16];
-            assert_eq!(socket.read(&mut buf).await.unwrap(), 3);
-            assert!(matches!(socket.io, Io::Swept { .. }));
             // In the set but read by no one: the sweep loop parks, no timer runs.
             tokio::time::sleep(Duration::from_millis(20)).await;
             assert_eq!(
@@ -587,13 +594,7 @@ mod tests {
                 let mut writers = Vec::new();
                 let mut tasks = Vec::new();
                 for _ in 0..100 {
-                    let (mut w, r) = pair().await;
-                    let (mut socket, switch) = UpstreamSocket::new(r);
-                    switch.set(true);
-                    w.write_all(b"x").unwrap();
-                    let mut b = [0u8; 8];
-                    assert_eq!(socket.read(&mut b).await.unwrap(), 1);
-                    assert!(matches!(socket.io, Io::Swept { .. }));
+                    let (w, mut socket) = swept_after(b"x").await;
                     writers.push(w);
                     tasks.push(tokio::spawn(async move {
                         let mut b = [0u8; 8];
@@ -620,12 +621,7 @@ mod tests {
     #[test]
     fn a_write_that_blocks_after_a_swept_read_keeps_the_read_waiting_on_the_reactor() {
         on_a_shard(Some(5), async {
-            let (mut writer, reader) = pair().await;
-            let (mut socket, switch) = UpstreamSocket::new(reader);
-            switch.set(true);
-            writer.write_all(b"one").unwrap();
-            let mut b = [0u8; 16];
-            assert_eq!(socket.read(&mut b).await.unwrap(), 3);
+            let (mut writer, mut socket) = swept_after(b"one").await;
             let woken = Arc::new(AtomicBool::new(false));
             struct Flag(Arc<AtomicBool>);
             impl std::task::Wake for Flag {
