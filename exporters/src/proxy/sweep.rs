@@ -51,9 +51,8 @@ struct Sweeper {
     epoll: Epoll,
     /// By token: the answer to wake when its socket has data (`None`: not waiting).
     waiting: Vec<Option<Waker>>,
+    /// Tokens of `waiting` no socket holds (the rest are the sockets in the set).
     free: Vec<usize>,
-    /// Sockets in the set.
-    live: usize,
     /// Answers waiting for a sweep: the timer runs only while there are some (a kept-alive
     /// connection that no one reads stays in the set without costing a wake-up per period).
     pending: usize,
@@ -110,7 +109,6 @@ pub(crate) async fn run(period: Duration) {
             epoll,
             waiting: Vec::new(),
             free: Vec::new(),
-            live: 0,
             pending: 0,
             idle: None,
         })
@@ -165,8 +163,9 @@ impl AsRawFd for Tick {
 fn sweep(events: &mut Vec<EpollEvent>) {
     let woken = with_sweeper(|s| {
         // One call sees every socket in the set: a second call would see the same ones again.
-        if events.len() < s.live {
-            events.resize(s.live, EpollEvent::empty());
+        let live = s.live();
+        if events.len() < live {
+            events.resize(live, EpollEvent::empty());
         }
         let n = s.epoll.wait(events, EpollTimeout::ZERO).unwrap_or(0);
         let mut woken = Vec::new();
@@ -279,6 +278,19 @@ impl UpstreamSocket {
             _ => Err(gone()),
         }
     }
+
+    /// A write, through the reactor; one that waits keeps the socket there until it is done.
+    fn write_with(
+        &mut self,
+        write: impl FnOnce(Pin<&mut TcpStream>) -> Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        let p = match self.reactor() {
+            Ok(s) => write(Pin::new(s)),
+            Err(e) => Poll::Ready(Err(e)),
+        };
+        self.write_blocked = p.is_pending();
+        p
+    }
 }
 
 fn gone() -> io::Error {
@@ -289,6 +301,11 @@ fn gone() -> io::Error {
 }
 
 impl Sweeper {
+    /// Sockets in the set.
+    fn live(&self) -> usize {
+        self.waiting.len() - self.free.len()
+    }
+
     fn add(&mut self, std: &std::net::TcpStream) -> io::Result<(u64, usize)> {
         let token = self.free.pop().unwrap_or_else(|| {
             self.waiting.push(None);
@@ -299,7 +316,6 @@ impl Sweeper {
             self.free.push(token);
             return Err(e.into());
         }
-        self.live += 1;
         Ok((self.id, token))
     }
 
@@ -332,7 +348,6 @@ impl Sweeper {
             self.pending -= 1;
         }
         self.free.push(token);
-        self.live -= 1;
         waiter
     }
 }
@@ -405,13 +420,7 @@ impl AsyncWrite for UpstreamSocket {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let p = match this.reactor() {
-            Ok(s) => Pin::new(s).poll_write(cx, buf),
-            Err(e) => Poll::Ready(Err(e)),
-        };
-        this.write_blocked = p.is_pending();
-        p
+        self.get_mut().write_with(|s| s.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -419,13 +428,8 @@ impl AsyncWrite for UpstreamSocket {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let p = match this.reactor() {
-            Ok(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Err(e) => Poll::Ready(Err(e)),
-        };
-        this.write_blocked = p.is_pending();
-        p
+        self.get_mut()
+            .write_with(|s| s.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -452,7 +456,23 @@ impl AsyncWrite for UpstreamSocket {
 /// (live, pending) of this thread's sweeper.
 #[cfg(test)]
 pub(crate) fn counts() -> Option<(usize, usize)> {
-    with_sweeper(|s| (s.live, s.pending))
+    with_sweeper(|s| (s.live(), s.pending))
+}
+
+/// Run `f` on a single-threaded runtime, as on a shard, with a sweeper of that period or none.
+#[cfg(test)]
+pub(crate) fn on_a_shard<F: std::future::Future>(sweep_ms: Option<u64>, f: F) -> F::Output {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a test runtime");
+    rt.block_on(async {
+        if let Some(ms) = sweep_ms {
+            tokio::spawn(run(Duration::from_millis(ms)));
+            tokio::task::yield_now().await;
+        }
+        f.await
+    })
 }
 
 #[cfg(test)]
@@ -514,21 +534,6 @@ mod tests {
         (reads, done.saturating_duration_since(at))
     }
 
-    /// Run `f` on a single-threaded runtime, as on a shard, with a sweeper of that period or none.
-    fn on_a_shard<F: std::future::Future>(sweep_ms: Option<u64>, f: F) -> F::Output {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            if let Some(ms) = sweep_ms {
-                tokio::spawn(run(Duration::from_millis(ms)));
-                tokio::task::yield_now().await;
-            }
-            f.await
-        })
-    }
-
     #[test]
     fn a_swept_socket_is_read_once_per_period_with_all_that_came_and_an_unswept_one_per_event() {
         on_a_shard(Some(50), async {
@@ -564,7 +569,7 @@ mod tests {
             // In the set but read by no one: the sweep loop parks, no timer runs.
             tokio::time::sleep(Duration::from_millis(20)).await;
             assert_eq!(
-                with_sweeper(|s| (s.live, s.pending, s.idle.is_some())),
+                with_sweeper(|s| (s.live(), s.pending, s.idle.is_some())),
                 Some((1, 0, true))
             );
             use tokio::io::AsyncWriteExt;
@@ -577,9 +582,13 @@ mod tests {
             drop(writer);
             assert_eq!(socket.read(&mut buf).await.unwrap(), 0);
             assert!(matches!(socket.io, Io::Swept { .. }));
-            assert_eq!(with_sweeper(|s| (s.live, s.pending)), Some((1, 0)));
+            assert_eq!(with_sweeper(|s| (s.live(), s.pending)), Some((1, 0)));
             drop(socket);
-            assert_eq!(with_sweeper(|s| s.live), Some(0), "dropped: out of the set");
+            assert_eq!(
+                with_sweeper(|s| s.live()),
+                Some(0),
+                "dropped: out of the set"
+            );
         });
     }
 

@@ -333,6 +333,7 @@ impl<E> Deferred<E> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::sweep::{counts, on_a_shard};
     use super::*;
     use http_body_util::{BodyExt, Full};
     use std::io::{Read, Write};
@@ -363,13 +364,7 @@ mod tests {
             s.write_all(b"0\r\n\r\n").unwrap();
             std::thread::sleep(Duration::from_millis(500));
         });
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            tokio::spawn(super::super::sweep::run(Duration::from_millis(5)));
-            tokio::task::yield_now().await;
+        on_a_shard(Some(5), async move {
             let up = Arc::new(Upstream::<Full<Bytes>>::new(addr.to_string()));
             let req = Request::post("/generate")
                 .header("host", "x")
@@ -384,11 +379,7 @@ mod tests {
             assert_eq!(got.len(), 36);
             drop(body);
             tokio::time::sleep(Duration::from_millis(50)).await;
-            assert_eq!(
-                super::super::sweep::counts(),
-                Some((0, 0)),
-                "(live, pending)"
-            );
+            assert_eq!(counts(), Some((0, 0)), "(live, pending)");
         });
         server.join().unwrap();
     }
