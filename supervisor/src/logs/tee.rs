@@ -600,8 +600,7 @@ impl<'a> LineState<'a> {
         let (parser, sink) = (&mut self.parser, &mut self.sink);
         self.framer
             .finish(|line, truncated| parser.line(line, truncated, sink));
-        self.sink.at = Instant::now();
-        self.parser.flush(&mut self.sink);
+        self.idle();
         self.sink.batches.publish(&shared.batches, &shared.series);
         self.parser.stats
     }
