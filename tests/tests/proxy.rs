@@ -79,19 +79,13 @@ fn stop(mut run: Run) {
 
 /// The payload of an HTTP/1.1 body, chunked or not.
 fn dechunk(body: &str) -> String {
-    let mut out = String::new();
-    let mut rest = body;
-    while let Some((size, after)) = rest.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            return body.to_string(); // not chunked
-        };
-        if n == 0 {
-            return out;
-        }
-        out.push_str(&after[..n]);
-        rest = &after[n + 2..];
+    let chunked = body
+        .split_once("\r\n")
+        .is_some_and(|(size, _)| usize::from_str_radix(size.trim(), 16).is_ok());
+    if !chunked {
+        return body.to_string();
     }
-    body.to_string()
+    String::from_utf8_lossy(&sglang_supervisor_tests::dechunked(body.as_bytes())).into_owned()
 }
 
 /// Events carrying output in a stream of `n` tokens where every `merge`th event holds two.
