@@ -35,7 +35,9 @@ mkdir -p "$O"
 exec > >(tee "$O/summary.txt") 2>&1
 say() { echo "[acceptance $(date +%T.%3N)] $*"; }
 ulimit -n "$(ulimit -Hn)"
-nproc; lscpu | grep -iE "numa|model name|^cpu\(s\)|mhz"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -2
+nproc; lscpu | grep -iE "numa|model name|^cpu\(s\)|mhz|thread|core|socket"; echo "SMT siblings: $(cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null | sort -u | tr '\n' ' ')"
+which perf strace py-spy gdb 2>/dev/null; python3 -c 'import importlib.util as u; print("uvloop", bool(u.find_spec("uvloop")), "httptools", bool(u.find_spec("httptools")), "h11", bool(u.find_spec("h11")))'
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -2
 
 if [[ " $PHASES " == *" M "* ]]; then
   mkdir -p "$HERE/target/release"
@@ -57,6 +59,10 @@ if [[ " $PHASES " == *" M "* ]]; then
   if [ -n "${LOG_PATH:-}" ]; then say "M: log_path.sh"; (cd "$HERE" && timeout 150 benches/log_path.sh 5 256); fi
 fi
 
+echo "somaxconn $(cat /proc/sys/net/core/somaxconn), tcp_max_syn_backlog $(cat /proc/sys/net/ipv4/tcp_max_syn_backlog), syncookies $(cat /proc/sys/net/ipv4/tcp_syncookies), abort_on_overflow $(cat /proc/sys/net/ipv4/tcp_abort_on_overflow)"
+if [ -n "${SOMAXCONN:-}" ]; then  # listen queues are sized when the server listens: set before it starts
+  sysctl -w net.core.somaxconn="$SOMAXCONN" net.ipv4.tcp_max_syn_backlog="$SOMAXCONN" || echo "could not set somaxconn"
+fi
 # shellcheck source=/dev/null
 source "$HERE/dev-device/serve.sh"
 install_bundle "$B" || exit 1
@@ -89,28 +95,10 @@ start_sup() { # start_sup DIR
   PPORT=$(grep -o '"proxy":"[^"]*"' "$1/events.jsonl" | cut -d'"' -f4 | cut -d: -f2)
   say "ready after $(grep -o '"event":"ready"[^}]*' "$1/events.jsonl" | grep -o '"elapsed_s":[0-9.]*'); proxy on $PPORT"
 }
-tree_cpu() { # CPU ticks of every living descendant of PID (the server's tree): "TOTAL name=ticks ..."
-  python3 - "$1" <<'PY'
-import os, sys
-kids, ticks, names = {}, {}, {}
-for d in os.listdir("/proc"):
-    if not d.isdigit(): continue
-    try:
-        raw = open(f"/proc/{d}/stat").read()
-        f = raw.rsplit(")", 1)[1].split()
-        cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")[0].decode(errors="replace")
-    except OSError: continue
-    kids.setdefault(int(f[1]), []).append(int(d)); ticks[int(d)] = int(f[11]) + int(f[12])
-    # SGLang names its processes (sglang::scheduler, ...); the main one (HTTP server and
-    # tokenizer manager) keeps python's name
-    names[int(d)] = os.path.basename(cmd.split()[0]) if cmd else raw[raw.index("(") + 1:raw.rindex(")")]
-todo, total, by = list(kids.get(int(sys.argv[1]), [])), 0, {}
-while todo:
-    p = todo.pop(); total += ticks.get(p, 0); todo += kids.get(p, [])
-    by[names.get(p, "?")] = by.get(names.get(p, "?"), 0) + ticks.get(p, 0)
-print(total, " ".join(f"{k}={v}" for k, v in sorted(by.items()) if v))
-PY
-}
+procs() { python3 "$HERE/scripts/gpu/server_procs.py" "$@"; }  # the server tree's CPU, per process
+# the host's TCP counters that say whether connections waited on a full listen queue (SYNs
+# dropped and sent again a second later) or were resent: "name=value ..."
+tcpstat() { awk '/^(Tcp|TcpExt):/ { if (!h[$1]++) { for (i = 2; i <= NF; i++) n[$1, i] = $i } else { for (i = 2; i <= NF; i++) if (n[$1, i] ~ /^(ListenOverflows|ListenDrops|TCPSynRetrans|TCPTimeouts|RetransSegs|ActiveOpens|PassiveOpens|TCPReqQFullDrop|TCPReqQFullDoCookies)$/) printf "%s=%s ", n[$1, i], $i } }' /proc/net/netstat /proc/net/snmp; }
 stop_sup() { kill -TERM "$SUP"; wait "$SUP"; say "supervisor exit $?"; }
 bench() { # bench PORT BACKEND CONC PROMPTS OUTFILE [RANGE]
   "${CLIENT_PREFIX[@]}" timeout 300 python3 -m sglang.bench_serving --backend "$2" --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" \
@@ -182,7 +170,29 @@ if [[ " $PHASES " == *" S "* ]]; then
   say "S: start (the E phase's server when it ran)"
   if { [ -n "${SUP:-}" ] && kill -0 "$SUP" 2>/dev/null; } || start_sup "$P"; then
     bench "$PPORT" sglang 32 64 "$P/warm.jsonl"   # JIT and graphs warm before timing anything
+    if [ -n "${ISOLATE:-}" ] && [ -n "${PIN_SERVER:-}" ]; then
+      # the server's HTTP process (its bottleneck under load) alone on a CPU, its SMT siblings idle
+      line=$(procs isolate "$SUP" "$PIN_SERVER"); echo "$line"
+      idle=$(echo "$line" | sed -n 's/.*left idle: \[\([0-9, ]*\)\].*/\1/p' | tr -d ' ')
+      if [ -n "$idle" ]; then
+        drop() { python3 -c 'import sys; d=set(sys.argv[2].split(",")); print(",".join(c for c in sys.argv[1].split(",") if c not in d))' "$1" "$idle"; }
+        PIN_CLIENT=$(drop "$PIN_CLIENT"); PIN_SUP=$(drop "$PIN_SUP")
+        CLIENT_PREFIX=(taskset -c "$PIN_CLIENT"); SUP_PREFIX=(taskset -c "$PIN_SUP")
+        taskset -a -p -c "$PIN_SUP" "$SUP" > /dev/null
+        echo "client now on $PIN_CLIENT, supervisor on $PIN_SUP"
+      fi
+    fi
+    s0=$(procs stats "$SUP"); sleep 3; s1=$(procs stats "$SUP")
+    python3 - "$s0" "$s1" <<'PY'
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+tick = lambda j, k: (j["by"].get(k) or {}).get("utime", 0) + (j["by"].get(k) or {}).get("stime", 0)
+print("idle server over 3 s, CPU by process: " + ", ".join(f"{k} {(tick(b, k) - tick(a, k)) / b['hz'] / 3:.2f} core" for k in sorted(b["by"])))
+PY
     RPORT=30007; RELAY=""
+    if [[ " ${SIDES:-} " == *" relay "* ]]; then
+      "${SUP_PREFIX[@]}" "$BINDIR/tcp-relay" 127.0.0.1:$RPORT 127.0.0.1:$PORT & RELAY=$!
+    fi
     declare -A XPORT XSUP
     for side in ${SIDES:-}; do
       [[ $side == x[0-9] ]] || continue
@@ -201,8 +211,8 @@ if [[ " $PHASES " == *" S "* ]]; then
       # A compiled client against the real server (benches' proxy-bench): waves of CONC streams of
       # 256 tokens, straight and through the proxy alternately, per client kind; with the server's
       # main (HTTP) process's CPU per event written in each arm. bench_serving's own loop is out.
-      main_pid=$(pgrep -P "$SUP" | head -1)
-      for conc in ${CONCS:-256 512}; do for c in one-thread threads; do
+      main_pid=$(procs stats "$SUP" | python3 -c "import json,sys; print(json.load(sys.stdin)[\"main\"][\"pid\"])")
+      for conc in ${CONCS:-256 512}; do for c in ${COMPILED_CLIENTS:-one-thread threads}; do
         say "C: proxy-bench c=$conc client $c (server main pid $main_pid)"
         "${CLIENT_PREFIX[@]}" env PROXY_BENCH_CLIENT=$c timeout 200 "$BINDIR/proxy-bench" "127.0.0.1:$PORT" "127.0.0.1:$PPORT" \
           "$conc" 256 "${COMPILED_ROUNDS:-4}" "$SUP" /generate "$main_pid"
@@ -219,23 +229,29 @@ if [[ " $PHASES " == *" S "* ]]; then
           CPUPID=$SUP
           case $side in proxy) port=$PPORT ;; relay) port=$RPORT ;; x[0-9]) port=${XPORT[$side]}; CPUPID=${XSUP[$side]} ;; *) port=$PORT ;; esac
           post "http://127.0.0.1:$PORT/flush_cache" > /dev/null 2>&1 || true
-          cpu0=$(awk '{print $14+$15}' "/proc/$CPUPID/stat"); read -r srv0 by0 <<< "$(tree_cpu "$SUP")"
+          cpu0=$(awk '{print $14+$15}' "/proc/$CPUPID/stat"); by0=$(procs stats "$SUP"); net0=$(tcpstat)
           # a window per run: the server's own batch series (running requests, decode throughput)
           # over it, whichever path the client took
           post "http://$MET/-/window/start?name=c$conc-$side-$i" > /dev/null
           DATASET=random-ids bench "$port" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
           post "http://$MET/-/window/stop" > "$P/c$conc-$side-$i.window.json" 2>&1
-          cpu1=$(awk '{print $14+$15}' "/proc/$CPUPID/stat"); read -r srv1 by1 <<< "$(tree_cpu "$SUP")"
-          python3 - "$P/c$conc-$side-$i.jsonl" "$side" "$conc" "$i" "$cpu0" "$cpu1" "$srv0" "$srv1" "$by0" "$by1" <<'PY'
+          cpu1=$(awk '{print $14+$15}' "/proc/$CPUPID/stat"); by1=$(procs stats "$SUP"); net1=$(tcpstat)
+          python3 - "$P/c$conc-$side-$i.jsonl" "$side" "$conc" "$i" "$cpu0" "$cpu1" "$by0" "$by1" "$net0" "$net1" <<'PY'
 import json, sys, os, statistics as st
-f, side, conc, i, c0, c1, s0, s1, by0, by1 = sys.argv[1:]
+f, side, conc, i, c0, c1, by0, by1, net0, net1 = sys.argv[1:]
 b = [json.loads(l.replace("Infinity", "1e999")) for l in open(f)][-1]
 hz = os.sysconf("SC_CLK_TCK")
-by = lambda t: dict(kv.split("=") for kv in t.split())
-b0, b1 = by(by0), by(by1)
+j0, j1 = json.loads(by0), json.loads(by1)
+t = lambda j, k, f="both": (j["by"].get(k) or {}).get("utime", 0) * (f != "s") + (j["by"].get(k) or {}).get("stime", 0) * (f != "u")
+s0 = sum(t(j0, k) for k in j0["by"]); s1 = sum(t(j1, k) for k in j1["by"])
 tokens = b["total_output_tokens"] or 1
 print(f"S c={conc} round {i} {side:6s}: out {b['output_throughput']:.1f} tok/s, median E2E {b['median_e2e_latency_ms']:.1f} ms, median TPOT {b['median_tpot_ms']:.3f} ms, median TTFT {b['median_ttft_ms']:.2f} ms, completed {b['completed']}, supervisor CPU {(float(c1)-float(c0))/hz:.2f} s, server CPU {(float(s1)-float(s0))/hz:.2f} s, over {b['duration']:.2f} s")
-print(f"    server CPU per output token by process: " + ", ".join(f"{k} {(int(b1[k]) - int(b0.get(k, 0))) / hz / tokens * 1e6:.1f} us" for k in sorted(b1)))
+print(f"    server CPU per output token by process (user + system): " + ", ".join(f"{k} {(t(j1, k) - t(j0, k)) / hz / tokens * 1e6:.1f} us ({(t(j1, k, 'u') - t(j0, k, 'u')) / hz / tokens * 1e6:.1f} + {(t(j1, k, 's') - t(j0, k, 's')) / hz / tokens * 1e6:.1f})" for k in sorted(j1["by"])))
+m0, m1 = j0["main"], j1["main"]
+busy = {n: v - m0["threads"].get(n, 0) for n, v in m1["threads"].items() if v - m0["threads"].get(n, 0) > 0}
+print(f"    HTTP process: {(m1['vcsw'] - m0['vcsw']) / tokens:.3f} voluntary and {(m1['nvcsw'] - m0['nvcsw']) / tokens:.3f} involuntary context switches per output token; its busy threads (s): " + ", ".join(f"{n} {v / hz:.2f}" for n, v in sorted(busy.items(), key=lambda x: -x[1])[:4]))
+n0, n1 = (dict(kv.split("=") for kv in n.split()) for n in (net0, net1))
+print("    TCP over the run: " + ", ".join(f"{k} {int(v) - int(n0.get(k, 0))}" for k, v in n1.items()))
 # where the time went, per request (bench_serving's own details): the ITLs, how the tokens
 # came in (chunks per request: SGLang sends one event per step; fewer means merged steps)
 itl = sorted(x for r in b.get("itls", []) for x in r)
