@@ -699,6 +699,38 @@ fn counting_upstream() -> (u16, std::sync::mpsc::Receiver<(usize, usize)>) {
     (port, rx)
 }
 
+/// A direct client's connection reaches the server when it connects, before any request; through
+/// the proxy too, and it is closed with the client's even if no request came on it.
+#[test]
+fn the_server_sees_a_client_connection_when_it_connects_not_at_its_first_request() {
+    let (port, closed) = counting_upstream();
+    let upstream = format!("http://127.0.0.1:{port}");
+    let (run, proxy, _, log) = start("proxy-early", &["--upstream", &upstream]);
+    // The supervisor's own probes of the server (readiness, server info, metrics) each come on a
+    // connection of their own with one request: the client's is the one that carried none.
+    let unused = |until: Instant| {
+        std::iter::from_fn(|| {
+            closed
+                .recv_timeout(until.saturating_duration_since(Instant::now()))
+                .ok()
+        })
+        .find(|&(_, served)| served == 0)
+    };
+    let client = TcpStream::connect(&proxy).unwrap();
+    assert_eq!(
+        unused(Instant::now() + Duration::from_millis(300)),
+        None,
+        "closed while the client is connected"
+    );
+    drop(client);
+    assert!(
+        unused(Instant::now() + Duration::from_secs(5)).is_some(),
+        "the client's connection reached the server and was closed with it"
+    );
+    stop(run);
+    let _ = std::fs::remove_file(log);
+}
+
 #[test]
 fn the_server_sees_one_connection_per_client_connection_kept_and_closed_with_it() {
     let (port, closed) = counting_upstream();

@@ -130,6 +130,7 @@ pub async fn start(
                 Err(e) => return tracing::debug!("proxy connection: {e}"),
             };
             let up = Arc::new(Upstream::new(p.upstream_addr.clone()));
+            up.open_early();
             let svc = service_fn(move |req| p.clone().forward(req, up.clone()));
             if let Err(e) = limits
                 .http1()

@@ -1,8 +1,10 @@
 //! The upstream side of one client connection. Each client connection gets its own upstream
-//! connection, opened at its first request, reused for its next ones and closed with it, so the
-//! server sees exactly the connections it would see from the client directly: the same accepts,
-//! the same keep-alive, the same close when the client leaves (a shared pool kept connections
-//! the client had closed, and skipped the accepts a direct client costs the server).
+//! connection, opened when the client connects, reused for its requests and closed with it, so
+//! the server sees exactly the connections it would see from the client directly: the same
+//! accepts at the same moments, the same keep-alive, the same close when the client leaves (a
+//! shared pool kept connections the client had closed, and skipped the accepts a direct client
+//! costs the server; a connection opened at the first request reached the server only after the
+//! request was read, and its connect was added to every time to first token).
 //!
 //! The upstream connection is driven by the task that serves its client connection, not by a
 //! task of its own: hyper's client hands a response body over one chunk at a time through a
@@ -66,10 +68,12 @@ pub(crate) struct Upstream<B: Body + 'static> {
     conn: Mutex<Option<Slot<B>>>,
 }
 
-/// The kept connection: idle, or still sending the previous request's body (the server answered
-/// before reading all of it), driven by a task of its own until it is sent: nothing else polls
-/// it, and the client's next request is read only after that body.
+/// The kept connection: being opened (the client has connected), idle, or still sending the
+/// previous request's body (the server answered before reading all of it), driven by a task of
+/// its own until it is sent: nothing else polls it, and the client's next request is read only
+/// after that body.
 enum Slot<B: Body + 'static> {
+    Opening(tokio::sync::oneshot::Receiver<Result<Conn<B>, String>>),
     Idle(Conn<B>),
     Finishing(tokio::sync::oneshot::Receiver<Conn<B>>),
 }
@@ -143,6 +147,22 @@ where
         }
     }
 
+    /// Start opening the upstream connection now, as the client has just connected: the server
+    /// accepts it when a direct client's connection would reach it, and the first request does
+    /// not wait for a connect. A connection that fails to open is opened again at the request
+    /// (whose answer then says why); one nobody asks for is closed with the client's.
+    pub(crate) fn open_early(self: &Arc<Self>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        *lock(&self.conn) = Some(Slot::Opening(rx));
+        let this = self.clone();
+        rt.spawn(async move {
+            let _ = tx.send(this.connect().await);
+        });
+    }
+
     /// Send `req` on this client connection's upstream connection, opening it when there is none
     /// or the server closed it. The answer's body comes with the connection that reads it.
     pub(crate) async fn send(
@@ -151,6 +171,7 @@ where
     ) -> Result<(Response<Incoming>, Lent<B>), String> {
         let slot = lock(&self.conn).take();
         let kept = match slot {
+            Some(Slot::Opening(rx)) => rx.await.ok().and_then(Result::ok),
             Some(Slot::Idle(c)) => Some(c),
             // Still sending the last request's body: the next request waits for it, as on a
             // direct connection.
@@ -382,5 +403,41 @@ mod tests {
             assert_eq!(counts(), Some((0, 0)), "(live, pending)");
         });
         server.join().unwrap();
+    }
+
+    /// The client connected before the server listened: the early open fails, and the request
+    /// opens the connection again instead of failing with it.
+    #[test]
+    fn an_upstream_that_could_not_be_opened_when_the_client_connected_is_opened_at_its_request() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        on_a_shard(None, async move {
+            let up = Arc::new(Upstream::<Full<Bytes>>::new(addr.to_string()));
+            up.open_early();
+            // the refused connect has come back before the server listens
+            while matches!(&*lock(&up.conn), Some(Slot::Opening(rx)) if rx.is_empty()) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let l = std::net::TcpListener::bind(addr).unwrap();
+            let server = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                let mut b = [0u8; 4096];
+                let _ = s.read(&mut b).unwrap();
+                s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .unwrap();
+                std::thread::sleep(Duration::from_millis(200));
+            });
+            let req = Request::get("/health")
+                .header("host", "x")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let (resp, lent) = up.send(req).await.expect("opened at the request");
+            let body = Driven::new(resp.into_body(), lent).collect().await.unwrap();
+            assert_eq!(&body.to_bytes()[..], b"ok");
+            tokio::task::spawn_blocking(move || server.join().unwrap())
+                .await
+                .unwrap();
+        });
     }
 }
