@@ -683,7 +683,9 @@ fn counting_upstream() -> (u16, std::sync::mpsc::Receiver<(usize, usize)>) {
                         }
                     }
                     let mut body = vec![0; len];
-                    r.read_exact(&mut body).unwrap();
+                    if r.read_exact(&mut body).is_err() {
+                        break 'conn; // closed mid-body: not a request served
+                    }
                     served += 1;
                     let answer: &[u8] = if empty {
                         b"HTTP/1.1 204 No Content\r\n\r\n"
@@ -726,6 +728,40 @@ fn the_server_sees_a_client_connection_when_it_connects_not_at_its_first_request
     assert!(
         unused(Instant::now() + Duration::from_secs(5)).is_some(),
         "the client's connection reached the server and was closed with it"
+    );
+    stop(run);
+    let _ = std::fs::remove_file(log);
+}
+
+/// Clients that leave at once, or halfway through a request, leave no upstream connection behind:
+/// each one the proxy opened early is closed with its client, none left open.
+#[test]
+fn client_connections_dropped_at_once_or_mid_request_leave_no_upstream_connection_open() {
+    let (port, closed) = counting_upstream();
+    let upstream = format!("http://127.0.0.1:{port}");
+    let (run, proxy, _, log) = start("proxy-early-drop", &["--upstream", &upstream]);
+    let (at_once, mid_request) = (200, 50);
+    for i in 0..at_once + mid_request {
+        let mut c = TcpStream::connect(&proxy).unwrap();
+        if i >= at_once {
+            let _ =
+                c.write_all(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{");
+        }
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut unused = 0;
+    while unused < at_once + mid_request {
+        match closed.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            // a request cut before its body ends never reaches the server: no request counted
+            Ok((_, 0)) => unused += 1,
+            Ok(_) => {} // the supervisor's own probes of the server
+            Err(_) => break,
+        }
+    }
+    assert_eq!(
+        unused,
+        at_once + mid_request,
+        "upstream connections closed with their clients"
     );
     stop(run);
     let _ = std::fs::remove_file(log);
