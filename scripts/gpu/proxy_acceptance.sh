@@ -20,7 +20,9 @@
 #        the cost of any extra hop, apart from the proxy's own. SIDES="... x1 x2" add arms through
 #        further supervisors in front of the same server, each with the environment in X1_ENV,
 #        X2_ENV (proxy tuning). The server's CPU is read per run, per process.
-#   S's knobs: COMPILED=1 first runs proxy-bench (a compiled client, a thread per stream and one
+#   S's knobs: ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
+#   WARM_FULL=N runs N full-size benchmarks straight to the server before the measured ones (its
+#   cost per token drifts down over its first minutes); COMPILED=1 first runs proxy-bench (a compiled client, a thread per stream and one
 #   thread for all) against the real server, straight and through the proxy, COMPILED_ROUNDS waves
 #   each (4); PAIRS=0 then skips bench_serving.
 #   M's knobs: WAKE=1 runs benches/wake_cost.c (a writer's kernel time per write by how its reader
@@ -182,6 +184,21 @@ if [[ " $PHASES " == *" S "* ]]; then
         echo "client now on $PIN_CLIENT, supervisor on $PIN_SUP"
       fi
     fi
+    for k in $(seq "${WARM_FULL:-0}"); do
+      # full-size runs straight to the server before any measured one: its HTTP process's CPU per
+      # token fell by a fifth over the first rounds of every eighth-session call (a drift the
+      # rotation of arms cannot cancel in two or three rounds)
+      w0=$(procs stats "$SUP")
+      DATASET=random-ids bench "$PORT" sglang "${CONCS%% *}" "${PROMPTS:-1024}" "$P/warmfull-$k.jsonl"
+      w1=$(procs stats "$SUP")
+      python3 - "$P/warmfull-$k.jsonl" "$w0" "$w1" <<'PY'
+import json, sys
+b = [json.loads(l.replace("Infinity", "1e999")) for l in open(sys.argv[1])][-1]
+a, z = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+t = lambda j: sum(v["utime"] + v["stime"] for k, v in j["by"].items() if k == "python3")
+print(f"warm-up run: out {b['output_throughput']:.1f} tok/s; HTTP process {(t(z) - t(a)) / z['hz'] / (b['total_output_tokens'] or 1) * 1e6:.1f} us per output token")
+PY
+    done
     s0=$(procs stats "$SUP"); sleep 3; s1=$(procs stats "$SUP")
     python3 - "$s0" "$s1" <<'PY'
 import json, sys
