@@ -186,8 +186,8 @@ if [[ " $PHASES " == *" S "* ]]; then
     fi
     for k in $(seq "${WARM_FULL:-0}"); do
       # full-size runs straight to the server before any measured one: its HTTP process's CPU per
-      # token fell by a fifth over the first rounds of every eighth-session call (a drift the
-      # rotation of arms cannot cancel in two or three rounds)
+      # token fell from the first round to the last in every eighth-session call (mean over the
+      # arms 106 -> 81, 78 -> 69, 91 -> 87 us), a drift two or three rotations cannot cancel
       w0=$(procs stats "$SUP")
       DATASET=random-ids bench "$PORT" sglang "${CONCS%% *}" "${PROMPTS:-1024}" "$P/warmfull-$k.jsonl"
       w1=$(procs stats "$SUP")
