@@ -701,6 +701,25 @@ fn counting_upstream() -> (u16, std::sync::mpsc::Receiver<(usize, usize)>) {
     (port, rx)
 }
 
+/// Of the connections `counting_upstream` saw closed, those that carried no request, counted up to
+/// `n` or until `until`. The supervisor's own probes of the server (readiness, server info,
+/// metrics) each come on a connection of their own with one request, so they are not counted.
+fn closed_unused(
+    closed: &std::sync::mpsc::Receiver<(usize, usize)>,
+    n: usize,
+    until: Instant,
+) -> usize {
+    let mut unused = 0;
+    while unused < n {
+        match closed.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            Ok((_, 0)) => unused += 1,
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    unused
+}
+
 /// A direct client's connection reaches the server when it connects, before any request; through
 /// the proxy too, and it is closed with the client's even if no request came on it.
 #[test]
@@ -708,25 +727,18 @@ fn the_server_sees_a_client_connection_when_it_connects_not_at_its_first_request
     let (port, closed) = counting_upstream();
     let upstream = format!("http://127.0.0.1:{port}");
     let (run, proxy, _, log) = start("proxy-early", &["--upstream", &upstream]);
-    // The supervisor's own probes of the server (readiness, server info, metrics) each come on a
-    // connection of their own with one request: the client's is the one that carried none.
-    let unused = |until: Instant| {
-        std::iter::from_fn(|| {
-            closed
-                .recv_timeout(until.saturating_duration_since(Instant::now()))
-                .ok()
-        })
-        .find(|&(_, served)| served == 0)
-    };
     let client = TcpStream::connect(&proxy).unwrap();
+    let soon = Instant::now() + Duration::from_millis(300);
     assert_eq!(
-        unused(Instant::now() + Duration::from_millis(300)),
-        None,
+        closed_unused(&closed, 1, soon),
+        0,
         "closed while the client is connected"
     );
     drop(client);
-    assert!(
-        unused(Instant::now() + Duration::from_secs(5)).is_some(),
+    let later = Instant::now() + Duration::from_secs(5);
+    assert_eq!(
+        closed_unused(&closed, 1, later),
+        1,
         "the client's connection reached the server and was closed with it"
     );
     stop(run);
@@ -744,23 +756,16 @@ fn client_connections_dropped_at_once_or_mid_request_leave_no_upstream_connectio
     for i in 0..at_once + mid_request {
         let mut c = TcpStream::connect(&proxy).unwrap();
         if i >= at_once {
+            // cut before its body ends, the request is never served: no request counted
             let _ =
                 c.write_all(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{");
         }
     }
+    let n = at_once + mid_request;
     let until = Instant::now() + Duration::from_secs(10);
-    let mut unused = 0;
-    while unused < at_once + mid_request {
-        match closed.recv_timeout(until.saturating_duration_since(Instant::now())) {
-            // a request cut before its body ends never reaches the server: no request counted
-            Ok((_, 0)) => unused += 1,
-            Ok(_) => {} // the supervisor's own probes of the server
-            Err(_) => break,
-        }
-    }
     assert_eq!(
-        unused,
-        at_once + mid_request,
+        closed_unused(&closed, n, until),
+        n,
         "upstream connections closed with their clients"
     );
     stop(run);

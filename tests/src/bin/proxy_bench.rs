@@ -274,7 +274,7 @@ fn main() {
     }
     if server.is_some() && d.events > 0 {
         println!(
-            "server CPU in the direct rounds: {server_cpu:.2} s for {} events = {:.2} us per event written (the floor's scale)",
+            "server CPU in the direct rounds: {server_cpu:.2} s for {} events = {:.2} us per event written (the server's own cost, for scale)",
             d.events,
             server_cpu * 1e6 / d.events as f64
         );
