@@ -23,6 +23,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use tokio::net::TcpStream;
+use tokio::sync::oneshot::error::TryRecvError;
 
 type Driver<B> = Pin<Box<Connection<TokioIo<UpstreamSocket>, B>>>;
 
@@ -73,9 +74,24 @@ pub(crate) struct Upstream<B: Body + 'static> {
 /// its own until it is sent: nothing else polls it, and the client's next request is read only
 /// after that body.
 enum Slot<B: Body + 'static> {
-    Opening(tokio::sync::oneshot::Receiver<Result<Conn<B>, String>>),
+    Opening(Opening<B>),
     Idle(Conn<B>),
     Finishing(tokio::sync::oneshot::Receiver<Conn<B>>),
+}
+
+/// The connection being opened for a client that has just connected. Dropped with the client
+/// connection (or with the request waiting on it), it stops the connect: a client that leaves
+/// while the server is slow to accept leaves no socket behind, as a direct client that gives up
+/// closes its own.
+struct Opening<B: Body + 'static> {
+    done: tokio::sync::oneshot::Receiver<Result<Conn<B>, String>>,
+    task: tokio::task::AbortHandle,
+}
+
+impl<B: Body + 'static> Drop for Opening<B> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// The upstream connection, lent to one request until its response body has been read to the
@@ -151,16 +167,18 @@ where
     /// accepts it when a direct client's connection would reach it, and the first request does
     /// not wait for a connect. A connection that fails to open is opened again at the request
     /// (whose answer then says why); one nobody asks for is closed with the client's.
-    pub(crate) fn open_early(self: &Arc<Self>) {
+    pub(crate) fn open_early(&self) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        *lock(&self.conn) = Some(Slot::Opening(rx));
-        let this = self.clone();
-        rt.spawn(async move {
-            let _ = tx.send(this.connect().await);
-        });
+        let (tx, done) = tokio::sync::oneshot::channel();
+        let addr = self.addr.clone();
+        let task = rt
+            .spawn(async move {
+                let _ = tx.send(connect(&addr).await);
+            })
+            .abort_handle();
+        *lock(&self.conn) = Some(Slot::Opening(Opening { done, task }));
     }
 
     /// Send `req` on this client connection's upstream connection, opening it when there is none
@@ -171,7 +189,19 @@ where
     ) -> Result<(Response<Incoming>, Lent<B>), String> {
         let slot = lock(&self.conn).take();
         let kept = match slot {
-            Some(Slot::Opening(rx)) => rx.await.ok().and_then(Result::ok),
+            // Opened (or failed) before the request came: a failure then is old news (the
+            // server may be up now), so the request connects again. Still opening: the request
+            // waits for it and takes its outcome, as a direct client's request waits on its
+            // connect (connecting again would double the time to a failure).
+            Some(Slot::Opening(mut o)) => match o.done.try_recv() {
+                Ok(Ok(c)) => Some(c),
+                Ok(Err(_)) | Err(TryRecvError::Closed) => None,
+                Err(TryRecvError::Empty) => match (&mut o.done).await {
+                    Ok(Ok(c)) => Some(c),
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => None,
+                },
+            },
             Some(Slot::Idle(c)) => Some(c),
             // Still sending the last request's body: the next request waits for it, as on a
             // direct connection.
@@ -181,9 +211,9 @@ where
         let mut conn = match kept {
             Some(mut c) => match poll_fn(|cx| c.ready(cx)).await {
                 Ok(()) => c,
-                Err(_) => self.connect().await?,
+                Err(_) => connect(&self.addr).await?,
             },
-            None => self.connect().await?,
+            None => connect(&self.addr).await?,
         };
         let mut answer = std::pin::pin!(conn.sender.send_request(req));
         let resp = poll_fn(|cx| {
@@ -199,22 +229,28 @@ where
         };
         Ok((resp, lent))
     }
+}
 
-    async fn connect(&self) -> Result<Conn<B>, String> {
-        let stream = TcpStream::connect(&self.addr)
-            .await
-            .map_err(|e| format!("upstream http://{}: cannot connect: {e}", self.addr))?;
-        let _ = stream.set_nodelay(true);
-        let (socket, swept) = UpstreamSocket::new(stream);
-        let (sender, driver) = handshake(TokioIo::new(socket))
-            .await
-            .map_err(|e| format!("upstream http://{}: {e}", self.addr))?;
-        Ok(Conn {
-            sender,
-            driver: Some(Box::pin(driver)),
-            swept,
-        })
-    }
+/// Open a connection to the server at `addr` (`host:port`) for one client connection.
+async fn connect<B>(addr: &str) -> Result<Conn<B>, String>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("upstream http://{addr}: cannot connect: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    let (socket, swept) = UpstreamSocket::new(stream);
+    let (sender, driver) = handshake(TokioIo::new(socket))
+        .await
+        .map_err(|e| format!("upstream http://{addr}: {e}"))?;
+    Ok(Conn {
+        sender,
+        driver: Some(Box::pin(driver)),
+        swept,
+    })
 }
 
 /// An answer's body read by the client connection's own task: each poll drives the upstream
@@ -416,7 +452,7 @@ mod tests {
             let up = Arc::new(Upstream::<Full<Bytes>>::new(addr.to_string()));
             up.open_early();
             // the refused connect has come back before the server listens
-            while matches!(&*lock(&up.conn), Some(Slot::Opening(rx)) if rx.is_empty()) {
+            while matches!(&*lock(&up.conn), Some(Slot::Opening(o)) if o.done.is_empty()) {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             let l = std::net::TcpListener::bind(addr).unwrap();
@@ -439,5 +475,139 @@ mod tests {
                 .await
                 .unwrap();
         });
+    }
+
+    /// A server that closes the first connection it accepts (the early-opened one) after
+    /// `close_after` without a request, as a keep-alive timeout would (`rst`: with a reset instead
+    /// of a FIN), and answers `ok` on the second.
+    fn closes_the_first_connection(
+        close_after: Duration,
+        rst: bool,
+    ) -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (first, _) = l.accept().unwrap();
+            std::thread::sleep(close_after);
+            if rst {
+                let zero = nix::libc::linger {
+                    l_onoff: 1,
+                    l_linger: 0,
+                };
+                // SAFETY: a valid socket and a linger struct of the size given
+                let r = unsafe {
+                    nix::libc::setsockopt(
+                        std::os::fd::AsRawFd::as_raw_fd(&first),
+                        nix::libc::SOL_SOCKET,
+                        nix::libc::SO_LINGER,
+                        (&zero as *const nix::libc::linger).cast(),
+                        std::mem::size_of::<nix::libc::linger>() as nix::libc::socklen_t,
+                    )
+                };
+                assert_eq!(r, 0);
+            }
+            drop(first);
+            let (mut s, _) = l.accept().unwrap();
+            let mut b = [0u8; 4096];
+            let _ = s.read(&mut b).unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        (addr, server)
+    }
+
+    fn early_connection_closed_then_a_request(sweep_ms: Option<u64>, rst: bool) {
+        let (addr, server) = closes_the_first_connection(Duration::from_millis(100), rst);
+        on_a_shard(sweep_ms, async move {
+            let up = Arc::new(Upstream::<Full<Bytes>>::new(addr.to_string()));
+            up.open_early();
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let req = Request::post("/generate")
+                .header("host", "x")
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .unwrap();
+            let (resp, lent) = up
+                .send(req)
+                .await
+                .expect("opened again: the server closed the idle early connection");
+            let body = Driven::new(resp.into_body(), lent).collect().await.unwrap();
+            assert_eq!(&body.to_bytes()[..], b"ok");
+        });
+        server.join().unwrap();
+    }
+
+    /// The server closes the early-opened connection before the client's first request (a
+    /// keep-alive timeout): the request opens another, it does not fail.
+    #[test]
+    fn an_early_connection_the_server_closed_before_the_first_request_is_opened_again() {
+        early_connection_closed_then_a_request(None, false);
+    }
+
+    #[test]
+    fn an_early_connection_the_server_reset_before_the_first_request_is_opened_again() {
+        early_connection_closed_then_a_request(None, true);
+    }
+
+    #[test]
+    fn an_early_connection_closed_before_the_first_request_is_opened_again_in_sweeps() {
+        early_connection_closed_then_a_request(Some(1), false);
+    }
+
+    /// A request that comes while the early connect is still under way, to a server whose listen
+    /// queue is full (it never accepts): it fails after one connect timeout, as a direct client's
+    /// connect does, not after a second connect of its own (twice the ~127 s a direct client
+    /// waits at the kernel's default). The timeout is made short (one SYN retry, 3 s) in a network
+    /// namespace of its own: the test runs itself again under `unshare -n` as root.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test itself again, in a namespace: not a server
+    fn a_request_waiting_on_an_early_connect_that_fails_fails_after_one_connect_timeout() {
+        const NAME: &str =
+            "proxy::upstream::tests::a_request_waiting_on_an_early_connect_that_fails_fails_after_one_connect_timeout";
+        if std::env::var_os("SYN_RETRIES_ONE").is_none() {
+            let exe = std::env::current_exe().unwrap();
+            let script = "ip link set lo up && echo 1 > /proc/sys/net/ipv4/tcp_syn_retries && exec \"$0\" --exact \"$1\" --nocapture";
+            let out = std::process::Command::new("unshare")
+                .args(["-n", "sh", "-c", script])
+                .arg(&exe)
+                .arg(NAME)
+                .env("SYN_RETRIES_ONE", "1")
+                .output()
+                .expect("unshare (util-linux) and ip (iproute2), as scripts/setup.sh installs");
+            let text = String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success() && text.contains("1 passed"), "{text}");
+            return;
+        }
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        // listen() again with a backlog of 0: one connection fills it, later SYNs are dropped
+        // SAFETY: listen(2) on a socket this test owns
+        let r = unsafe { nix::libc::listen(std::os::fd::AsRawFd::as_raw_fd(&l), 0) };
+        assert_eq!(r, 0);
+        let addr = l.local_addr().unwrap();
+        let _filler = std::net::TcpStream::connect(addr).unwrap();
+        let direct = std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            (std::net::TcpStream::connect(addr).is_err(), t.elapsed())
+        });
+        let (proxied, took) = on_a_shard(None, async move {
+            let up = Arc::new(Upstream::<Full<Bytes>>::new(addr.to_string()));
+            let t = std::time::Instant::now();
+            up.open_early();
+            // the client's request right after it connected
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let req = Request::get("/health")
+                .header("host", "x")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            (up.send(req).await.err(), t.elapsed())
+        });
+        let (direct_failed, direct_took) = direct.join().unwrap();
+        assert!(direct_failed, "the direct connect to a full queue fails");
+        assert!(proxied.is_some(), "the proxied request fails too");
+        assert!(
+            took < direct_took + Duration::from_secs(1),
+            "the proxied request failed after {took:?}, a direct connect after {direct_took:?}"
+        );
     }
 }
