@@ -210,3 +210,29 @@ fn after_a_server_stall_with_clients_coming_and_going_the_proxy_serves_at_once_a
     );
     stop(run);
 }
+
+/// Clients that leave at once, or halfway through a request, leave nothing behind with a server
+/// that accepts at once either: the supervisor's descriptors come back to where they were (an
+/// upstream connection opened early is closed with its client, or its connect stopped).
+#[test]
+fn client_connections_dropped_at_once_or_mid_request_leave_no_upstream_connection_open() {
+    let (run, proxy, _) = start("early-drop", "http://127.0.0.1:{port}", &[]);
+    let pid = run.child.id();
+    let before = fds(pid);
+    for i in 0..250 {
+        let mut c = TcpStream::connect(&proxy).unwrap();
+        if i >= 200 {
+            // cut before its body ends
+            let _ =
+                c.write_all(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{");
+        }
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut now = fds(pid);
+    while now > before && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        now = fds(pid);
+    }
+    assert!(now <= before, "supervisor descriptors {before} -> {now}");
+    stop(run);
+}
