@@ -1,10 +1,13 @@
 //! The upstream side of one client connection. Each client connection gets its own upstream
 //! connection, opened when the client connects, reused for its requests and closed with it, so
-//! the server sees exactly the connections it would see from the client directly: the same
-//! accepts at the same moments, the same keep-alive, the same close when the client leaves (a
-//! shared pool kept connections the client had closed, and skipped the accepts a direct client
-//! costs the server; a connection opened at the first request reached the server only after the
-//! request was read, and its connect was added to every time to first token).
+//! the server sees the connections it would see from the client directly: the same accepts at
+//! the same moments, the same keep-alive, the same close when the client leaves (a shared pool
+//! kept connections the client had closed, and skipped the accepts a direct client costs the
+//! server; a connection opened at the first request reached the server only after the request was
+//! read, and its connect was added to every time to first token). One difference is left on
+//! purpose: a client that leaves before its upstream connect is made stops that connect, where a
+//! direct client's finished handshake would reach the server's accept queue; a connect outliving
+//! its client held a socket until the kernel's SYN timeout when the server was slow to accept.
 //!
 //! The upstream connection is driven by the task that serves its client connection, not by a
 //! task of its own: hyper's client hands a response body over one chunk at a time through a
