@@ -459,14 +459,7 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             let l = std::net::TcpListener::bind(addr).unwrap();
-            let server = std::thread::spawn(move || {
-                let (mut s, _) = l.accept().unwrap();
-                let mut b = [0u8; 4096];
-                let _ = s.read(&mut b).unwrap();
-                s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                    .unwrap();
-                std::thread::sleep(Duration::from_millis(200));
-            });
+            let server = std::thread::spawn(move || answer_ok_once(&l));
             let req = Request::get("/health")
                 .header("host", "x")
                 .body(Full::new(Bytes::new()))
@@ -478,6 +471,16 @@ mod tests {
                 .await
                 .unwrap();
         });
+    }
+
+    /// Accept one connection, read its request and answer `ok` (kept open a moment after).
+    fn answer_ok_once(l: &std::net::TcpListener) {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; 4096];
+        let _ = s.read(&mut b).unwrap();
+        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
     }
 
     /// A server that closes the first connection it accepts (the early-opened one) after
@@ -510,12 +513,7 @@ mod tests {
                 assert_eq!(r, 0);
             }
             drop(first);
-            let (mut s, _) = l.accept().unwrap();
-            let mut b = [0u8; 4096];
-            let _ = s.read(&mut b).unwrap();
-            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                .unwrap();
-            std::thread::sleep(Duration::from_millis(200));
+            answer_ok_once(&l);
         });
         (addr, server)
     }
