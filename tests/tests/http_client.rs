@@ -4,14 +4,19 @@
 mod common;
 use common::{fixture, free_port, replay_bin};
 use sglang_probes::http::{get_body, get_status, Bearer, HttpUrl};
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The replay server in a process group of its own: it starts workers (as SGLang does), and a
+/// kill of the main process alone left them running after every test run.
 struct Replay(std::process::Child);
 
 impl Drop for Replay {
     fn drop(&mut self) {
-        let _ = self.0.kill();
+        let group = i32::try_from(self.0.id()).unwrap();
+        // SAFETY: kill(2) of the process group this test created
+        unsafe { libc::kill(-group, libc::SIGKILL) };
         let _ = self.0.wait();
     }
 }
@@ -23,6 +28,7 @@ async fn probes_read_health_guarded_paths_and_the_whole_metrics_document_from_sg
         Command::new(replay_bin())
             .args(["--port", &port.to_string(), "--speed", "1000"])
             .args(["--api-key", "k3y"])
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
