@@ -32,25 +32,17 @@ fn start_with(
         std::process::id()
     ));
     let log_s = log.to_str().unwrap().to_string();
-    let mut sup = vec!["--proxy-addr", "127.0.0.1:0", "--requests-log", &log_s];
-    sup.extend_from_slice(extra);
-    let run = Run::start(
+    let sup = [&["--requests-log", log_s.as_str()], extra].concat();
+    let (run, proxy, metrics) = Run::start_with_proxy(
         name,
         Opts {
             supervisor: &sup,
-            replay: &[&["--speed", "50"], replay_extra].concat(),
+            replay: replay_extra,
             env,
             ..Default::default()
         },
     );
-    let l = run.wait_event("listening", T);
-    run.wait_event("ready", T);
-    (
-        run,
-        l["proxy"].as_str().unwrap().to_string(),
-        l["metrics"].as_str().unwrap().to_string(),
-        log,
-    )
+    (run, proxy, metrics, log)
 }
 
 fn records(log: &std::path::Path) -> Vec<Value> {
@@ -72,9 +64,8 @@ fn wait_records(log: &std::path::Path, n: usize) -> Vec<Value> {
     }
 }
 
-fn stop(mut run: Run) {
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+fn stop(run: Run) {
+    run.stop_by_sigterm();
 }
 
 /// The payload of an HTTP/1.1 body, chunked or not.

@@ -9,8 +9,6 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-const T: Duration = Duration::from_secs(60);
-
 /// A server that listens but does not accept (its Python event loop is busy, its backlog full):
 /// the kernel drops further SYNs, and a connect to it waits, retransmitting, for up to ~127 s.
 /// Returns the listener (kept, never accepted on), its port and the connection that fills the
@@ -63,35 +61,20 @@ fn connecting(pid: u32) -> usize {
 }
 
 fn start(name: &str, upstream: &str, wrap: &[&str]) -> (Run, String, String) {
-    let run = Run::start(
+    Run::start_with_proxy(
         name,
         Opts {
             supervisor: &[
-                "--proxy-addr",
-                "127.0.0.1:0",
                 "--upstream",
                 upstream,
                 // readiness from the replay server, not the stalled one
                 "--health-url",
                 "http://127.0.0.1:{port}",
             ],
-            replay: &["--speed", "50"],
             wrap,
             ..Default::default()
         },
-    );
-    let l = run.wait_event("listening", T);
-    run.wait_event("ready", T);
-    (
-        run,
-        l["proxy"].as_str().unwrap().to_string(),
-        l["metrics"].as_str().unwrap().to_string(),
     )
-}
-
-fn stop(mut run: Run) {
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
 }
 
 /// A direct client that gives up on a stalled server closes its connecting socket, and the
@@ -118,7 +101,7 @@ fn clients_that_leave_while_the_server_is_not_accepting_leave_no_upstream_socket
          ({fds0} -> {fds1} descriptors)",
         syn1 - syn0
     );
-    stop(run);
+    run.stop_by_sigterm();
 }
 
 /// Serve `l` from now on (the stalled server recovers): every request on every connection is
@@ -208,7 +191,7 @@ fn after_a_server_stall_with_clients_coming_and_going_the_proxy_serves_at_once_a
         "direct: 200 at once; through the proxy: {proxied:?} after {:?}",
         t0.elapsed()
     );
-    stop(run);
+    run.stop_by_sigterm();
 }
 
 /// Clients that leave at once, or halfway through a request, leave nothing behind with a server
@@ -234,5 +217,5 @@ fn client_connections_dropped_at_once_or_mid_request_leave_no_upstream_connectio
         now = fds(pid);
     }
     assert!(now <= before, "supervisor descriptors {before} -> {now}");
-    stop(run);
+    run.stop_by_sigterm();
 }

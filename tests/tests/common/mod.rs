@@ -217,6 +217,33 @@ impl Run {
         }
     }
 
+    /// Start a run with the latency proxy on a free port (`--proxy-addr 127.0.0.1:0`) and the
+    /// replay server at 50× (`opts.supervisor` and `opts.replay` add to those), and wait until it
+    /// is ready: the run, the proxy's address and the metrics endpoint's.
+    pub fn start_with_proxy(name: &str, opts: Opts<'_>) -> (Run, String, String) {
+        let supervisor = [&["--proxy-addr", "127.0.0.1:0"], opts.supervisor].concat();
+        let replay = [&["--speed", "50"], opts.replay].concat();
+        let run = Run::start(
+            name,
+            Opts {
+                supervisor: &supervisor,
+                replay: &replay,
+                ..opts
+            },
+        );
+        let t = Duration::from_secs(60);
+        let l = run.wait_event("listening", t);
+        run.wait_event("ready", t);
+        let addr = |k: &str| l[k].as_str().unwrap().to_string();
+        (run, addr("proxy"), addr("metrics"))
+    }
+
+    /// SIGTERM the supervisor and see it exit as a terminated run does (143) within 60 s.
+    pub fn stop_by_sigterm(mut self) {
+        self.signal(libc::SIGTERM);
+        assert_eq!(self.wait(Duration::from_secs(60)), 143);
+    }
+
     pub fn signal(&self, sig: i32) {
         unsafe { libc::kill(self.child.id() as i32, sig) };
     }
