@@ -23,9 +23,19 @@ pub(crate) struct Shards {
 /// would compete with the server and the benchmark client. Never one: the scheduler shares a
 /// busy core per thread, and a server of hundreds of threads starved a lone proxy thread on two
 /// cores (+650 ms on the largest gap per stream); idle shards cost nothing.
+/// `SGLANG_SUPERVISOR_PROXY_THREADS=N` (1 to 64) overrides it, to measure one count against
+/// another on a given host; anything else there is ignored.
 pub(crate) fn shard_count() -> usize {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    (cores / 4).clamp(2, 4)
+    let from_env = std::env::var("SGLANG_SUPERVISOR_PROXY_THREADS").ok();
+    shard_count_for(cores, from_env.as_deref())
+}
+
+fn shard_count_for(cores: usize, from_env: Option<&str>) -> usize {
+    match from_env.and_then(|v| v.trim().parse::<usize>().ok()) {
+        Some(n @ 1..=64) => n,
+        _ => (cores / 4).clamp(2, 4),
+    }
 }
 
 impl Shards {
@@ -131,5 +141,17 @@ mod tests {
             .await;
         assert_eq!(&rx.await.unwrap(), b"ping");
         server.join().unwrap();
+    }
+
+    #[test]
+    fn the_thread_count_is_a_quarter_of_the_cores_two_to_four_unless_the_environment_names_one() {
+        assert_eq!(shard_count_for(2, None), 2);
+        assert_eq!(shard_count_for(16, None), 4);
+        assert_eq!(shard_count_for(128, None), 4);
+        assert_eq!(shard_count_for(16, Some("1")), 1);
+        assert_eq!(shard_count_for(2, Some(" 8 ")), 8);
+        for ignored in ["0", "65", "-1", "two", ""] {
+            assert_eq!(shard_count_for(16, Some(ignored)), 4, "{ignored:?}");
+        }
     }
 }
