@@ -25,7 +25,9 @@
 #   cost per token drifts down over its first minutes); COMPILED=1 first runs proxy-bench (a compiled client, a thread per stream and one
 #   thread for all) against the real server, straight and through the proxy, COMPILED_ROUNDS waves
 #   each (4); PAIRS=0 then skips bench_serving.
-#   M's knobs: WAKE=1 runs benches/wake_cost.c (a writer's kernel time per write by how its reader
+#   M's knobs: M_THREADS="1 2 default" runs proxy.sh once per proxy thread count
+#   (SGLANG_SUPERVISOR_PROXY_THREADS), M_STREAMS="64 256" once per stream count; M_ENV="FLOOR=1" adds the
+#   floor (benches/epoll_relay.c) after each; WAKE=1 runs benches/wake_cost.c (a writer's kernel time per write by how its reader
 #   waits); SWEEPS="0 1000" runs proxy.sh once per sweep period (µs; 0: no sweeps), FAIR_SWEEPS
 #   likewise proxy_fair.sh; M_ENV (more environment for those), M_ROUNDS (7), NO_OAI=1 skips the
 #   /v1/completions run, LOG_PATH=1 adds log_path.sh.
@@ -48,10 +50,12 @@ if [[ " $PHASES " == *" M "* ]]; then
     cc -O2 -o "$O/wake_cost" "$HERE/benches/wake_cost.c" && for gap in 20 100; do for t in 0 -1 100 250 500 1000; do
       taskset -c 0,1 "$O/wake_cost" 20000 "$gap" "$t"; done; done 2>&1 | grep writer
   fi
-  for c in ${CLIENTS:-threads}; do for t in ${SWEEPS:-1000}; do  # the proxy's sweep period, side by side
-    say "M: proxy.sh 256 streams, sweep $t us, client: $c"
-    (cd "$HERE" && env PROXY_BENCH_CLIENT=$c SGLANG_SUPERVISOR_PROXY_SWEEP_US=$t ${M_ENV:-} timeout 120 benches/proxy.sh 256 256 "${M_ROUNDS:-7}" 2000)
-  done; done
+  for c in ${CLIENTS:-threads}; do for t in ${SWEEPS:-1000}; do for n in ${M_THREADS:-default}; do for st in ${M_STREAMS:-256}; do
+    # the proxy's sweep period and thread count (default: a quarter of the cores), side by side
+    say "M: proxy.sh $st streams, sweep $t us, proxy threads $n, client: $c"
+    (cd "$HERE" && env PROXY_BENCH_CLIENT=$c SGLANG_SUPERVISOR_PROXY_SWEEP_US=$t SGLANG_SUPERVISOR_PROXY_THREADS=$n ${M_ENV:-} \
+      timeout 120 benches/proxy.sh "$st" 256 "${M_ROUNDS:-7}" 2000)
+  done; done; done; done
   [ -n "${M1024:-}" ] && { say "M: proxy.sh 1024 streams"; (cd "$HERE" && timeout 150 benches/proxy.sh 1024 256 5 4000); }
   [ -z "${NO_OAI:-}" ] && { say "M: proxy.sh 256 streams, OpenAI completions"; (cd "$HERE" && timeout 120 benches/proxy.sh 256 256 5 2000 /v1/completions); }
   for t in ${FAIR_SWEEPS-1000}; do
