@@ -213,8 +213,7 @@ fn events_of_a_replayed_run_follow_the_contract() {
         },
     );
     run.wait_event("ready", Duration::from_secs(60));
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(Duration::from_secs(60)), 143);
+    run.stop_by_sigterm();
     let events = run.events();
     events.iter().for_each(check);
     assert!(events.iter().any(|e| e["rank"] == "DP0 TP1 EP1"));

@@ -220,8 +220,7 @@ fn run_sampled(
     );
     run.wait_event("ready", Duration::from_secs(60));
     std::thread::sleep(Duration::from_millis(600));
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(Duration::from_secs(60)), 143);
+    run.stop_by_sigterm();
     let rows: Vec<Value> = std::fs::read_to_string(&csv)
         .unwrap()
         .lines()
@@ -487,8 +486,7 @@ fn measurement_windows_over_http_are_bracketed_by_energy_counter_reads() {
     let ev = run.events_named("window");
     assert_eq!(ev.len(), 1);
     assert_eq!(ev[0]["name"], "bench-c8");
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(Duration::from_secs(60)), 143);
+    run.stop_by_sigterm();
 }
 
 /// Every series the Grafana dashboard queries is one the supervisor really exports (GPUs through
@@ -552,8 +550,7 @@ fn the_grafana_dashboard_queries_only_series_that_exist() {
         }
     }
     assert!(checked >= 15, "{checked}");
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(Duration::from_secs(60)), 143);
+    run.stop_by_sigterm();
 }
 
 /// The driver is asked for uuid and name once; every later scrape still has them, under our
@@ -615,8 +612,7 @@ fn gpu_series_carry_the_sampled_memory_used_and_uuid_and_model_under_ours_and_dc
         !body.contains(r#"uuid="""#) && !body.contains(r#"name="""#),
         "no GPU series with empty identity labels:\n{body}"
     );
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(Duration::from_secs(60)), 143);
+    run.stop_by_sigterm();
 }
 
 #[test]
@@ -709,8 +705,7 @@ fn the_report_has_identity_startup_windows_and_teardown() {
     let live = &stop["bench"];
     assert_eq!(live["requests"]["completed"], 2, "{live}");
     assert_eq!(live["power"]["power_valid"], 1, "{live}");
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(Duration::from_secs(60)), 143);
+    run.stop_by_sigterm();
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(r["schema_version"], 1);
     let id = &r["identity"];
@@ -832,8 +827,7 @@ fn window_from_proxy_spans_the_request_traffic_only() {
     threads.into_iter().for_each(|h| h.join().unwrap());
     let busy = t.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_millis(600)); // idle after: not in the window either
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(Duration::from_secs(60)), 143);
+    run.stop_by_sigterm();
     let w = run
         .events_named("window")
         .into_iter()

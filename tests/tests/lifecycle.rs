@@ -177,8 +177,7 @@ fn a_second_sigterm_skips_the_grace() {
     // `signals::two_deliveries_before_the_loop_looks_are_two_signals`).
     run.signal(libc::SIGTERM);
     run.wait_event("signal", T);
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     let targets: Vec<Value> = run
         .events_named("signal")
@@ -204,8 +203,7 @@ fn a_stopped_server_is_continued_so_sigterm_is_not_a_full_grace() {
     unsafe { libc::kill(pid, libc::SIGSTOP) };
     std::thread::sleep(Duration::from_millis(200));
     let t = Instant::now();
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
     assert!(
         t.elapsed() < Duration::from_secs(15),
         "the server drained instead of sitting out the 60 s grace: {:?}",
@@ -241,8 +239,7 @@ fn stray_signals_never_stop_the_supervisor() {
     std::thread::sleep(Duration::from_millis(500));
     assert!(run.child.try_wait().unwrap().is_none(), "still supervising");
     assert!(run.events_named("signal").is_empty(), "none was forwarded");
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
 }
 
 #[test]
@@ -304,8 +301,7 @@ fn wait_url_uses_the_api_key_a_guarded_server_needs() {
     assert!(err.contains("401") && err.contains("--api-key"), "{err}");
     let (code, err, _) = wait(&["--url", &url, "--api-key", "sekret", "--timeout", "10s"]);
     assert_eq!(code, 0, "{err}");
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
 }
 
 #[test]
@@ -348,8 +344,7 @@ fn a_worker_node_is_ready_from_its_ranks_and_the_dummy_health_server() {
                 && l.contains("nnodes=\"2\"")),
         "{body}"
     );
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(
         (&r["startup"]["node_rank"], &r["startup"]["nnodes"]),
@@ -376,6 +371,5 @@ fn node_rank_zero_of_two_is_ready_as_today_and_says_which_node_it_is() {
         .events_named("phase")
         .iter()
         .any(|p| p["name"] == "http_up"));
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
 }

@@ -101,8 +101,7 @@ fn idle_connection_floods_at_the_1024_file_limit_neither_spin_nor_starve_nor_lea
     assert!(t1.elapsed() < Duration::from_secs(5), "{:?}", t1.elapsed());
 
     // Teardown with the metrics flood still open: the whole tree goes, nothing reported left over.
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
 
     assert!(
         run.events_named("leftover").is_empty(),

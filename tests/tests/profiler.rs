@@ -121,8 +121,7 @@ fn batch_lines_become_metrics_window_statistics_and_a_run_summary_with_retractio
         .contains("KV cache pool is full"));
     // Only the window's own lines: the warm-up's prefill before it is not in it.
     assert_eq!(sb["prefill"]["samples"], json!(0), "{w}");
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
     let ev = run.events_named("server_batches").pop().unwrap();
     assert_eq!(ev["decode"]["lines"], json!(3));
     assert_eq!(ev["prefill"]["lines"], json!(1), "the warm-up's prefill");
@@ -421,8 +420,7 @@ fn the_html_report_of_a_run_opens_offline_in_chromium_with_every_section_gpu_pow
     scrape_until(&metrics, "server_batch_lines_total{kind=\"decode\"} 6");
     let (status, _) = http(&metrics, "POST", "/-/window/stop", "");
     assert!(status.contains("200"), "{status}");
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.len() < 2 << 20, "small: {} bytes", page.len());
 
@@ -654,8 +652,7 @@ fn profile_start_stop_drive_sglang_with_its_key_and_judge_by_the_trace_files_not
         assert!(Instant::now() < end, "no profile event for the window");
         std::thread::sleep(Duration::from_millis(100));
     }
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
     let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     let profiles = r["profiles"].as_array().unwrap();
     assert_eq!(profiles.len(), 2);

@@ -64,7 +64,7 @@ fn wait_records(log: &std::path::Path, n: usize) -> Vec<Value> {
     }
 }
 
-fn stop(run: Run) {
+fn stop(mut run: Run) {
     run.stop_by_sigterm();
 }
 
@@ -423,8 +423,7 @@ fn a_window_reports_what_a_benchmark_pr_quotes() {
     }
     assert!(r.get("tput_per_gpu").is_none(), "no GPU count without GPUs");
     let mut run = run;
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
     let summary = run.events_named("requests_summary").pop().unwrap();
     assert_eq!(summary["completed"], 11, "the whole run");
     assert_eq!(run.events_named("window").len(), 1);

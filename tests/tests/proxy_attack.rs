@@ -52,8 +52,7 @@ fn wait_records(log: &std::path::Path, n: usize, wait: Duration) -> Vec<Value> {
 }
 
 fn stop(mut run: Run, log: std::path::PathBuf) {
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
     let _ = std::fs::remove_file(log);
 }
 

@@ -84,7 +84,7 @@ fn start(name: &str, upstream: &str, wrap: &[&str]) -> (Run, String, String) {
 #[test]
 fn clients_that_leave_while_the_server_is_not_accepting_leave_no_upstream_socket_open() {
     let (_l, port, _filler) = stalled_server();
-    let (run, proxy, _) = start("early-leak", &format!("http://127.0.0.1:{port}"), &[]);
+    let (mut run, proxy, _) = start("early-leak", &format!("http://127.0.0.1:{port}"), &[]);
     let pid = run.child.id();
     let (fds0, syn0) = (fds(pid), connecting(pid));
     let clients = 200;
@@ -159,7 +159,7 @@ fn get(addr: &str) -> Result<String, String> {
 fn after_a_server_stall_with_clients_coming_and_going_the_proxy_serves_at_once_as_the_server_does()
 {
     let (l, port, _filler) = stalled_server();
-    let (run, proxy, _) = start(
+    let (mut run, proxy, _) = start(
         "early-emfile",
         &format!("http://127.0.0.1:{port}"),
         &["sh", "-c", "ulimit -n 400 && exec \"$@\"", "sh"],
@@ -199,7 +199,7 @@ fn after_a_server_stall_with_clients_coming_and_going_the_proxy_serves_at_once_a
 /// upstream connection opened early is closed with its client, or its connect stopped).
 #[test]
 fn client_connections_dropped_at_once_or_mid_request_leave_no_upstream_connection_open() {
-    let (run, proxy, _) = start("early-drop", "http://127.0.0.1:{port}", &[]);
+    let (mut run, proxy, _) = start("early-drop", "http://127.0.0.1:{port}", &[]);
     let pid = run.child.id();
     let before = fds(pid);
     for i in 0..250 {

@@ -306,8 +306,7 @@ fn child_ignoring_sigterm_with_setsid_grandchildren_is_killed_after_grace() {
     );
     run.wait_event("ready", T);
     let t = Instant::now();
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
     let took = t.elapsed();
     assert!(
         took >= Duration::from_millis(900) && took < Duration::from_secs(5),
@@ -355,8 +354,7 @@ fn signal_group_forwards_to_the_whole_group() {
         },
     );
     run.wait_event("ready", T);
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
     assert_eq!(run.events_named("signal")[0]["target"], "group");
     run.assert_no_survivors();
 }
@@ -566,8 +564,7 @@ fn ready_on_new_versions_is_confirmed_by_get_ready_within_milliseconds() {
         (0.0..250.0).contains(&lag_ms),
         "ready event {lag_ms:.1} ms after the ready line"
     );
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
     let log = std::fs::read_to_string(run.dir.join("server.log")).unwrap();
     assert!(
         log.contains("\"GET /ready HTTP/1.1\" 200"),
@@ -587,8 +584,7 @@ fn ready_on_http_polls_health() {
         },
     );
     run.wait_event("ready", T);
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
     let log = std::fs::read_to_string(run.dir.join("server.log")).unwrap();
     assert!(log.contains("\"GET /health HTTP/1.1\" 200"));
     run.assert_no_survivors();
@@ -756,8 +752,7 @@ fn version_0_5_19_forms_dict_server_args_bare_coloured_deprecation_and_ms_timest
         },
     );
     run.wait_event("ready", T);
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
     let dep = run.events_named("deprecation");
     let d = dep
         .iter()
@@ -884,8 +879,7 @@ fn metrics_endpoint_shows_state_phases_args_and_the_servers_own_series() {
         "SGLang's series re-exposed"
     );
     strict_openmetrics_parse(&run.dir, &om);
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
 }
 
 /// The body through Python prometheus_client's OpenMetrics parser, which rejects what Prometheus
@@ -1005,8 +999,7 @@ fn a_real_prometheus_scrapes_the_supervisor() {
             .contains("sglang:num_running_reqs"),
         "the server's own series reach Prometheus"
     );
-    run.signal(libc::SIGTERM);
-    assert_eq!(run.wait(T), 143);
+    run.stop_by_sigterm();
 }
 
 #[test]

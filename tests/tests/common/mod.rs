@@ -239,7 +239,7 @@ impl Run {
     }
 
     /// SIGTERM the supervisor and see it exit as a terminated run does (143) within 60 s.
-    pub fn stop_by_sigterm(mut self) {
+    pub fn stop_by_sigterm(&mut self) {
         self.signal(libc::SIGTERM);
         assert_eq!(self.wait(Duration::from_secs(60)), 143);
     }
