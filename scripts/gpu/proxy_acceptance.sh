@@ -20,7 +20,7 @@
 #        the cost of any extra hop, apart from the proxy's own. SIDES="... x1 x2" add arms through
 #        further supervisors in front of the same server, each with the environment in X1_ENV,
 #        X2_ENV (proxy tuning). The server's CPU is read per run, per process.
-#   S's knobs: ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
+#   S's knobs: SERVER_EXTRA / SERVER_ENV add server flags / environment; ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
 #   WARM_FULL=N runs N full-size benchmarks straight to the server before the measured ones (its
 #   cost per token drifts down over its first minutes); COMPILED=1 first runs proxy-bench (a compiled client, a thread per stream and one
 #   thread for all) against the real server, straight and through the proxy, COMPILED_ROUNDS waves
@@ -77,6 +77,10 @@ PORT=30000
 SERVER=(python3 -m sglang.launch_server --model-path "$B/tiny-llama" --load-format dummy --host 127.0.0.1 --port $PORT
         --attention-backend triton --sampling-backend pytorch --grammar-backend none --enable-metrics
         --cuda-graph-backend-prefill disabled --mem-fraction-static 0.8 ${GRAPH_BS:+--cuda-graph-max-bs $GRAPH_BS})
+# SERVER_EXTRA: more server flags, e.g. "--log-requests --log-requests-level 0" with
+# SERVER_ENV="SGLANG_LOG_MS=1" to stamp each request's arrival at the tokenizer manager (ms)
+read -r -a extra <<< "${SERVER_EXTRA:-}"; SERVER+=("${extra[@]}")
+[ -n "${SERVER_ENV:-}" ] && SERVER=(env ${SERVER_ENV} "${SERVER[@]}")
 if [ "${PIN:-}" = auto ]; then  # half the allowed CPUs to the server, a quarter each to client and supervisor
   PIN=$(python3 -c 'import os; c=sorted(os.sched_getaffinity(0)); n=len(c); j=lambda l: ",".join(map(str,l)); print(j(c[:n//2]), j(c[n//2:3*n//4]), j(c[3*n//4:]))')
 fi
@@ -293,7 +297,9 @@ PY
       done
     done
     python3 - "$P" <<'PY'
-import glob, json, re, statistics as st, sys
+import glob, json, math, re, statistics as st, sys
+# Student's t, 97.5th percentile, 1 to 12 degrees of freedom (then the 12th: a slight overstatement)
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179]
 runs = {}
 for f in sorted(glob.glob(f"{sys.argv[1]}/c*-*-*.jsonl")):
     conc, side, i = re.search(r"c(\d+)-(\w+)-(\d+)\.jsonl$", f).groups()
@@ -309,9 +315,19 @@ for conc, sides in sorted(runs.items()):
             dv, pv = [d[i][k] for i in both], [p[i][k] for i in both]
             if not both: continue
             ratios = [b / a for a, b in zip(dv, pv)]
+            # the paired rounds' ratio as a geometric mean with a 95 % interval (Student's t over
+            # the log ratios): what "within 1 %" can be judged against
+            logs = [math.log(r) for r in ratios]
+            gm = math.exp(st.mean(logs))
+            if len(logs) > 1:
+                half = T975[min(len(logs) - 1, len(T975)) - 1] * st.stdev(logs) / math.sqrt(len(logs))
+                ci = f"95 % interval {math.exp(st.mean(logs) - half):.4f}..{math.exp(st.mean(logs) + half):.4f}"
+            else:
+                ci = "one pair: no interval"
             print(f"S c={conc} {label}: direct median {st.median(dv):.2f} (runs {', '.join(f'{x:.1f}' for x in dv)}), "
                   f"{arm} median {st.median(pv):.2f} (runs {', '.join(f'{x:.1f}' for x in pv)}); "
-                  f"{arm}/direct of medians {st.median(pv) / st.median(dv):.4f}, median of round ratios {st.median(ratios):.4f}")
+                  f"{arm}/direct of medians {st.median(pv) / st.median(dv):.4f}, median of round ratios {st.median(ratios):.4f}, "
+                  f"geometric mean of round ratios {gm:.4f}, {ci} ({len(logs)} pairs)")
 PY
   else
     say "S: not ready"; tail -20 "$P/supervisor.err"; kill -KILL "$SUP"
