@@ -20,7 +20,9 @@
 #        the cost of any extra hop, apart from the proxy's own. SIDES="... x1 x2" add arms through
 #        further supervisors in front of the same server, each with the environment in X1_ENV,
 #        X2_ENV (proxy tuning). The server's CPU is read per run, per process.
-#   S's knobs: SERVER_EXTRA / SERVER_ENV add server flags / environment; ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
+#   S's knobs: DEADLINE_S=N starts no round that would end past N seconds from the script's start
+#   (the summary still prints: set it below the command's timeout); SERVER_EXTRA / SERVER_ENV add
+#   server flags / environment; ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
 #   WARM_FULL=N runs N full-size benchmarks straight to the server before the measured ones (its
 #   cost per token drifts down over its first minutes); COMPILED=1 first runs proxy-bench (a compiled client, a thread per stream and one
 #   thread for all) against the real server, straight and through the proxy, COMPILED_ROUNDS waves
@@ -243,9 +245,14 @@ PY
           "$conc" 256 "${COMPILED_ROUNDS:-4}" "$SUP" /generate "$main_pid"
       done; done
     fi
+    run_s=60  # a run's length so far (the last one), to tell whether one more round fits DEADLINE_S
     for conc in ${CONCS:-256 512}; do
       read -r -a arms <<< "${SIDES:-direct proxy}"
       for i in $(seq "${PAIRS:-4}"); do
+        if [ -n "${DEADLINE_S:-}" ] && [ $((SECONDS + ${#arms[@]} * run_s + 30)) -gt "$DEADLINE_S" ]; then
+          say "S: round $i of c=$conc would end past DEADLINE_S=$DEADLINE_S (${SECONDS} s gone, ${run_s} s a run): no more rounds"
+          break 2
+        fi
         # each round rotates the arms (a Latin square; ABBA for two), so a drift of the host cancels
         order=(); n=${#arms[@]}
         for k in $(seq 0 $((n - 1))); do order+=("${arms[$(( (k + i - 1) % n ))]}"); done
@@ -258,7 +265,9 @@ PY
           # a window per run: the server's own batch series (running requests, decode throughput)
           # over it, whichever path the client took
           post "http://$MET/-/window/start?name=c$conc-$side-$i" > /dev/null
+          t_run=$SECONDS
           DATASET=random-ids bench "$port" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
+          run_s=$((SECONDS - t_run + 5))
           post "http://$MET/-/window/stop" > "$P/c$conc-$side-$i.window.json" 2>&1
           cpu1=$(awk '{print $14+$15}' "/proc/$CPUPID/stat"); by1=$(procs stats "$SUP"); net1=$(tcpstat)
           python3 - "$P/c$conc-$side-$i.jsonl" "$side" "$conc" "$i" "$cpu0" "$cpu1" "$by0" "$by1" "$net0" "$net1" <<'PY'
