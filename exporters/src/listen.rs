@@ -49,8 +49,27 @@ pub fn spawn_accept_loop<F, Fut>(
     F: Fn(TcpStream) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    spawn_accept_loop_sharing(listener, limits, connection_permits(&limits), what, serve);
+}
+
+/// The connection cap of `limits`, to share between the accept loops of one address's listeners.
+pub fn connection_permits(limits: &Limits) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(limits.max_connections.max(1)))
+}
+
+/// [`spawn_accept_loop`] on the current runtime (a proxy thread's own), its connections counted
+/// in `permits` with those of the other listeners of the same address.
+pub fn spawn_accept_loop_sharing<F, Fut>(
+    listener: TcpListener,
+    limits: Limits,
+    permits: Arc<Semaphore>,
+    what: &'static str,
+    serve: F,
+) where
+    F: Fn(TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     tokio::spawn(async move {
-        let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
         let open: Open = Arc::default();
         let mut next_id = 0u64;
         let mut failing = false;

@@ -10,7 +10,7 @@
 //! start (125) and names the process that holds it. The default is no such promise: taken (two
 //! supervisors on one node, one per GPU group), the next free of the following ports is used,
 //! said on stderr and recorded in the `listening` event, never a silent clash or a lost run.
-use crate::port_holder::holder;
+use crate::port_holder::{holder, holder_of};
 use anyhow::anyhow;
 use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
@@ -96,15 +96,12 @@ async fn serve_default(
 }
 
 fn in_use(e: &ServeError) -> bool {
-    std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<std::io::Error>())
-        .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
+    e.addr_in_use()
 }
 
 /// A taken port's error names its holder when it can be found.
 fn explain(addr: &str, e: ServeError) -> anyhow::Error {
-    let port = addr.rsplit(':').next().and_then(|p| p.parse().ok());
-    match port.filter(|_| in_use(&e)).and_then(holder) {
+    match holder_of(addr, in_use(&e)) {
         Some(who) => anyhow!(
             "cannot listen on {addr} for metrics: the port is held by {who}; pass --metrics-addr \
              HOST:PORT with a free port (or leave it out: {DEFAULT_METRICS_ADDR} or the next free \

@@ -3,6 +3,30 @@
 //! failure path; a whole crate (procfs) for them would cost more than it saves.
 use std::path::Path;
 
+/// The program's name: `comm`, or the file name of its first argument when `comm` is cut at
+/// the kernel's 15 characters ("sglang-supervis").
+fn process_name(pid: u32) -> String {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let comm = comm.trim();
+    let argv0 = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .ok()
+        .and_then(|c| {
+            let first = c.split(|&b| b == 0).next()?;
+            let name = Path::new(std::str::from_utf8(first).ok()?).file_name()?;
+            Some(name.to_string_lossy().into_owned())
+        });
+    match argv0 {
+        Some(name) if comm.len() >= 15 && name.starts_with(comm) => name,
+        _ => comm.to_string(),
+    }
+}
+
+/// Who holds the port of `addr` (`HOST:PORT`), when binding it failed because it is in use.
+pub fn holder_of(addr: &str, in_use: bool) -> Option<String> {
+    let port = addr.rsplit(':').next().and_then(|p| p.parse().ok());
+    port.filter(|_| in_use).and_then(holder)
+}
+
 /// `NAME (pid N)` of a process listening on `port` (TCP, IPv4 or IPv6, this network namespace),
 /// or a sentence saying it is someone we cannot see; None when no listener is found.
 pub fn holder(port: u16) -> Option<String> {
@@ -23,8 +47,7 @@ pub fn holder(port: u16) -> Option<String> {
         });
     Some(match owner {
         Some(pid) => {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            format!("{} (pid {pid})", comm.trim())
+            format!("{} (pid {pid})", process_name(pid))
         }
         None => "a process this user cannot see".to_string(),
     })

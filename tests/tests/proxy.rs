@@ -795,3 +795,32 @@ fn the_server_sees_one_connection_per_client_connection_kept_and_closed_with_it(
     stop(run);
     let _ = std::fs::remove_file(log);
 }
+
+/// The proxy listens on one socket per thread of its own (SO_REUSEPORT), so another process of
+/// the same user could join the address; a second supervisor given it must fail at start instead,
+/// naming who holds the port, and the first keeps serving every connection.
+#[test]
+fn a_second_supervisor_given_the_proxy_port_is_refused_at_start_and_the_first_serves_on() {
+    let (run, proxy, _, log) = start("proxy-taken", &[]);
+    #[allow(clippy::disallowed_methods)]
+    let out = std::process::Command::new(supervisor_bin())
+        .args(["run", "--proxy-addr", &proxy, "--metrics-addr", "none"])
+        .args(["--gpu-backend", "none", "--no-preflight", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains(&proxy)
+            && err.contains("--proxy-addr")
+            && err.contains(&format!("sglang-supervisor (pid {})", run.child.id())),
+        "{err}"
+    );
+    let body = r#"{"text":"x","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+    for _ in 0..32 {
+        let r = post(&proxy, "/generate", body);
+        assert!(r.status.contains("200"), "{}", r.status);
+    }
+    assert_eq!(wait_records(&log, 32).len(), 32);
+    stop(run);
+}

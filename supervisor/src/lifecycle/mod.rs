@@ -300,7 +300,8 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
             };
             Some(
                 sglang_exporters::proxy::start(addr, &upstream, proxy_metrics, stats, log, traffic)
-                    .await?,
+                    .await
+                    .map_err(|e| proxy_bind_error(addr, e))?,
             )
         }
     };
@@ -317,6 +318,17 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
         startup,
         trace_dir: crate::profile::trace_dir(args),
     })
+}
+
+/// A taken proxy port's error names its holder (another supervisor given the same address).
+fn proxy_bind_error(addr: &str, e: sglang_exporters::proxy::ProxyError) -> anyhow::Error {
+    match crate::port_holder::holder_of(addr, e.addr_in_use()) {
+        Some(who) => anyhow::anyhow!(
+            "cannot listen on {addr} for the proxy: the port is held by {who}; pass another \
+             --proxy-addr (HOST:0 takes any free port)"
+        ),
+        None => e.into(),
+    }
 }
 
 /// The server, in its own process group, with the profiler's trace directory in its
