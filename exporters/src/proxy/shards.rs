@@ -70,9 +70,8 @@ impl Shards {
         })
     }
 
-    /// Run the future `make` builds on the next shard (round robin: connections are alike, and
-    /// a benchmark opens them together); the returned future ends when it does, or when the
-    /// shard is gone.
+    /// Run the future `make` builds on the next shard, round robin (the proxy gives each shard
+    /// its listener this way); the returned future ends when it does, or when the shard is gone.
     pub(crate) fn run<M, F>(&self, make: M) -> impl Future<Output = ()> + Send + 'static
     where
         M: FnOnce() -> F + Send + 'static,
