@@ -8,8 +8,11 @@ use hyper_util::rt::TokioTimer;
 use sglang_probes::sync::lock;
 use std::collections::VecDeque;
 use std::future::Future;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
@@ -57,15 +60,66 @@ pub fn connection_permits(limits: &Limits) -> Arc<Semaphore> {
     Arc::new(Semaphore::new(limits.max_connections.max(1)))
 }
 
-/// [`spawn_accept_loop`] on the current runtime (a proxy thread's own), its connections counted
-/// in `permits` with those of the other listeners of the same address.
-pub fn spawn_accept_loop_sharing<F, Fut>(
-    listener: TcpListener,
+/// Where an accept loop takes its connections from.
+pub trait Acceptor: Send + Sync + 'static {
+    fn accept(&self) -> impl Future<Output = std::io::Result<TcpStream>> + Send;
+}
+
+impl Acceptor for TcpListener {
+    async fn accept(&self) -> std::io::Result<TcpStream> {
+        TcpListener::accept(self).await.map(|(s, _)| s)
+    }
+}
+
+/// One listening socket accepted from by several threads, each from its own runtime: every
+/// thread waits on the same accept queue (the kernel wakes them all for a connection, and the
+/// first to accept takes it), so a connection never waits behind a thread that cannot take it,
+/// and no other socket shares the address. The socket is closed when the last thread drops it.
+pub struct SharedListener(AsyncFd<Shared>);
+
+struct Shared(Arc<std::net::TcpListener>);
+
+impl AsRawFd for Shared {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+impl SharedListener {
+    /// Wait for connections on `listener` (non-blocking) from the current thread's runtime.
+    pub fn new(listener: Arc<std::net::TcpListener>) -> std::io::Result<Self> {
+        // SAFETY: the Arc keeps the listener, and so its descriptor, open and the same for as
+        // long as the AsyncFd holds it.
+        unsafe { AsyncFd::register_with_interest(Shared(listener), Interest::READABLE) }
+            .map(SharedListener)
+            .map_err(|e| e.into_parts().1)
+    }
+}
+
+impl Acceptor for SharedListener {
+    async fn accept(&self) -> std::io::Result<TcpStream> {
+        loop {
+            let mut ready = self.0.readable().await?;
+            // Another thread may have taken the connection: then wait for the next one.
+            if let Ok(accepted) = ready.try_io(|l| l.get_ref().0.accept()) {
+                let (stream, _) = accepted?;
+                stream.set_nonblocking(true)?;
+                return TcpStream::from_std(stream);
+            }
+        }
+    }
+}
+
+/// [`spawn_accept_loop`] on the current runtime (a proxy thread's own) from any [`Acceptor`],
+/// its connections counted in `permits` with those of the other threads accepting from it.
+pub fn spawn_accept_loop_sharing<A, F, Fut>(
+    listener: A,
     limits: Limits,
     permits: Arc<Semaphore>,
     what: &'static str,
     serve: F,
 ) where
+    A: Acceptor,
     F: Fn(TcpStream) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
@@ -84,7 +138,7 @@ pub fn spawn_accept_loop_sharing<F, Fut>(
                 }
             };
             let stream = match listener.accept().await {
-                Ok((s, _)) => {
+                Ok(s) => {
                     failing = false;
                     s
                 }
@@ -125,6 +179,9 @@ pub fn spawn_accept_loop_sharing<F, Fut>(
                 }
                 drop::<OwnedSemaphorePermit>(permit);
             });
+            // A proxy thread serves the connection it took (reads its request) before it takes
+            // another; the other threads take the rest of a burst meanwhile.
+            tokio::task::yield_now().await;
         }
     });
 }
@@ -147,4 +204,49 @@ pub fn proxy_connection_cap() -> usize {
         .map_or(1024, |(soft, _)| soft);
     let cap = soft.saturating_sub(256) / 2;
     usize::try_from(cap).unwrap_or(usize::MAX).clamp(32, 65536)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn threads_sharing_one_listener_take_each_connection_once_and_all_of_them() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let listener = Arc::new(listener);
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..3 {
+            let (listener, tx) = (listener.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let shared = SharedListener::new(listener).unwrap();
+                    while let Ok(s) = shared.accept().await {
+                        if tx.send(s.peer_addr().unwrap()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            });
+        }
+        let clients: Vec<_> = (0..60)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        let mine: HashSet<_> = clients.iter().map(|c| c.local_addr().unwrap()).collect();
+        let mut taken = Vec::new();
+        while taken.len() < clients.len() {
+            taken.push(rx.recv_timeout(Duration::from_secs(10)).unwrap());
+        }
+        assert_eq!(taken.iter().copied().collect::<HashSet<_>>(), mine);
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "a connection taken twice"
+        );
+    }
 }

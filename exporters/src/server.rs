@@ -58,41 +58,15 @@ pub async fn bind(addr: &str) -> std::io::Result<(TcpListener, SocketAddr)> {
     Err(last.unwrap_or_else(|| std::io::Error::other(format!("{addr} names no address"))))
 }
 
-/// `n` listeners on one address, each with its own accept queue (`SO_REUSEPORT`: the kernel
-/// spreads new connections over them), for `n` threads that each accept their own connections: a
-/// connection then wakes only the thread that serves it. A plain bind comes first, so an address
-/// in use is an error here as it is for one listener, even when its holder shares it with
-/// `SO_REUSEPORT` (a second supervisor given the same port would otherwise take part of this one's
-/// traffic). The listeners are not tied to any runtime (each thread adopts its own).
-pub async fn bind_shared(
-    addr: &str,
-    n: usize,
-) -> std::io::Result<(Vec<std::net::TcpListener>, SocketAddr)> {
-    let (alone, local) = bind(addr).await?;
-    drop(alone);
-    let mut group = Vec::with_capacity(n.max(1));
-    for _ in 0..n.max(1) {
-        group.push(listen_with(local, true)?.into_std()?);
-    }
-    Ok((group, local))
-}
-
 /// A listener with a deep backlog: past the connection cap, newcomers wait there (the kernel
 /// caps it at net.core.somaxconn) instead of having their SYNs dropped.
 fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    listen_with(addr, false)
-}
-
-fn listen_with(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
         tokio::net::TcpSocket::new_v6()?
     };
     socket.set_reuseaddr(true)?;
-    if reuse_port {
-        socket.set_reuseport(true)?;
-    }
     socket.bind(addr)?;
     socket.listen(4096)
 }
@@ -360,45 +334,4 @@ async fn handle(
             "not found: try /metrics, /-/ready, /-/healthy\n".into(),
         ),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_shared_address_spreads_connections_over_its_listeners_and_is_in_use_for_anyone_else()
-    {
-        let (group, local) = bind_shared("127.0.0.1:0", 4).await.unwrap();
-        assert_eq!(group.len(), 4);
-        for l in &group {
-            assert_eq!(l.local_addr().unwrap(), local);
-        }
-        let clients: Vec<_> = (0..64)
-            .map(|_| std::net::TcpStream::connect(local).unwrap())
-            .collect();
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        let mut accepted = Vec::new();
-        for l in &group {
-            let mut n = 0;
-            while l.accept().is_ok() {
-                n += 1;
-            }
-            accepted.push(n);
-        }
-        assert_eq!(
-            accepted.iter().sum::<usize>(),
-            clients.len(),
-            "{accepted:?}"
-        );
-        // 64 connections hashed over 4 accept queues: each gets some (a miss is ~1e-7 likely).
-        assert!(accepted.iter().all(|&n| n > 0), "{accepted:?}");
-        // Another supervisor given the same address is refused, whether it shares it or not.
-        let shared = bind_shared(&local.to_string(), 2).await.err();
-        let alone = bind(&local.to_string()).await.err();
-        for e in [shared, alone] {
-            let e = e.expect("the address is in use");
-            assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
-        }
-    }
 }

@@ -21,7 +21,9 @@ pub use record::{ProxyMetrics, ReqLabels, RequestRecord, E2E_BUCKETS, LATENCY_BU
 pub use sse::{event_end, scan_event, Api, EventInfo};
 pub use stream::EventStream;
 
-use crate::listen::{connection_permits, proxy_connection_cap, spawn_accept_loop_sharing, Limits};
+use crate::listen::{
+    connection_permits, proxy_connection_cap, spawn_accept_loop_sharing, Limits, SharedListener,
+};
 use http_body_util::{combinators::BoxBody, BodyExt, Either, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -82,7 +84,7 @@ pub async fn start(
     traffic_window: Option<sglang_probes::sampler::SamplerHandle>,
 ) -> Result<SocketAddr, ProxyError> {
     let threads = shard_count();
-    let (listeners, local) = crate::server::bind_shared(addr, threads)
+    let (listener, local) = crate::server::bind(addr)
         .await
         .map_err(|error| ProxyError::Bind {
             addr: addr.to_string(),
@@ -125,16 +127,24 @@ pub async fn start(
         evict_oldest: false,
     };
     let shards = Shards::start(threads).map_err(ProxyError::Threads)?;
-    // Each thread accepts from a listener of its own and serves what it accepts: a connection
-    // wakes one thread. Accepted on the supervisor's runtime and handed over, each woke two, one
-    // after the other (about 0.2 ms more to a first token on the dev VM).
+    // Every thread accepts from the one listening socket and serves what it accepts: a
+    // connection is read by the first thread to wake. Accepted on the supervisor's runtime and
+    // handed over, each connection woke two threads one after the other (about 0.2 ms more to a
+    // first token on the dev VM). One accept queue: a connection never waits on a thread that has
+    // no room under the cap while another has (one listener per thread did: `SO_REUSEPORT`).
+    let listener = Arc::new(listener.into_std().map_err(|error| ProxyError::Bind {
+        addr: addr.to_string(),
+        error,
+    })?);
     let permits = connection_permits(&limits);
-    for listener in listeners {
-        let (proxy, permits) = (proxy.clone(), permits.clone());
+    for _ in 0..threads {
+        let (proxy, permits, listener) = (proxy.clone(), permits.clone(), listener.clone());
         drop(shards.run(move || async move {
-            let listener = match tokio::net::TcpListener::from_std(listener) {
+            let listener = match SharedListener::new(listener) {
                 Ok(l) => l,
-                Err(e) => return tracing::warn!("proxy: a listener cannot be used: {e}"),
+                Err(e) => {
+                    return tracing::warn!("proxy: a thread cannot wait on the listener: {e}")
+                }
             };
             spawn_accept_loop_sharing(listener, limits, permits, "proxy", move |stream| {
                 serve_client(proxy.clone(), limits, stream)

@@ -1,7 +1,7 @@
 //! The proxy's connections run on threads of their own, each a single-threaded runtime that
-//! accepts connections from a listener of its own (one of the address's `SO_REUSEPORT` group,
-//! `server::bind_shared`) and owns them from accept to close. A new connection then wakes one
-//! thread, and an SSE event one wake-up of the one thread that reads and forwards it. On the supervisor's work-stealing runtime every event
+//! accepts connections from the proxy's one listening socket (`listen::SharedListener`) and owns
+//! them from accept to close. A new connection is read by the first thread to wake, and an SSE
+//! event costs one wake-up of the one thread that reads and forwards it. On the supervisor's work-stealing runtime every event
 //! also woke idle workers to look for work: measured at 32 streams, one event at a time, the
 //! supervisor's CPU per event grew with its workers (19.9 µs with one, 28.1 with two, 42.2 with
 //! four: BENCHMARKS.md, "Proxy threads").
