@@ -796,9 +796,9 @@ fn the_server_sees_one_connection_per_client_connection_kept_and_closed_with_it(
     let _ = std::fs::remove_file(log);
 }
 
-/// The proxy listens on one socket per thread of its own (SO_REUSEPORT), so another process of
-/// the same user could join the address; a second supervisor given it must fail at start instead,
-/// naming who holds the port, and the first keeps serving every connection.
+/// A second supervisor given a running one's proxy address fails at start, naming who holds the
+/// port (once: the cause was printed twice, and the name cut at 15 characters), and the first
+/// keeps serving every connection.
 #[test]
 fn a_second_supervisor_given_the_proxy_port_is_refused_at_start_and_the_first_serves_on() {
     let (run, proxy, _, log) = start("proxy-taken", &[]);
