@@ -48,7 +48,7 @@ pub enum ProxyError {
     // The I/O error is said in the message, not chained: the chain would say it twice.
     #[error("cannot listen on {addr} for the proxy: {error} (pass another --proxy-addr)")]
     Bind { addr: String, error: std::io::Error },
-    #[error("cannot start the proxy's threads: {0}{hint}", hint = sglang_probes::sync::THREAD_LIMIT_HINT)]
+    #[error("cannot start the proxy's threads: {0}{hint}", hint = sglang_probes::sync::start_hint(.0))]
     Threads(std::io::Error),
 }
 
