@@ -9,6 +9,7 @@ use sglang_probes::sync::lock;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::unix::AsyncFd;
@@ -52,7 +53,14 @@ pub fn spawn_accept_loop<F, Fut>(
     F: Fn(TcpStream) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    spawn_accept_loop_sharing(listener, limits, connection_permits(&limits), what, serve);
+    spawn_accept_loop_sharing(
+        listener,
+        limits,
+        connection_permits(&limits),
+        None,
+        what,
+        serve,
+    );
 }
 
 /// The connection cap of `limits`, to share between the accept loops of one address's listeners.
@@ -110,12 +118,66 @@ impl Acceptor for SharedListener {
     }
 }
 
+/// Threads accepting from one listener keep about the same number of connections each: the
+/// kernel wakes them all for a connection and the first to run takes it, which on a busy host let
+/// one of four threads take 699 of a burst of 1 024 (a hostile review, 2 cores). A thread holding
+/// more than its share (the mean, plus `SPREAD_SLACK`) lets the others take the next connections,
+/// for at most `SPREAD_WAIT` before it takes one anyway (the others may be busy or gone).
+pub struct Spread {
+    open: Arc<[AtomicUsize]>,
+    me: usize,
+}
+
+const SPREAD_SLACK: usize = 8;
+const SPREAD_WAIT: Duration = Duration::from_millis(4);
+
+/// A connection counted in its thread's share while it is open.
+pub struct Held(Arc<[AtomicUsize]>, usize);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0[self.1].fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Spread {
+    /// One `Spread` per thread of a group of `n`.
+    pub fn group(n: usize) -> Vec<Spread> {
+        let open: Arc<[AtomicUsize]> = (0..n.max(1)).map(|_| AtomicUsize::new(0)).collect();
+        (0..n.max(1))
+            .map(|me| Spread {
+                open: open.clone(),
+                me,
+            })
+            .collect()
+    }
+
+    fn ahead(&self) -> bool {
+        let mine = self.open[self.me].load(Ordering::Relaxed);
+        let total: usize = self.open.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+        mine * self.open.len() > total + SPREAD_SLACK * self.open.len()
+    }
+
+    async fn wait_turn(&self) {
+        let end = tokio::time::Instant::now() + SPREAD_WAIT;
+        while self.ahead() && tokio::time::Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    fn hold(&self) -> Held {
+        self.open[self.me].fetch_add(1, Ordering::Relaxed);
+        Held(self.open.clone(), self.me)
+    }
+}
+
 /// [`spawn_accept_loop`] on the current runtime (a proxy thread's own) from any [`Acceptor`],
 /// its connections counted in `permits` with those of the other threads accepting from it.
 pub fn spawn_accept_loop_sharing<A, F, Fut>(
     listener: A,
     limits: Limits,
     permits: Arc<Semaphore>,
+    spread: Option<Spread>,
     what: &'static str,
     serve: F,
 ) where
@@ -128,6 +190,9 @@ pub fn spawn_accept_loop_sharing<A, F, Fut>(
         let mut next_id = 0u64;
         let mut failing = false;
         loop {
+            if let Some(spread) = &spread {
+                spread.wait_turn().await;
+            }
             // Without eviction, wait for room before accepting: the rest wait in the backlog.
             let early = if limits.evict_oldest {
                 None
@@ -164,6 +229,7 @@ pub fn spawn_accept_loop_sharing<A, F, Fut>(
                 lock(&open).push_back((id, tx));
                 rx
             });
+            let held = spread.as_ref().map(Spread::hold);
             let conn = serve(stream);
             let open = open.clone();
             tokio::spawn(async move {
@@ -178,6 +244,7 @@ pub fn spawn_accept_loop_sharing<A, F, Fut>(
                     None => conn.await,
                 }
                 drop::<OwnedSemaphorePermit>(permit);
+                drop(held);
             });
             // A proxy thread serves the connection it took (reads its request) before it takes
             // another; the other threads take the rest of a burst meanwhile.
@@ -248,5 +315,97 @@ mod tests {
             rx.recv_timeout(Duration::from_millis(200)).is_err(),
             "a connection taken twice"
         );
+    }
+
+    /// `n` threads sharing one listener as the proxy's do; each connection says which thread
+    /// took it, gets one byte and stays open for `hold`.
+    fn threads_on_one_listener(
+        n: usize,
+        cap: usize,
+        hold: Duration,
+    ) -> (std::net::SocketAddr, std::sync::mpsc::Receiver<usize>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let listener = Arc::new(listener);
+        let limits = Limits {
+            max_connections: cap,
+            header_timeout: Duration::from_secs(60),
+            evict_oldest: false,
+        };
+        let permits = connection_permits(&limits);
+        let (tx, rx) = std::sync::mpsc::channel();
+        for (i, spread) in Spread::group(n).into_iter().enumerate() {
+            let (listener, permits, tx) = (listener.clone(), permits.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let shared = SharedListener::new(listener).unwrap();
+                    spawn_accept_loop_sharing(
+                        shared,
+                        limits,
+                        permits,
+                        Some(spread),
+                        "t",
+                        move |mut s| {
+                            let tx = tx.clone();
+                            async move {
+                                use tokio::io::AsyncWriteExt;
+                                let _ = tx.send(i);
+                                let _ = s.write_all(b"x").await;
+                                tokio::time::sleep(hold).await;
+                            }
+                        },
+                    );
+                    std::future::pending::<()>().await
+                });
+            });
+        }
+        (addr, rx)
+    }
+
+    #[test]
+    fn a_burst_of_connections_spreads_over_the_threads_sharing_the_listener() {
+        let (addr, rx) = threads_on_one_listener(4, 4096, Duration::from_secs(30));
+        let clients: Vec<_> = (0..1024)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        let mut by_thread = [0usize; 4];
+        for _ in 0..clients.len() {
+            by_thread[rx.recv_timeout(Duration::from_secs(10)).unwrap()] += 1;
+        }
+        // A fair share is 256; without the spread one thread took 699 (two busy cores).
+        let most = *by_thread.iter().max().unwrap();
+        assert!(most <= 256 + 128, "{by_thread:?}");
+    }
+
+    #[test]
+    fn under_a_small_cap_shared_by_many_threads_every_connection_is_served_at_once() {
+        let (addr, _rx) = threads_on_one_listener(8, 4, Duration::ZERO);
+        let clients: Vec<_> = (0..16)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    let mut worst = Duration::ZERO;
+                    for _ in 0..100 {
+                        let t = std::time::Instant::now();
+                        let mut s = std::net::TcpStream::connect(addr).unwrap();
+                        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                        let mut b = [0u8; 1];
+                        std::io::Read::read_exact(&mut s, &mut b).unwrap();
+                        worst = worst.max(t.elapsed());
+                    }
+                    worst
+                })
+            })
+            .collect();
+        let worst = clients
+            .into_iter()
+            .map(|c| c.join().unwrap())
+            .max()
+            .unwrap();
+        assert!(worst < Duration::from_secs(1), "worst wait {worst:?}");
     }
 }

@@ -47,7 +47,12 @@ pub fn holder(port: u16) -> Option<String> {
         });
     Some(match owner {
         Some(pid) => {
-            format!("{} (pid {pid})", process_name(pid))
+            if pid == std::process::id() {
+                // --metrics-addr and --proxy-addr given one port: not another process's doing
+                format!("this supervisor itself (pid {pid}: --metrics-addr and --proxy-addr must differ)")
+            } else {
+                format!("{} (pid {pid})", process_name(pid))
+            }
         }
         None => "a process this user cannot see".to_string(),
     })
@@ -88,12 +93,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_listener_of_this_process_is_named_with_its_pid() {
+    fn a_listener_of_this_process_is_named_as_this_supervisor_itself() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let who = holder(port).unwrap();
         assert!(
-            who.ends_with(&format!("(pid {})", std::process::id())),
+            who.starts_with(&format!(
+                "this supervisor itself (pid {}",
+                std::process::id()
+            )),
             "{who}"
         );
         drop(l);

@@ -824,3 +824,22 @@ fn a_second_supervisor_given_the_proxy_port_is_refused_at_start_and_the_first_se
     assert_eq!(wait_records(&log, 32).len(), 32);
     stop(run);
 }
+
+/// --proxy-addr and --metrics-addr given one port: the error says so, not that some other
+/// process (itself, by pid) holds it.
+#[test]
+fn one_port_for_the_proxy_and_the_metrics_is_an_error_that_says_they_must_differ() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    #[allow(clippy::disallowed_methods)]
+    let out = std::process::Command::new(supervisor_bin())
+        .args(["run", "--proxy-addr", &addr, "--metrics-addr", &addr])
+        .args(["--gpu-backend", "none", "--no-preflight", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("this supervisor itself") && err.contains("must differ"),
+        "{err}"
+    );
+}

@@ -23,6 +23,7 @@ pub use stream::EventStream;
 
 use crate::listen::{
     connection_permits, proxy_connection_cap, spawn_accept_loop_sharing, Limits, SharedListener,
+    Spread,
 };
 use http_body_util::{combinators::BoxBody, BodyExt, Either, Full};
 use hyper::body::Incoming;
@@ -137,7 +138,7 @@ pub async fn start(
         error,
     })?);
     let permits = connection_permits(&limits);
-    for _ in 0..threads {
+    for spread in Spread::group(threads) {
         let (proxy, permits, listener) = (proxy.clone(), permits.clone(), listener.clone());
         drop(shards.run(move || async move {
             let listener = match SharedListener::new(listener) {
@@ -146,9 +147,14 @@ pub async fn start(
                     return tracing::warn!("proxy: a thread cannot wait on the listener: {e}")
                 }
             };
-            spawn_accept_loop_sharing(listener, limits, permits, "proxy", move |stream| {
-                serve_client(proxy.clone(), limits, stream)
-            });
+            spawn_accept_loop_sharing(
+                listener,
+                limits,
+                permits,
+                Some(spread),
+                "proxy",
+                move |stream| serve_client(proxy.clone(), limits, stream),
+            );
         }));
     }
     // The threads end when `shards` is dropped: with the supervisor's runtime, as before.
