@@ -287,19 +287,13 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         for _ in 0..3 {
             let (listener, tx) = (listener.clone(), tx.clone());
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async move {
-                    let shared = SharedListener::new(listener).unwrap();
-                    while let Ok(s) = shared.accept().await {
-                        if tx.send(s.peer_addr().unwrap()).is_err() {
-                            return;
-                        }
+            on_a_thread_of_its_own(async move {
+                let shared = SharedListener::new(listener).unwrap();
+                while let Ok(s) = shared.accept().await {
+                    if tx.send(s.peer_addr().unwrap()).is_err() {
+                        return;
                     }
-                });
+                }
             });
         }
         let clients: Vec<_> = (0..60)
@@ -315,6 +309,17 @@ mod tests {
             rx.recv_timeout(Duration::from_millis(200)).is_err(),
             "a connection taken twice"
         );
+    }
+
+    /// Run `f` on a new thread's own single-threaded runtime, as a proxy thread runs.
+    fn on_a_thread_of_its_own(f: impl Future<Output = ()> + Send + 'static) {
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(f)
+        });
     }
 
     /// `n` threads sharing one listener as the proxy's do; each connection says which thread
@@ -337,31 +342,25 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         for (i, spread) in Spread::group(n).into_iter().enumerate() {
             let (listener, permits, tx) = (listener.clone(), permits.clone(), tx.clone());
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async move {
-                    let shared = SharedListener::new(listener).unwrap();
-                    spawn_accept_loop_sharing(
-                        shared,
-                        limits,
-                        permits,
-                        Some(spread),
-                        "t",
-                        move |mut s| {
-                            let tx = tx.clone();
-                            async move {
-                                use tokio::io::AsyncWriteExt;
-                                let _ = tx.send(i);
-                                let _ = s.write_all(b"x").await;
-                                tokio::time::sleep(hold).await;
-                            }
-                        },
-                    );
-                    std::future::pending::<()>().await
-                });
+            on_a_thread_of_its_own(async move {
+                let shared = SharedListener::new(listener).unwrap();
+                spawn_accept_loop_sharing(
+                    shared,
+                    limits,
+                    permits,
+                    Some(spread),
+                    "t",
+                    move |mut s| {
+                        let tx = tx.clone();
+                        async move {
+                            use tokio::io::AsyncWriteExt;
+                            let _ = tx.send(i);
+                            let _ = s.write_all(b"x").await;
+                            tokio::time::sleep(hold).await;
+                        }
+                    },
+                );
+                std::future::pending::<()>().await
             });
         }
         (addr, rx)

@@ -796,20 +796,27 @@ fn the_server_sees_one_connection_per_client_connection_kept_and_closed_with_it(
     let _ = std::fs::remove_file(log);
 }
 
+/// A supervisor given these proxy and metrics addresses: it must refuse at start (125); its
+/// error.
+fn refused_at_start(proxy: &str, metrics: &str) -> String {
+    #[allow(clippy::disallowed_methods)]
+    let out = std::process::Command::new(supervisor_bin())
+        .args(["run", "--proxy-addr", proxy, "--metrics-addr", metrics])
+        .args(["--gpu-backend", "none", "--no-preflight", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    err
+}
+
 /// A second supervisor given a running one's proxy address fails at start, naming who holds the
 /// port (once: the cause was printed twice, and the name cut at 15 characters), and the first
 /// keeps serving every connection.
 #[test]
 fn a_second_supervisor_given_the_proxy_port_is_refused_at_start_and_the_first_serves_on() {
     let (run, proxy, _, log) = start("proxy-taken", &[]);
-    #[allow(clippy::disallowed_methods)]
-    let out = std::process::Command::new(supervisor_bin())
-        .args(["run", "--proxy-addr", &proxy, "--metrics-addr", "none"])
-        .args(["--gpu-backend", "none", "--no-preflight", "--", "true"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(125), "{err}");
+    let err = refused_at_start(&proxy, "none");
     assert!(
         err.contains(&proxy)
             && err.contains("--proxy-addr")
@@ -830,14 +837,7 @@ fn a_second_supervisor_given_the_proxy_port_is_refused_at_start_and_the_first_se
 #[test]
 fn one_port_for_the_proxy_and_the_metrics_is_an_error_that_says_they_must_differ() {
     let addr = format!("127.0.0.1:{}", free_port());
-    #[allow(clippy::disallowed_methods)]
-    let out = std::process::Command::new(supervisor_bin())
-        .args(["run", "--proxy-addr", &addr, "--metrics-addr", &addr])
-        .args(["--gpu-backend", "none", "--no-preflight", "--", "true"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(125), "{err}");
+    let err = refused_at_start(&addr, &addr);
     assert!(
         err.contains("this supervisor itself") && err.contains("must differ"),
         "{err}"

@@ -36,6 +36,32 @@ fn post_within(addr: &str, wait: Duration) -> Result<String, String> {
     }
 }
 
+/// `n` kept-alive connections to `proxy`, a request sent on each while all stay open; the local
+/// addresses of those with no `200` answer within `wait`.
+fn kept_alive_unanswered(proxy: &str, n: usize, wait: Duration) -> Vec<std::net::SocketAddr> {
+    let mut conns: Vec<TcpStream> = (0..n).map(|_| TcpStream::connect(proxy).unwrap()).collect();
+    let req = format!(
+        "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    for c in &mut conns {
+        c.write_all(req.as_bytes()).unwrap();
+    }
+    let end = Instant::now() + wait;
+    let mut unanswered = Vec::new();
+    for c in &mut conns {
+        let left = end
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(10));
+        c.set_read_timeout(Some(left)).unwrap();
+        let mut b = [0u8; 64];
+        if !matches!(c.read(&mut b), Ok(n) if n > 0 && b.starts_with(b"HTTP/1.1 200")) {
+            unanswered.push(c.local_addr().unwrap());
+        }
+    }
+    unanswered
+}
+
 /// The supervisor under `ulimit -n 320`: a proxy connection cap of (320 - 256) / 2 = 32.
 fn start_capped(name: &str, threads: &str) -> (Run, String) {
     let env = [("SGLANG_SUPERVISOR_PROXY_THREADS", threads)];
@@ -81,32 +107,11 @@ fn as_many_kept_alive_clients_as_the_cap_all_get_answers() {
     let (mut run, proxy) = start_capped("plisten-at-cap", "4");
     let mut report = Vec::new();
     for round in 0..3 {
-        let mut conns: Vec<TcpStream> = (0..32)
-            .map(|_| TcpStream::connect(&proxy).unwrap())
-            .collect();
-        let req = format!(
-            "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{BODY}",
-            BODY.len()
-        );
-        for c in &mut conns {
-            c.write_all(req.as_bytes()).unwrap();
-        }
-        let end = Instant::now() + Duration::from_secs(10);
-        let mut answered = 0;
-        for c in &mut conns {
-            let left = end
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(10));
-            c.set_read_timeout(Some(left)).unwrap();
-            let mut b = [0u8; 64];
-            if matches!(c.read(&mut b), Ok(n) if n > 0 && b.starts_with(b"HTTP/1.1 200")) {
-                answered += 1;
-            }
-        }
+        let unanswered = kept_alive_unanswered(&proxy, 32, Duration::from_secs(10));
         report.push(format!(
-            "round {round}: {answered} of 32 answered within 10 s"
+            "round {round}: {} of 32 answered within 10 s",
+            32 - unanswered.len()
         ));
-        drop(conns);
         std::thread::sleep(Duration::from_millis(300));
     }
     run.stop_by_sigterm();
@@ -231,28 +236,7 @@ fn at_the_1024_file_limit_384_kept_alive_clients_all_get_answers() {
         .to_string();
     run.wait_event("ready", T);
     let mut run = run;
-    let mut conns: Vec<TcpStream> = (0..384)
-        .map(|_| TcpStream::connect(&proxy).unwrap())
-        .collect();
-    let req = format!(
-        "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{BODY}",
-        BODY.len()
-    );
-    for c in &mut conns {
-        c.write_all(req.as_bytes()).unwrap();
-    }
-    let end = Instant::now() + Duration::from_secs(15);
-    let mut unanswered = Vec::new();
-    for c in &mut conns {
-        let left = end
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(10));
-        c.set_read_timeout(Some(left)).unwrap();
-        let mut b = [0u8; 64];
-        if !matches!(c.read(&mut b), Ok(n) if n > 0 && b.starts_with(b"HTTP/1.1 200")) {
-            unanswered.push(c.local_addr().unwrap());
-        }
-    }
+    let unanswered = kept_alive_unanswered(&proxy, 384, Duration::from_secs(15));
     run.stop_by_sigterm();
     assert!(
         unanswered.is_empty(),
