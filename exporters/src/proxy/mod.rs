@@ -140,7 +140,7 @@ pub async fn start(
     let permits = connection_permits(&limits);
     for spread in Spread::group(threads) {
         let (proxy, permits, listener) = (proxy.clone(), permits.clone(), listener.clone());
-        drop(shards.run(move || async move {
+        shards.spawn(move || async move {
             let listener = match SharedListener::new(listener) {
                 Ok(l) => l,
                 Err(e) => {
@@ -155,7 +155,7 @@ pub async fn start(
                 "proxy",
                 move |stream| serve_client(proxy.clone(), limits, stream),
             );
-        }));
+        });
     }
     // The threads end when `shards` is dropped: with the supervisor's runtime, as before.
     tokio::spawn(async move {

@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 /// A connection's work, built on the shard that runs it (its sockets register with that
 /// thread's reactor).
@@ -71,46 +71,35 @@ impl Shards {
     }
 
     /// Run the future `make` builds on the next shard, round robin (the proxy gives each shard
-    /// its listener this way); the returned future ends when it does, or when the shard is gone.
-    pub(crate) fn run<M, F>(&self, make: M) -> impl Future<Output = ()> + Send + 'static
+    /// its listener this way). Nothing waits for it: a shard's jobs last as long as the shard.
+    pub(crate) fn spawn<M, F>(&self, make: M)
     where
         M: FnOnce() -> F + Send + 'static,
         F: Future<Output = ()> + Send + 'static,
     {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.queues.len();
-        let (done_tx, done_rx) = oneshot::channel::<()>();
-        let job: Job = Box::new(move || {
-            Box::pin(async move {
-                make().await;
-                let _ = done_tx.send(());
-            })
-        });
-        let sent = self.queues[i].send(job).is_ok();
-        async move {
-            if sent {
-                let _ = done_rx.await;
-            }
-        }
+        let job: Job = Box::new(move || Box::pin(make()));
+        // A shard gone (its thread ended) takes no more jobs.
+        let _ = self.queues[i].send(job);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::sync::oneshot;
 
     #[tokio::test]
-    async fn jobs_run_on_the_shard_threads_round_robin_and_their_end_is_awaited() {
+    async fn jobs_run_on_the_shard_threads_round_robin() {
         let shards = Shards::start(2).unwrap();
         let mut names = Vec::new();
         for _ in 0..4 {
             let (tx, rx) = oneshot::channel();
-            shards
-                .run(move || async move {
-                    tokio::task::yield_now().await;
-                    let name = std::thread::current().name().map(str::to_string);
-                    let _ = tx.send(name);
-                })
-                .await;
+            shards.spawn(move || async move {
+                tokio::task::yield_now().await;
+                let name = std::thread::current().name().map(str::to_string);
+                let _ = tx.send(name);
+            });
             names.push(rx.await.unwrap().unwrap());
         }
         assert_eq!(names, ["proxy-0", "proxy-1", "proxy-0", "proxy-1"]);
@@ -129,16 +118,14 @@ mod tests {
             s.write_all(&b).unwrap();
         });
         let (tx, rx) = oneshot::channel();
-        shards
-            .run(move || async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-                s.write_all(b"ping").await.unwrap();
-                let mut b = [0u8; 4];
-                s.read_exact(&mut b).await.unwrap();
-                let _ = tx.send(b);
-            })
-            .await;
+        shards.spawn(move || async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"ping").await.unwrap();
+            let mut b = [0u8; 4];
+            s.read_exact(&mut b).await.unwrap();
+            let _ = tx.send(b);
+        });
         assert_eq!(&rx.await.unwrap(), b"ping");
         server.join().unwrap();
     }
