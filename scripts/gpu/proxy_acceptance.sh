@@ -32,7 +32,8 @@
 #   floor (benches/epoll_relay.c) after each; WAKE=1 runs benches/wake_cost.c (a writer's kernel time per write by how its reader
 #   waits); SWEEPS="0 1000" runs proxy.sh once per sweep period (µs; 0: no sweeps), FAIR_SWEEPS
 #   likewise proxy_fair.sh; M_ENV (more environment for those), M_ROUNDS (7), NO_OAI=1 skips the
-#   /v1/completions run, LOG_PATH=1 adds log_path.sh.
+#   /v1/completions run, LOG_PATH=1 adds log_path.sh, M_ONE=1 proxy.sh at one stream (200 requests),
+#   M1024=1 proxy.sh at 1024 streams.
 # Needs dev-device/ (a copy of shared/sglang-device) next to it.
 set -u
 BINDIR=$(realpath "${1:?bin dir}"); B=$(realpath "${2:?bundle}"); O=$(realpath -m "${3:?outdir}"); PHASES=${4:-M E S}
@@ -58,6 +59,8 @@ if [[ " $PHASES " == *" M "* ]]; then
     (cd "$HERE" && env PROXY_BENCH_CLIENT=$c SGLANG_SUPERVISOR_PROXY_SWEEP_US=$t SGLANG_SUPERVISOR_PROXY_THREADS=$n ${M_ENV:-} \
       timeout 120 benches/proxy.sh "$st" 256 "${M_ROUNDS:-7}" 2000)
   done; done; done; done
+  # one stream, a new connection per request (as bench_serving): the TTFT the proxy adds, median and p99
+  [ -n "${M_ONE:-}" ] && { say "M: proxy.sh 1 stream, 200 requests of 16 tokens"; (cd "$HERE" && env ${M_ENV:-} timeout 120 benches/proxy.sh 1 16 200 1000); }
   [ -n "${M1024:-}" ] && { say "M: proxy.sh 1024 streams"; (cd "$HERE" && timeout 150 benches/proxy.sh 1024 256 5 4000); }
   [ -z "${NO_OAI:-}" ] && { say "M: proxy.sh 256 streams, OpenAI completions"; (cd "$HERE" && timeout 120 benches/proxy.sh 256 256 5 2000 /v1/completions); }
   for t in ${FAIR_SWEEPS-1000}; do
@@ -79,8 +82,9 @@ PORT=30000
 SERVER=(python3 -m sglang.launch_server --model-path "$B/tiny-llama" --load-format dummy --host 127.0.0.1 --port $PORT
         --attention-backend triton --sampling-backend pytorch --grammar-backend none --enable-metrics
         --cuda-graph-backend-prefill disabled --mem-fraction-static 0.8 ${GRAPH_BS:+--cuda-graph-max-bs $GRAPH_BS})
-# SERVER_EXTRA: more server flags, e.g. "--log-requests --log-requests-level 0" with
-# SERVER_ENV="SGLANG_LOG_MS=1" to stamp each request's arrival at the tokenizer manager (ms)
+# SERVER_EXTRA: more server flags, e.g. "--log-requests --log-requests-level 0
+# --enable-request-time-stats-logging" with SERVER_ENV="SGLANG_LOG_MS=1" to stamp each request's
+# arrival at the tokenizer manager (ms) and its wait in the scheduler (scripts/gpu/arrivals.py)
 read -r -a extra <<< "${SERVER_EXTRA:-}"; SERVER+=("${extra[@]}")
 [ -n "${SERVER_ENV:-}" ] && SERVER=(env ${SERVER_ENV} "${SERVER[@]}")
 if [ "${PIN:-}" = auto ]; then  # half the allowed CPUs to the server, a quarter each to client and supervisor
@@ -265,9 +269,10 @@ PY
           # a window per run: the server's own batch series (running requests, decode throughput)
           # over it, whichever path the client took
           post "http://$MET/-/window/start?name=c$conc-$side-$i" > /dev/null
-          t_run=$SECONDS
+          t_run=$SECONDS; w_run=$(date +%s.%N)
           DATASET=random-ids bench "$port" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
           run_s=$((SECONDS - t_run + 5))
+          echo "c$conc-$side-$i $w_run $(date +%s.%N) $conc" >> "$P/runs.tsv"
           post "http://$MET/-/window/stop" > "$P/c$conc-$side-$i.window.json" 2>&1
           cpu1=$(awk '{print $14+$15}' "/proc/$CPUPID/stat"); by1=$(procs stats "$SUP"); net1=$(tcpstat)
           python3 - "$P/c$conc-$side-$i.jsonl" "$side" "$conc" "$i" "$cpu0" "$cpu1" "$by0" "$by1" "$net0" "$net1" <<'PY'
@@ -338,6 +343,8 @@ for conc, sides in sorted(runs.items()):
                   f"{arm}/direct of medians {st.median(pv) / st.median(dv):.4f}, median of round ratios {st.median(ratios):.4f}, "
                   f"geometric mean of round ratios {gm:.4f}, {ci} ({len(logs)} pairs)")
 PY
+    # with the server's request log on (SERVER_EXTRA, see above): where each run's requests waited
+    grep -q "Receive: obj=" "$P/server.log" 2>/dev/null && python3 "$HERE/scripts/gpu/arrivals.py" "$P/server.log" "$P/runs.tsv"
   else
     say "S: not ready"; tail -20 "$P/supervisor.err"; kill -KILL "$SUP"
   fi

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Where each request's time went inside SGLang, per benchmark run (docs/real-gpu.md, tenth session).
+
+usage: arrivals.py SERVER_LOG RUNS_TSV
+  SERVER_LOG  the server's log with `--log-requests --log-requests-level 0
+              --enable-request-time-stats-logging` and SGLANG_LOG_MS=1
+  RUNS_TSV    lines "NAME START_UNIX END_UNIX CONCURRENCY" (the script's runs)
+
+Per request, matched by rid: its arrival at the tokenizer manager (the `Receive:` line's stamp), its
+entry into the scheduler's wait queue (`entry_time`), the wait there (`queue_duration`) and the
+rest (`forward_duration`). Per run it prints those for the first wave (the first CONCURRENCY
+arrivals, sent at once by bench_serving) and for the rest, so two arms of one benchmark can be told
+apart by where their requests waited.
+"""
+import re
+import statistics as st
+import sys
+import time
+from datetime import datetime
+
+STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
+RID = re.compile(r"rid='?([0-9a-zA-Z_-]+)")
+STATS = re.compile(
+    r"ReqTimeStats\(rid=([0-9a-zA-Z_-]+).*queue_duration=([\d.]+)ms, forward_duration=([\d.]+)ms, entry_time=([\d.]+)"
+)
+
+
+def stamp(line):
+    m = STAMP.match(line)
+    if not m:
+        return None
+    s = m.group(1)
+    fmt = "%Y-%m-%d %H:%M:%S.%f" if "." in s else "%Y-%m-%d %H:%M:%S"
+    return time.mktime(datetime.strptime(s, fmt).timetuple()) + (float("0." + s.split(".")[1]) if "." in s else 0.0)
+
+
+def read_log(path):
+    got, stats, done = {}, {}, {}
+    for line in open(path, errors="replace"):
+        if "Receive: obj=" in line:
+            t, m = stamp(line), RID.search(line)
+            if t is not None and m:
+                got.setdefault(m.group(1), t)
+        elif "Finish: obj=" in line:
+            t, m = stamp(line), RID.search(line)
+            if t is not None and m:
+                done[m.group(1)] = t
+        elif "ReqTimeStats(" in line:
+            m = STATS.search(line)
+            if m:
+                stats[m.group(1)] = (float(m.group(2)), float(m.group(3)), float(m.group(4)))
+    return got, stats, done
+
+
+def q(v, p):
+    return v[min(len(v) - 1, int(p * len(v)))] if v else float("nan")
+
+
+def show(label, ms):
+    ms = sorted(ms)
+    if not ms:
+        return f"{label} n/a"
+    return f"{label} p10 {q(ms, .1):.0f} p50 {q(ms, .5):.0f} p90 {q(ms, .9):.0f}"
+
+
+def main():
+    got, stats, done = read_log(sys.argv[1])
+    print(f"arrivals: {len(got)} received, {len(stats)} with time stats, {len(done)} finished in the log")
+    for row in open(sys.argv[2]):
+        name, t0, t1, conc = row.split()
+        t0, t1, conc = float(t0), float(t1), int(conc)
+        rids = sorted((t, r) for r, t in got.items() if t0 <= t <= t1)
+        if len(rids) < 2:
+            print(f"arrivals {name}: {len(rids)} requests in its span")
+            continue
+        # bench_serving sends one warm-up request and waits for its answer before the rest
+        warm_t, warm = rids[0]
+        body = rids[1:]
+        start = done.get(warm, warm_t)
+        wave, rest = body[:conc], body[conc:]
+        line = [f"arrivals {name}: {len(body)} requests; wave 1 arrived {(wave[0][0] - start) * 1e3:.0f} to {(wave[-1][0] - start) * 1e3:.0f} ms after the warm-up's answer"]
+        for label, part in (("wave 1", wave), ("later", rest)):
+            s = [(t, stats[r]) for t, r in part if r in stats]
+            tm = [(x[2] - t) * 1e3 for t, x in s]  # arrival -> scheduler wait queue
+            qd = [x[0] for _, x in s]
+            fw = [x[1] for _, x in s]
+            # the wave's requests entered the queue when, counted from the warm-up's answer
+            entry = [(x[2] - start) * 1e3 for _, x in s]
+            line.append(f"  {label} ({len(s)}): " + "; ".join([
+                show("to queue ms", tm), show("queued ms", qd), show("forward ms", fw)]
+                + ([show("queue entry after start ms", entry)] if label == "wave 1" else [])))
+        print("\n".join(line))
+
+
+if __name__ == "__main__":
+    main()
