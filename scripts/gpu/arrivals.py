@@ -4,47 +4,37 @@
 usage: arrivals.py SERVER_LOG RUNS_TSV
   SERVER_LOG  the server's log with `--log-requests --log-requests-level 0
               --enable-request-time-stats-logging` and SGLANG_LOG_MS=1
-  RUNS_TSV    lines "NAME START_UNIX END_UNIX CONCURRENCY" (the script's runs)
+  RUNS_TSV    lines "NAME START_UNIX END_UNIX CONCURRENCY" (the script's runs); a file
+              NAME.jsonl.stamps beside it (CLIENT_STAMPS=1) adds the client's send times
 
-Per request, matched by rid: its arrival at the tokenizer manager (the `Receive:` line's stamp), its
-entry into the scheduler's wait queue (`entry_time`), the wait there (`queue_duration`) and the
-rest (`forward_duration`). Per run it prints those for the first wave (the first CONCURRENCY
+Per request, matched by rid: its arrival at the tokenizer manager (`request_received_ts` in the
+`Finish:` line's meta_info: the `Receive:` line's own stamp has whole seconds only), its entry into
+the scheduler's wait queue (`entry_time`), the wait there (`queue_duration`) and the rest
+(`forward_duration`). Per run it prints those for the first wave (the first CONCURRENCY
 arrivals, sent at once by bench_serving) and for the rest, so two arms of one benchmark can be told
 apart by where their requests waited.
 """
+import os
 import re
 import statistics as st
 import sys
-import time
-from datetime import datetime
 
-STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
 RID = re.compile(r"rid='?([0-9a-zA-Z_-]+)")
+RECEIVED = re.compile(r"'request_received_ts': ([\d.]+)")
+SENT = re.compile(r"'response_sent_to_client_ts': ([\d.]+)")
 STATS = re.compile(
     r"ReqTimeStats\(rid=([0-9a-zA-Z_-]+).*queue_duration=([\d.]+)ms, forward_duration=([\d.]+)ms, entry_time=([\d.]+)"
 )
 
 
-def stamp(line):
-    m = STAMP.match(line)
-    if not m:
-        return None
-    s = m.group(1)
-    fmt = "%Y-%m-%d %H:%M:%S.%f" if "." in s else "%Y-%m-%d %H:%M:%S"
-    return time.mktime(datetime.strptime(s, fmt).timetuple()) + (float("0." + s.split(".")[1]) if "." in s else 0.0)
-
-
 def read_log(path):
     got, stats, done = {}, {}, {}
     for line in open(path, errors="replace"):
-        if "Receive: obj=" in line:
-            t, m = stamp(line), RID.search(line)
-            if t is not None and m:
-                got.setdefault(m.group(1), t)
-        elif "Finish: obj=" in line:
-            t, m = stamp(line), RID.search(line)
-            if t is not None and m:
-                done[m.group(1)] = t
+        if "Finish: obj=" in line:
+            m, r, d = RID.search(line), RECEIVED.search(line), SENT.search(line)
+            if m and r:
+                got[m.group(1)] = float(r.group(1))
+                done[m.group(1)] = float(d.group(1)) if d else None
         elif "ReqTimeStats(" in line:
             m = STATS.search(line)
             if m:
@@ -76,9 +66,16 @@ def main():
         # bench_serving sends one warm-up request and waits for its answer before the rest
         warm_t, warm = rids[0]
         body = rids[1:]
-        start = done.get(warm, warm_t)
+        start = done.get(warm) or warm_t
         wave, rest = body[:conc], body[conc:]
         line = [f"arrivals {name}: {len(body)} requests; wave 1 arrived {(wave[0][0] - start) * 1e3:.0f} to {(wave[-1][0] - start) * 1e3:.0f} ms after the warm-up's answer"]
+        stamps = os.path.join(os.path.dirname(sys.argv[2]), f"{name}.jsonl.stamps")
+        if os.path.exists(stamps):
+            # the client's own clock (scripts/gpu/clientstamps): when it sent, when each head came back
+            sent = sorted(tuple(map(float, x.split())) for x in open(stamps) if x.strip())[1:conc + 1]
+            if sent:
+                line.append(f"  client: wave 1 sent {(sent[0][0] - start) * 1e3:.0f} to {(sent[-1][0] - start) * 1e3:.0f} ms after the warm-up's answer; "
+                            + show("its heads back ms after start", [(h - start) * 1e3 for _, h in sent]))
         for label, part in (("wave 1", wave), ("later", rest)):
             s = [(t, stats[r]) for t, r in part if r in stats]
             tm = [(x[2] - t) * 1e3 for t, x in s]  # arrival -> scheduler wait queue

@@ -117,7 +117,9 @@ procs() { python3 "$HERE/scripts/gpu/server_procs.py" "$@"; }  # the server tree
 tcpstat() { awk '/^(Tcp|TcpExt):/ { if (!h[$1]++) { for (i = 2; i <= NF; i++) n[$1, i] = $i } else { for (i = 2; i <= NF; i++) if (n[$1, i] ~ /^(ListenOverflows|ListenDrops|TCPSynRetrans|TCPTimeouts|RetransSegs|ActiveOpens|PassiveOpens|TCPReqQFullDrop|TCPReqQFullDoCookies)$/) printf "%s=%s ", n[$1, i], $i } }' /proc/net/netstat /proc/net/snmp; }
 stop_sup() { kill -TERM "$SUP"; wait "$SUP"; say "supervisor exit $?"; }
 bench() { # bench PORT BACKEND CONC PROMPTS OUTFILE [RANGE]
-  "${CLIENT_PREFIX[@]}" timeout 300 python3 -m sglang.bench_serving --backend "$2" --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" \
+  # CLIENT_STAMPS=1: each request's send time and its head's return, from inside the client
+  local stamps=(); [ -n "${CLIENT_STAMPS:-}" ] && stamps=(env "PYTHONPATH=$HERE/scripts/gpu/clientstamps:$PYTHONPATH" "BENCH_STAMPS=$5.stamps")
+  "${CLIENT_PREFIX[@]}" "${stamps[@]}" timeout 300 python3 -m sglang.bench_serving --backend "$2" --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" \
     --tokenizer "$B/tiny-llama" --dataset-name "${DATASET:-random}" --dataset-path "$B/tiny-llama/sharegpt_mini.json" \
     --random-input-len 256 --random-output-len 256 --random-range-ratio "${6:-1.0}" --num-prompts "$4" \
     --max-concurrency "$3" --seed 1 --disable-tqdm --output-details --output-file "$5" > "$5.txt" 2>&1
