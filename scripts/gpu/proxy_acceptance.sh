@@ -19,7 +19,10 @@
 #        SIDES="direct relay proxy" adds a third arm through tcp-relay (a hop that reads nothing):
 #        the cost of any extra hop, apart from the proxy's own. SIDES="... x1 x2" add arms through
 #        further supervisors in front of the same server, each with the environment in X1_ENV,
-#        X2_ENV (proxy tuning). The server's CPU is read per run, per process.
+#        X2_ENV (proxy tuning). The server's CPU is read per run, per process. SIDES="split": one
+#        run is two bench_serving at once, each with half the concurrency and prompts, one straight
+#        and one through the proxy, their first waves released together (scripts/gpu/clientstamps):
+#        the proxied half against the direct half of the same run (splitp / splitd).
 #   S's knobs: DEADLINE_S=N starts no round that would end past N seconds from the script's start
 #   (the summary still prints: set it below the command's timeout); SERVER_EXTRA / SERVER_ENV add
 #   server flags / environment; ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
@@ -118,17 +121,21 @@ tcpstat() { awk '/^(Tcp|TcpExt):/ { if (!h[$1]++) { for (i = 2; i <= NF; i++) n[
 stop_sup() { kill -TERM "$SUP"; wait "$SUP"; say "supervisor exit $?"; }
 bench() { # bench PORT BACKEND CONC PROMPTS OUTFILE [RANGE]
   # CLIENT_STAMPS=1: each request's send time and its head's return, from inside the client
-  local stamps=(); [ -n "${CLIENT_STAMPS:-}" ] && stamps=(env "PYTHONPATH=$HERE/scripts/gpu/clientstamps:$PYTHONPATH" "BENCH_STAMPS=$5.stamps")
+  # BARRIER="DIR N": hold the requests after the warm-up until N benchmarks are there (split arm)
+  local stamps=()
+  if [ -n "${CLIENT_STAMPS:-}${BARRIER:-}" ]; then
+    stamps=(env "PYTHONPATH=$HERE/scripts/gpu/clientstamps:$PYTHONPATH" ${CLIENT_STAMPS:+"BENCH_STAMPS=$5.stamps"} ${BARRIER:+"BENCH_BARRIER=$BARRIER"})
+  fi
   "${CLIENT_PREFIX[@]}" "${stamps[@]}" timeout 300 python3 -m sglang.bench_serving --backend "$2" --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" \
     --tokenizer "$B/tiny-llama" --dataset-name "${DATASET:-random}" --dataset-path "$B/tiny-llama/sharegpt_mini.json" \
     --random-input-len 256 --random-output-len 256 --random-range-ratio "${6:-1.0}" --num-prompts "$4" \
-    --max-concurrency "$3" --seed 1 --disable-tqdm --output-details --output-file "$5" > "$5.txt" 2>&1
+    --max-concurrency "$3" --seed "${SEED:-1}" --disable-tqdm --output-details --output-file "$5" > "$5.txt" 2>&1
   local rc=$?
   if [ "$rc" != 0 ] && grep -qE "No module named|ImportError" "$5.txt"; then
     PYTHONPATH="$HERE/dev-device/stubs-fallback:$PYTHONPATH" timeout 300 python3 -m sglang.bench_serving --backend "$2" \
       --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" --tokenizer "$B/tiny-llama" --dataset-name "${DATASET:-random}" \
       --dataset-path "$B/tiny-llama/sharegpt_mini.json" --random-input-len 256 --random-output-len 256 \
-      --random-range-ratio "${6:-1.0}" --num-prompts "$4" --max-concurrency "$3" --seed 1 --disable-tqdm \
+      --random-range-ratio "${6:-1.0}" --num-prompts "$4" --max-concurrency "$3" --seed "${SEED:-1}" --disable-tqdm \
       --output-details --output-file "$5" > "$5.txt" 2>&1; rc=$?
   fi
   [ "$rc" = 0 ] || { say "bench_serving $2 failed rc=$rc"; tail -5 "$5.txt"; }
@@ -272,12 +279,26 @@ PY
           # over it, whichever path the client took
           post "http://$MET/-/window/start?name=c$conc-$side-$i" > /dev/null
           t_run=$SECONDS; w_run=$(date +%s.%N)
-          DATASET=random-ids bench "$port" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
+          if [ "$side" = split ]; then
+            # half the streams straight, half through the proxy, at once, against the same server:
+            # both halves see the same batches and the same host, so a drift of either cancels
+            # within the run; the seeds (their prompts) change sides every round
+            halves=(splitd splitp); seeds=(1 2); [ $((i % 2)) = 0 ] && seeds=(2 1)
+            bar=$(mktemp -d)
+            BARRIER="$bar 2" SEED=${seeds[0]} DATASET=random-ids bench "$PORT" sglang $((conc / 2)) $((${PROMPTS:-1024} / 2)) "$P/c$conc-splitd-$i.jsonl" & half_d=$!
+            BARRIER="$bar 2" SEED=${seeds[1]} DATASET=random-ids bench "$PPORT" sglang $((conc / 2)) $((${PROMPTS:-1024} / 2)) "$P/c$conc-splitp-$i.jsonl" & half_p=$!
+            wait "$half_d" "$half_p"; rm -rf "$bar"  # not a bare wait: the supervisor is a child too
+          else
+            halves=("$side")
+            DATASET=random-ids bench "$port" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
+          fi
           run_s=$((SECONDS - t_run + 5))
           echo "c$conc-$side-$i $w_run $(date +%s.%N) $conc" >> "$P/runs.tsv"
           post "http://$MET/-/window/stop" > "$P/c$conc-$side-$i.window.json" 2>&1
           cpu1=$(awk '{print $14+$15}' "/proc/$CPUPID/stat"); by1=$(procs stats "$SUP"); net1=$(tcpstat)
-          python3 - "$P/c$conc-$side-$i.jsonl" "$side" "$conc" "$i" "$cpu0" "$cpu1" "$by0" "$by1" "$net0" "$net1" <<'PY'
+          for half in "${halves[@]}"; do
+          [ "$half" != "$side" ] && cp "$P/c$conc-$side-$i.window.json" "$P/c$conc-$half-$i.window.json"
+          python3 - "$P/c$conc-$half-$i.jsonl" "$half" "$conc" "$i" "$cpu0" "$cpu1" "$by0" "$by1" "$net0" "$net1" <<'PY'
 import json, sys, os, statistics as st
 f, side, conc, i, c0, c1, by0, by1, net0, net1 = sys.argv[1:]
 b = [json.loads(l.replace("Infinity", "1e999")) for l in open(f)][-1]
@@ -309,6 +330,7 @@ try:
 except Exception as e:
     print(f"    server batches: n/a ({e})")
 PY
+          done
         done
       done
     done
@@ -323,8 +345,9 @@ for f in sorted(glob.glob(f"{sys.argv[1]}/c*-*-*.jsonl")):
     runs.setdefault(int(conc), {}).setdefault(side, {})[int(i)] = b
 keys = [("output_throughput", "out tok/s"), ("median_e2e_latency_ms", "median E2E ms"), ("median_tpot_ms", "median TPOT ms"), ("median_ttft_ms", "median TTFT ms")]
 for conc, sides in sorted(runs.items()):
-    d = sides.get("direct", {})
-    for arm in [a for a in sides if a != "direct"]:
+    for arm in [a for a in sides if a not in ("direct", "splitd")]:
+        # the split arm's proxied half is held against its own direct half, run for run
+        d = sides.get("splitd", {}) if arm == "splitp" else sides.get("direct", {})
         p = sides[arm]
         both = sorted(set(d) & set(p))
         for k, label in keys:

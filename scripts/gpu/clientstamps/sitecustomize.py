@@ -2,23 +2,47 @@
 
 On PYTHONPATH with BENCH_STAMPS=FILE set (scripts/gpu/proxy_acceptance.sh, CLIENT_STAMPS=1), every
 aiohttp request made by the process appends "SENT_UNIX HEAD_UNIX" to FILE at exit: the client's
-side of scripts/gpu/arrivals.py, which has the server's. bench_serving itself is not changed.
+side of scripts/gpu/arrivals.py, which has the server's.
+
+BENCH_BARRIER="DIR N" holds every request after the process's first (bench_serving's warm-up)
+until N processes have reached that point (each leaves a file in DIR): two benchmarks started
+together then send their first waves within a millisecond of each other, whatever their start-up
+took (the SPLIT arm of proxy_acceptance.sh). bench_serving itself is not changed.
 """
+import asyncio
 import atexit
 import os
 import time
 
 _path = os.environ.get("BENCH_STAMPS")
-if _path:
+_barrier = os.environ.get("BENCH_BARRIER", "").split()
+if _path or _barrier:
     try:
         import aiohttp
     except ImportError:
         aiohttp = None
     if aiohttp is not None:
         _stamps = []
+        _calls = [0]
+        _released = []
         _request = aiohttp.ClientSession._request
 
+        async def _all_here():
+            folder, n = _barrier[0], int(_barrier[1])
+            open(os.path.join(folder, str(os.getpid())), "w").close()
+            deadline = time.time() + 120
+            while len(os.listdir(folder)) < n and time.time() < deadline:
+                await asyncio.sleep(0.0005)
+
+        async def _wait_for_the_others():
+            if not _released:
+                _released.append(asyncio.ensure_future(_all_here()))
+            await asyncio.shield(_released[0])
+
         async def _stamped(self, *args, **kwargs):
+            _calls[0] += 1
+            if _barrier and _calls[0] > 1:
+                await _wait_for_the_others()
             sent = time.time()
             response = await _request(self, *args, **kwargs)
             _stamps.append((sent, time.time()))
@@ -26,7 +50,9 @@ if _path:
 
         aiohttp.ClientSession._request = _stamped
 
-        @atexit.register
-        def _write():
-            with open(_path, "w") as f:
-                f.writelines(f"{a:.6f} {b:.6f}\n" for a, b in _stamps)
+        if _path:
+
+            @atexit.register
+            def _write():
+                with open(_path, "w") as f:
+                    f.writelines(f"{a:.6f} {b:.6f}\n" for a, b in _stamps)
