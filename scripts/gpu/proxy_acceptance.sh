@@ -21,8 +21,9 @@
 #        further supervisors in front of the same server, each with the environment in X1_ENV,
 #        X2_ENV (proxy tuning). The server's CPU is read per run, per process. SIDES="split": one
 #        run is two bench_serving at once, each with half the concurrency and prompts, one straight
-#        and one through the proxy, their first waves released together (scripts/gpu/clientstamps):
-#        the proxied half against the direct half of the same run (splitp / splitd).
+#        and one through the proxy, their main runs started together (scripts/gpu/clientstamps
+#        holds each warm-up's answer until both have one, before either starts its clock): the
+#        proxied half against the direct half of the same run (splitp / splitd).
 #   S's knobs: DEADLINE_S=N starts no round that would end past N seconds from the script's start
 #   (the summary still prints: set it below the command's timeout); SERVER_EXTRA / SERVER_ENV add
 #   server flags / environment; ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
@@ -121,7 +122,7 @@ tcpstat() { awk '/^(Tcp|TcpExt):/ { if (!h[$1]++) { for (i = 2; i <= NF; i++) n[
 stop_sup() { kill -TERM "$SUP"; wait "$SUP"; say "supervisor exit $?"; }
 bench() { # bench PORT BACKEND CONC PROMPTS OUTFILE [RANGE]
   # CLIENT_STAMPS=1: each request's send time and its head's return, from inside the client
-  # BARRIER="DIR N": hold the requests after the warm-up until N benchmarks are there (split arm)
+  # BARRIER="DIR N": hold the warm-up's answer until N benchmarks have theirs (split arm)
   local stamps=()
   if [ -n "${CLIENT_STAMPS:-}${BARRIER:-}" ]; then
     stamps=(env "PYTHONPATH=$HERE/scripts/gpu/clientstamps:$PYTHONPATH" ${CLIENT_STAMPS:+"BENCH_STAMPS=$5.stamps"} ${BARRIER:+"BENCH_BARRIER=$BARRIER"})

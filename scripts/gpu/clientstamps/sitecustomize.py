@@ -4,10 +4,12 @@ On PYTHONPATH with BENCH_STAMPS=FILE set (scripts/gpu/proxy_acceptance.sh, CLIEN
 aiohttp request made by the process appends "SENT_UNIX HEAD_UNIX" to FILE at exit: the client's
 side of scripts/gpu/arrivals.py, which has the server's.
 
-BENCH_BARRIER="DIR N" holds every request after the process's first (bench_serving's warm-up)
-until N processes have reached that point (each leaves a file in DIR): two benchmarks started
-together then send their first waves within a millisecond of each other, whatever their start-up
-took (the SPLIT arm of proxy_acceptance.sh). bench_serving itself is not changed.
+BENCH_BARRIER="DIR N" holds the process's first request (bench_serving's warm-up) once its answer
+has come, until N processes have reached that point (each leaves a file in DIR). bench_serving
+then sleeps a fixed second and starts its clock and its main run: two benchmarks started together
+send their first waves within a millisecond of each other, whatever their start-up took (the
+split arm of proxy_acceptance.sh), and no hold falls inside what either one times (a request's
+TTFT and the run's duration start after the warm-up). bench_serving itself is not changed.
 """
 import asyncio
 import atexit
@@ -24,7 +26,6 @@ if _path or _barrier:
     if aiohttp is not None:
         _stamps = []
         _calls = [0]
-        _released = []
         _request = aiohttp.ClientSession._request
 
         async def _all_here():
@@ -34,18 +35,14 @@ if _path or _barrier:
             while len(os.listdir(folder)) < n and time.time() < deadline:
                 await asyncio.sleep(0.0005)
 
-        async def _wait_for_the_others():
-            if not _released:
-                _released.append(asyncio.ensure_future(_all_here()))
-            await asyncio.shield(_released[0])
-
         async def _stamped(self, *args, **kwargs):
             _calls[0] += 1
-            if _barrier and _calls[0] > 1:
-                await _wait_for_the_others()
+            first = _calls[0] == 1
             sent = time.time()
             response = await _request(self, *args, **kwargs)
             _stamps.append((sent, time.time()))
+            if _barrier and first:
+                await _all_here()
             return response
 
         aiohttp.ClientSession._request = _stamped
