@@ -25,8 +25,13 @@ pub enum ServeError {
 impl ServeError {
     /// The address is held by another listener (a process the caller may name).
     pub fn addr_in_use(&self) -> bool {
-        matches!(self, ServeError::Bind { error, .. } if error.kind() == std::io::ErrorKind::AddrInUse)
+        matches!(self, ServeError::Bind { error, .. } if in_use(error))
     }
+}
+
+/// A bind failed because another listener holds the address (ours: metrics and proxy alike).
+pub(crate) fn in_use(error: &std::io::Error) -> bool {
+    error.kind() == std::io::ErrorKind::AddrInUse
 }
 
 /// A scraper needs one connection; a flood of idle ones evicts its own oldest, not a scrape.

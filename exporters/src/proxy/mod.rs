@@ -49,6 +49,10 @@ pub enum ProxyError {
     // The I/O error is said in the message, not chained: the chain would say it twice.
     #[error("cannot listen on {addr} for the proxy: {error} (pass another --proxy-addr)")]
     Bind { addr: String, error: std::io::Error },
+    #[error("the proxy cannot forward to {url}: {reason} (expected http://HOST[:PORT])")]
+    Upstream { url: String, reason: String },
+    #[error("cannot share the proxy's listening socket {addr} between its threads: {error}")]
+    Listener { addr: String, error: std::io::Error },
     #[error("cannot start the proxy's threads: {0}{hint}", hint = sglang_probes::sync::start_hint(.0))]
     Threads(std::io::Error),
 }
@@ -56,7 +60,7 @@ pub enum ProxyError {
 impl ProxyError {
     /// The address is held by another listener (a process the caller may name).
     pub fn addr_in_use(&self) -> bool {
-        matches!(self, ProxyError::Bind { error, .. } if error.kind() == std::io::ErrorKind::AddrInUse)
+        matches!(self, ProxyError::Bind { error, .. } if crate::server::in_use(error))
     }
 }
 
@@ -84,30 +88,23 @@ pub async fn start(
     requests_log: Option<std::fs::File>,
     traffic_window: Option<sglang_probes::sampler::SamplerHandle>,
 ) -> Result<SocketAddr, ProxyError> {
-    let threads = shard_count();
     let (listener, local) = crate::server::bind(addr)
         .await
         .map_err(|error| ProxyError::Bind {
             addr: addr.to_string(),
             error,
         })?;
-    let upstream: Uri = upstream.parse().map_err(|e| ProxyError::Bind {
-        addr: upstream.to_string(),
-        error: std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("bad upstream URL: {e}"),
-        ),
+    let upstream: Uri = upstream.parse().map_err(|e| ProxyError::Upstream {
+        url: upstream.to_string(),
+        reason: format!("not a URL ({e})"),
     })?;
     let upstream_addr = match (upstream.host(), upstream.port_u16()) {
         (Some(h), Some(p)) => format!("{h}:{p}"),
         (Some(h), None) => format!("{h}:80"),
         _ => {
-            return Err(ProxyError::Bind {
-                addr: upstream.to_string(),
-                error: std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    "the server URL has no host",
-                ),
+            return Err(ProxyError::Upstream {
+                url: upstream.to_string(),
+                reason: "it names no host".to_string(),
             })
         }
     };
@@ -127,20 +124,21 @@ pub async fn start(
         header_timeout: Duration::from_secs(60),
         evict_oldest: false,
     };
-    let shards = Shards::start(threads).map_err(ProxyError::Threads)?;
+    let shards = Shards::start(shard_count()).map_err(ProxyError::Threads)?;
     // Every thread accepts from the one listening socket and serves what it accepts: a
     // connection is read by the first thread to wake. Accepted on the supervisor's runtime and
     // handed over, each connection woke two threads one after the other (about 0.2 ms more to a
     // first token on the dev VM). One accept queue: a connection never waits on a thread that has
     // no room under the cap while another has (one listener per thread did: `SO_REUSEPORT`).
-    let listener = Arc::new(listener.into_std().map_err(|error| ProxyError::Bind {
-        addr: addr.to_string(),
+    let listener = Arc::new(listener.into_std().map_err(|error| ProxyError::Listener {
+        addr: local.to_string(),
         error,
     })?);
     let permits = connection_permits(&limits);
-    for spread in Spread::group(threads) {
+    // Shard i's accept loop counts its connections in slot i of the group.
+    for (i, spread) in Spread::group(shards.len()).into_iter().enumerate() {
         let (proxy, permits, listener) = (proxy.clone(), permits.clone(), listener.clone());
-        shards.spawn(move || async move {
+        shards.spawn_on(i, move || async move {
             let listener = match SharedListener::new(listener) {
                 Ok(l) => l,
                 Err(e) => {
@@ -816,5 +814,32 @@ mod exactly_once_tests {
             String::from_utf8_lossy(&body(&got)).to_lowercase(),
             String::from_utf8_lossy(&body(&sent)).to_lowercase()
         );
+    }
+
+    /// An upstream the proxy cannot use is said as such, not as a failure to listen (which
+    /// would send the user to --proxy-addr).
+    #[tokio::test]
+    async fn an_upstream_without_a_host_is_named_as_the_upstream_not_as_the_listen_address() {
+        let metrics = ProxyMetrics::register(&mut Default::default());
+        let stats = Arc::new(crate::report::RequestStats::default());
+        for (url, says) in [("/generate", "names no host"), ("http://[::1", "not a URL")] {
+            let e = start(
+                "127.0.0.1:0",
+                url,
+                metrics.clone(),
+                stats.clone(),
+                None,
+                None,
+            )
+            .await
+            .unwrap_err();
+            let msg = e.to_string();
+            assert!(matches!(e, ProxyError::Upstream { .. }), "{url}: {msg}");
+            assert!(msg.contains(url) && msg.contains(says), "{url}: {msg}");
+            assert!(
+                !msg.contains("--proxy-addr") && !e.addr_in_use(),
+                "{url}: {msg}"
+            );
+        }
     }
 }

@@ -7,7 +7,6 @@
 //! four: BENCHMARKS.md, "Proxy threads").
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::mpsc;
 
 /// A connection's work, built on the shard that runs it (its sockets register with that
@@ -16,7 +15,6 @@ type Job = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
 pub(crate) struct Shards {
     queues: Vec<mpsc::UnboundedSender<Job>>,
-    next: AtomicUsize,
 }
 
 /// A quarter of the cores, two to four: on the 16-core H200 host two shards saturated at 1024
@@ -64,23 +62,27 @@ impl Shards {
                 })?;
             queues.push(tx);
         }
-        Ok(Shards {
-            queues,
-            next: AtomicUsize::new(0),
-        })
+        Ok(Shards { queues })
     }
 
-    /// Run the future `make` builds on the next shard, round robin (the proxy gives each shard
-    /// its listener this way). Nothing waits for it: a shard's jobs last as long as the shard.
-    pub(crate) fn spawn<M, F>(&self, make: M)
+    /// How many shards there are (`start`'s `n`, at least one).
+    pub(crate) fn len(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// Run the future `make` builds on shard `i` (of [`len`](Self::len)): the proxy gives each
+    /// shard its accept loop, with that shard's share of the connections (`listen::Spread`).
+    /// Nothing waits for it: a shard's jobs last as long as the shard.
+    pub(crate) fn spawn_on<M, F>(&self, i: usize, make: M)
     where
         M: FnOnce() -> F + Send + 'static,
         F: Future<Output = ()> + Send + 'static,
     {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.queues.len();
         let job: Job = Box::new(move || Box::pin(make()));
         // A shard gone (its thread ended) takes no more jobs.
-        let _ = self.queues[i].send(job);
+        if let Some(queue) = self.queues.get(i) {
+            let _ = queue.send(job);
+        }
     }
 }
 
@@ -90,19 +92,20 @@ mod tests {
     use tokio::sync::oneshot;
 
     #[tokio::test]
-    async fn jobs_run_on_the_shard_threads_round_robin() {
+    async fn a_job_runs_on_the_shard_it_names() {
         let shards = Shards::start(2).unwrap();
+        assert_eq!(shards.len(), 2);
         let mut names = Vec::new();
-        for _ in 0..4 {
+        for i in [0, 1, 1, 0] {
             let (tx, rx) = oneshot::channel();
-            shards.spawn(move || async move {
+            shards.spawn_on(i, move || async move {
                 tokio::task::yield_now().await;
                 let name = std::thread::current().name().map(str::to_string);
                 let _ = tx.send(name);
             });
             names.push(rx.await.unwrap().unwrap());
         }
-        assert_eq!(names, ["proxy-0", "proxy-1", "proxy-0", "proxy-1"]);
+        assert_eq!(names, ["proxy-0", "proxy-1", "proxy-1", "proxy-0"]);
     }
 
     #[tokio::test]
@@ -118,7 +121,7 @@ mod tests {
             s.write_all(&b).unwrap();
         });
         let (tx, rx) = oneshot::channel();
-        shards.spawn(move || async move {
+        shards.spawn_on(0, move || async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
             s.write_all(b"ping").await.unwrap();
