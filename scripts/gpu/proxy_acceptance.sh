@@ -23,7 +23,8 @@
 #        run is two bench_serving at once, each with half the concurrency and prompts, one straight
 #        and one through the proxy, their main runs started together (scripts/gpu/clientstamps
 #        holds each warm-up's answer until both have one, before either starts its clock): the
-#        proxied half against the direct half of the same run (splitp / splitd).
+#        proxied half against the direct half of the same run (splitp / splitd). SPLIT_VIA=x1
+#        sends that half through arm x1 (started for it, with X1_ENV) or the relay instead.
 #   S's knobs: DEADLINE_S=N starts no round that would end past N seconds from the script's start
 #   (the summary still prints: set it below the command's timeout); SERVER_EXTRA / SERVER_ENV add
 #   server flags / environment; ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
@@ -231,12 +232,12 @@ tick = lambda j, k: (j["by"].get(k) or {}).get("utime", 0) + (j["by"].get(k) or 
 print("idle server over 3 s, CPU by process: " + ", ".join(f"{k} {(tick(b, k) - tick(a, k)) / b['hz'] / 3:.2f} core" for k in sorted(b["by"])))
 PY
     RPORT=30007; RELAY=""
-    if [[ " ${SIDES:-} " == *" relay "* ]]; then
+    if [[ " ${SIDES:-} ${SPLIT_VIA:-} " == *" relay "* ]]; then
       "${SUP_PREFIX[@]}" "$BINDIR/tcp-relay" 127.0.0.1:$RPORT 127.0.0.1:$PORT & RELAY=$!
     fi
     declare -A XPORT XSUP
-    for side in ${SIDES:-}; do
-      [[ $side == x[0-9] ]] || continue
+    for side in ${SIDES:-} ${SPLIT_VIA:-}; do
+      [[ $side == x[0-9] ]] && [ -z "${XSUP[$side]:-}" ] || continue
       # another supervisor in front of the same server, its proxy tuned by the environment in
       # X1_ENV, X2_ENV ... (e.g. "SGLANG_SUPERVISOR_PROXY_SWEEP_US=1000")
       envname=${side^^}_ENV
@@ -287,7 +288,9 @@ PY
             halves=(splitd splitp); seeds=(1 2); [ $((i % 2)) = 0 ] && seeds=(2 1)
             bar=$(mktemp -d)
             BARRIER="$bar 2" SEED=${seeds[0]} DATASET=random-ids bench "$PORT" sglang $((conc / 2)) $((${PROMPTS:-1024} / 2)) "$P/c$conc-splitd-$i.jsonl" & half_d=$!
-            BARRIER="$bar 2" SEED=${seeds[1]} DATASET=random-ids bench "$PPORT" sglang $((conc / 2)) $((${PROMPTS:-1024} / 2)) "$P/c$conc-splitp-$i.jsonl" & half_p=$!
+            # SPLIT_VIA=x1 (or relay) puts the second half through that arm instead of the proxy
+            case ${SPLIT_VIA:-proxy} in proxy) via=$PPORT ;; relay) via=$RPORT ;; *) via=${XPORT[$SPLIT_VIA]} ;; esac
+            BARRIER="$bar 2" SEED=${seeds[1]} DATASET=random-ids bench "$via" sglang $((conc / 2)) $((${PROMPTS:-1024} / 2)) "$P/c$conc-splitp-$i.jsonl" & half_p=$!
             wait "$half_d" "$half_p"; rm -rf "$bar"  # not a bare wait: the supervisor is a child too
           else
             halves=("$side")
