@@ -74,7 +74,7 @@ def main():
             # the client's own clock (scripts/gpu/clientstamps): when it sent, when each head came back
             sent = sorted(tuple(map(float, x.split())) for x in open(stamps) if x.strip())[1:conc + 1]
             if sent:
-                line.append(f"  client: wave 1 sent {(sent[0][0] - start) * 1e3:.0f} to {(sent[-1][0] - start) * 1e3:.0f} ms after the warm-up's answer; "
+                line.append(f"  client: wave 1 begun (its calls into aiohttp, which connects, then writes) {(sent[0][0] - start) * 1e3:.0f} to {(sent[-1][0] - start) * 1e3:.0f} ms after the warm-up's answer; "
                             + show("its heads back ms after start", [(h - start) * 1e3 for _, h in sent]))
         for label, part in (("wave 1", wave), ("later", rest)):
             s = [(t, stats[r]) for t, r in part if r in stats]

@@ -1,7 +1,8 @@
 """When each request of a Python HTTP client left and when its answer's head came back.
 
 On PYTHONPATH with BENCH_STAMPS=FILE set (scripts/gpu/proxy_acceptance.sh, CLIENT_STAMPS=1), every
-aiohttp request made by the process appends "SENT_UNIX HEAD_UNIX" to FILE at exit: the client's
+aiohttp request made by the process appends "BEGUN_UNIX HEAD_UNIX" to FILE at exit (begun: the call
+into aiohttp, which connects before it writes; head: its answer's head back): the client's
 side of scripts/gpu/arrivals.py, which has the server's.
 
 BENCH_BARRIER="DIR N" holds the process's first request (bench_serving's warm-up) once its answer
