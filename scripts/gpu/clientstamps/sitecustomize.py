@@ -1,4 +1,4 @@
-"""When each request of a Python HTTP client left and when its answer's head came back.
+"""When each request of a Python HTTP client began and when its answer's head came back.
 
 On PYTHONPATH with BENCH_STAMPS=FILE set (scripts/gpu/proxy_acceptance.sh, CLIENT_STAMPS=1), every
 aiohttp request made by the process appends "BEGUN_UNIX HEAD_UNIX" to FILE at exit (begun: the call
