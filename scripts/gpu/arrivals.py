@@ -12,7 +12,8 @@ Per request, matched by rid: its arrival at the tokenizer manager (`request_rece
 the scheduler's wait queue (`entry_time`), the wait there (`queue_duration`) and the rest
 (`forward_duration`). Per run it prints those for the first wave (the first CONCURRENCY
 arrivals, sent at once by bench_serving) and for the rest, so two arms of one benchmark can be told
-apart by where their requests waited.
+apart by where their requests waited. A split run (NAME cC-split-I: two bench_serving, each with its
+own warm-up) has two warm-ups, and its clients' stamps in cC-splitd-I and cC-splitp-I.
 """
 import os
 import re
@@ -21,7 +22,8 @@ import sys
 
 RID = re.compile(r"rid='?([0-9a-zA-Z_-]+)")
 RECEIVED = re.compile(r"'request_received_ts': ([\d.]+)")
-SENT = re.compile(r"'response_sent_to_client_ts': ([\d.]+)")
+# the request's end (its last chunk): a streamed request's response_sent_to_client_ts is its FIRST chunk
+FINISHED = re.compile(r"'request_finished_ts': ([\d.]+)")
 STATS = re.compile(
     r"ReqTimeStats\(rid=([0-9a-zA-Z_-]+).*queue_duration=([\d.]+)ms, forward_duration=([\d.]+)ms, entry_time=([\d.]+)"
 )
@@ -31,7 +33,7 @@ def read_log(path):
     got, stats, done = {}, {}, {}
     for line in open(path, errors="replace"):
         if "Finish: obj=" in line:
-            m, r, d = RID.search(line), RECEIVED.search(line), SENT.search(line)
+            m, r, d = RID.search(line), RECEIVED.search(line), FINISHED.search(line)
             if m and r:
                 got[m.group(1)] = float(r.group(1))
                 done[m.group(1)] = float(d.group(1)) if d else None
@@ -60,21 +62,25 @@ def main():
         name, t0, t1, conc = row.split()
         t0, t1, conc = float(t0), float(t1), int(conc)
         rids = sorted((t, r) for r, t in got.items() if t0 <= t <= t1)
-        if len(rids) < 2:
+        # bench_serving sends one warm-up request and waits for its answer before the rest; the
+        # split arm's run is two bench_serving (NAME with -splitd- and -splitp-), each with its own
+        # warm-up, both released after the later warm-up's answer
+        halves = [name.replace("-split-", f"-{h}-") for h in ("splitd", "splitp")] if "-split-" in name else [name]
+        if len(rids) <= len(halves):
             print(f"arrivals {name}: {len(rids)} requests in its span")
             continue
-        # bench_serving sends one warm-up request and waits for its answer before the rest
-        warm_t, warm = rids[0]
-        body = rids[1:]
-        start = done.get(warm) or warm_t
+        warms, body = rids[:len(halves)], rids[len(halves):]
+        start = max(done.get(r) or t for t, r in warms)
         wave, rest = body[:conc], body[conc:]
         line = [f"arrivals {name}: {len(body)} requests; wave 1 arrived {(wave[0][0] - start) * 1e3:.0f} to {(wave[-1][0] - start) * 1e3:.0f} ms after the warm-up's answer"]
-        stamps = os.path.join(os.path.dirname(sys.argv[2]), f"{name}.jsonl.stamps")
-        if os.path.exists(stamps):
+        for half in halves:
+            stamps = os.path.join(os.path.dirname(sys.argv[2]), f"{half}.jsonl.stamps")
+            if not os.path.exists(stamps):
+                continue
             # the client's own clock (scripts/gpu/clientstamps): when it sent, when each head came back
-            sent = sorted(tuple(map(float, x.split())) for x in open(stamps) if x.strip())[1:conc + 1]
+            sent = sorted(tuple(map(float, x.split())) for x in open(stamps) if x.strip())[1:conc // len(halves) + 1]
             if sent:
-                line.append(f"  client: wave 1 begun (its calls into aiohttp, which connects, then writes) {(sent[0][0] - start) * 1e3:.0f} to {(sent[-1][0] - start) * 1e3:.0f} ms after the warm-up's answer; "
+                line.append(f"  client{' ' + half if len(halves) > 1 else ''}: wave 1 begun (its calls into aiohttp, which connects, then writes) {(sent[0][0] - start) * 1e3:.0f} to {(sent[-1][0] - start) * 1e3:.0f} ms after the warm-up's answer; "
                             + show("its heads back ms after start", [(h - start) * 1e3 for _, h in sent]))
         for label, part in (("wave 1", wave), ("later", rest)):
             s = [(t, stats[r]) for t, r in part if r in stats]

@@ -51,6 +51,8 @@ nproc; lscpu | grep -iE "numa|model name|^cpu\(s\)|mhz|thread|core|socket"; echo
 which perf strace py-spy gdb 2>/dev/null; python3 -c 'import importlib.util as u; print("uvloop", bool(u.find_spec("uvloop")), "httptools", bool(u.find_spec("httptools")), "h11", bool(u.find_spec("h11")))'
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -2
 
+case ${SPLIT_VIA:-proxy} in proxy|relay|x[0-9]) ;; *) echo "SPLIT_VIA=$SPLIT_VIA: expected proxy, relay or x1..x9" >&2; exit 2 ;; esac
+
 if [[ " $PHASES " == *" M "* ]]; then
   mkdir -p "$HERE/target/release"
   for b in sglang-supervisor sglang-replay proxy-bench; do cp "$BINDIR/$b" "$HERE/target/release/$b"; done
@@ -275,6 +277,8 @@ PY
         for side in "${order[@]}"; do
           CPUPID=$SUP
           case $side in proxy) port=$PPORT ;; relay) port=$RPORT ;; x[0-9]) port=${XPORT[$side]}; CPUPID=${XSUP[$side]} ;; *) port=$PORT ;; esac
+          # the split arm's "supervisor CPU" is that of the hop its second half goes through
+          [ "$side" = split ] && [[ ${SPLIT_VIA:-} == x[0-9] ]] && CPUPID=${XSUP[$SPLIT_VIA]}
           post "http://127.0.0.1:$PORT/flush_cache" > /dev/null 2>&1 || true
           cpu0=$(awk '{print $14+$15}' "/proc/$CPUPID/stat"); by0=$(procs stats "$SUP"); net0=$(tcpstat)
           # a window per run: the server's own batch series (running requests, decode throughput)
@@ -311,6 +315,9 @@ j0, j1 = json.loads(by0), json.loads(by1)
 t = lambda j, k, f="both": (j["by"].get(k) or {}).get("utime", 0) * (f != "s") + (j["by"].get(k) or {}).get("stime", 0) * (f != "u")
 s0 = sum(t(j0, k) for k in j0["by"]); s1 = sum(t(j1, k) for k in j1["by"])
 tokens = b["total_output_tokens"] or 1
+if side in ("splitd", "splitp"):  # the CPU read over a split run served both halves' tokens
+    other = f.replace(f"-{side}-", "-splitp-" if side == "splitd" else "-splitd-")
+    tokens += [json.loads(l.replace("Infinity", "1e999")) for l in open(other)][-1]["total_output_tokens"] if os.path.exists(other) else 0
 print(f"S c={conc} round {i} {side:6s}: out {b['output_throughput']:.1f} tok/s, median E2E {b['median_e2e_latency_ms']:.1f} ms, median TPOT {b['median_tpot_ms']:.3f} ms, median TTFT {b['median_ttft_ms']:.2f} ms, completed {b['completed']}, supervisor CPU {(float(c1)-float(c0))/hz:.2f} s, server CPU {(float(s1)-float(s0))/hz:.2f} s, over {b['duration']:.2f} s")
 print(f"    server CPU per output token by process (user + system): " + ", ".join(f"{k} {(t(j1, k) - t(j0, k)) / hz / tokens * 1e6:.1f} us ({(t(j1, k, 'u') - t(j0, k, 'u')) / hz / tokens * 1e6:.1f} + {(t(j1, k, 's') - t(j0, k, 's')) / hz / tokens * 1e6:.1f})" for k in sorted(j1["by"])))
 m0, m1 = j0["main"], j1["main"]
@@ -351,7 +358,8 @@ keys = [("output_throughput", "out tok/s"), ("median_e2e_latency_ms", "median E2
 for conc, sides in sorted(runs.items()):
     for arm in [a for a in sides if a not in ("direct", "splitd")]:
         # the split arm's proxied half is held against its own direct half, run for run
-        d = sides.get("splitd", {}) if arm == "splitp" else sides.get("direct", {})
+        base = "splitd" if arm == "splitp" else "direct"
+        d = sides.get(base, {})
         p = sides[arm]
         both = sorted(set(d) & set(p))
         for k, label in keys:
@@ -367,9 +375,9 @@ for conc, sides in sorted(runs.items()):
                 ci = f"95 % interval {math.exp(st.mean(logs) - half):.4f}..{math.exp(st.mean(logs) + half):.4f}"
             else:
                 ci = "one pair: no interval"
-            print(f"S c={conc} {label}: direct median {st.median(dv):.2f} (runs {', '.join(f'{x:.1f}' for x in dv)}), "
+            print(f"S c={conc} {label}: {base} median {st.median(dv):.2f} (runs {', '.join(f'{x:.1f}' for x in dv)}), "
                   f"{arm} median {st.median(pv):.2f} (runs {', '.join(f'{x:.1f}' for x in pv)}); "
-                  f"{arm}/direct of medians {st.median(pv) / st.median(dv):.4f}, median of round ratios {st.median(ratios):.4f}, "
+                  f"{arm}/{base} of medians {st.median(pv) / st.median(dv):.4f}, median of round ratios {st.median(ratios):.4f}, "
                   f"geometric mean of round ratios {gm:.4f}, {ci} ({len(logs)} pairs)")
 PY
     # with the server's request log on (SERVER_EXTRA, see above): where each run's requests waited

@@ -6,7 +6,10 @@ into aiohttp, which connects before it writes; head: its answer's head back): th
 side of scripts/gpu/arrivals.py, which has the server's.
 
 BENCH_BARRIER="DIR N" holds the process's first request (bench_serving's warm-up) once its answer
-has come, until N processes have reached that point (each leaves a file in DIR). bench_serving
+has been read to the end and its session closed, until N processes have reached that point (each
+leaves a file in DIR; one that exits before that leaves its file at exit). The head alone is not
+enough: SGLang sends it before the first token, and the 32-token warm-up's rest then takes tens of
+ms, which a hold at the head would leave between the two main runs. bench_serving
 then sleeps a fixed second and starts its clock and its main run: two benchmarks started together
 send their first waves within a millisecond of each other, whatever their start-up took (the
 split arm of proxy_acceptance.sh), and no hold falls inside what either one times (a request's
@@ -26,27 +29,44 @@ if _path or _barrier:
         aiohttp = None
     if aiohttp is not None:
         _stamps = []
-        _calls = [0]
+        _first = []  # the session of the process's first request (bench_serving: one per request)
         _request = aiohttp.ClientSession._request
+
+        def _arrive():
+            open(os.path.join(_barrier[0], str(os.getpid())), "w").close()
 
         async def _all_here():
             folder, n = _barrier[0], int(_barrier[1])
-            open(os.path.join(folder, str(os.getpid())), "w").close()
+            _arrive()
             deadline = time.time() + 120
             while len(os.listdir(folder)) < n and time.time() < deadline:
                 await asyncio.sleep(0.0005)
 
         async def _stamped(self, *args, **kwargs):
-            _calls[0] += 1
-            first = _calls[0] == 1
+            if not _first:
+                _first.append(self)
             sent = time.time()
             response = await _request(self, *args, **kwargs)
             _stamps.append((sent, time.time()))
-            if _barrier and first:
-                await _all_here()
             return response
 
         aiohttp.ClientSession._request = _stamped
+
+        if _barrier:
+            _exit = aiohttp.ClientSession.__aexit__
+
+            async def _held(self, *exc):
+                # the warm-up's `async with session` ends after its body was read (or its error
+                # caught), outside every clock bench_serving keeps
+                r = await _exit(self, *exc)
+                if _first and self is _first[0]:
+                    _first[0] = None
+                    await _all_here()
+                return r
+
+            aiohttp.ClientSession.__aexit__ = _held
+            # a process that ends before its warm-up (a failed start) releases the others at once
+            atexit.register(_arrive)
 
         if _path:
 
@@ -54,3 +74,17 @@ if _path or _barrier:
             def _write():
                 with open(_path, "w") as f:
                     f.writelines(f"{a:.6f} {b:.6f}\n" for a, b in _stamps)
+
+# this file shadows any other sitecustomize on sys.path (Debian's /usr/lib/python3.X one, a venv's):
+# run the next one too
+try:
+    import importlib.machinery
+    import sys
+
+    _here = os.path.dirname(os.path.abspath(__file__))
+    _next = importlib.machinery.PathFinder.find_spec(
+        "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here])
+    if _next and _next.origin and _next.origin.endswith(".py"):
+        exec(compile(open(_next.origin).read(), _next.origin, "exec"), {"__name__": "sitecustomize", "__file__": _next.origin})
+except Exception as e:  # never stop the client over it
+    print(f"clientstamps: the next sitecustomize failed: {e!r}", file=sys.stderr)
