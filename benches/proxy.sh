@@ -5,7 +5,9 @@
 # usage: benches/proxy.sh [STREAMS=64] [TOKENS=256] [ROUNDS=7] [TOKEN_GAP_US=2000] [PATH=/generate]
 # FLOOR=1 then runs the same load through benches/epoll_relay.c (one thread, one epoll set, bytes
 # copied both ways, nothing parsed): what a hop costs per event at the least, the scale for the
-# supervisor's figure.
+# supervisor's figure. STEP_US=N makes the replay server write every stream's event together at
+# each N-µs step (as SGLang's HTTP thread writes after each decode step) instead of each stream
+# TOKEN_GAP_US after its own previous event.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x target/release/proxy-bench ] || cargo build --release --workspace --bins
@@ -14,7 +16,7 @@ work=$(mktemp -d)
 . benches/free_port.sh
 port=$(free_port)
 target/release/sglang-supervisor run --no-tee --metrics-addr none --proxy-addr 127.0.0.1:0 --events "$work/ev.jsonl" \
-  -- target/release/sglang-replay --port "$port" --speed 100 --token-gap-us "${4:-2000}" --merge-every 5 >/dev/null 2>&1 &
+  -- target/release/sglang-replay --port "$port" --speed 100 --token-gap-us "${4:-2000}" --merge-every 5 --step-us "${STEP_US:-0}" >/dev/null 2>&1 &
 sup=$!
 for _ in $(seq 200); do grep -q '"event":"ready"' "$work/ev.jsonl" 2>/dev/null && break; sleep 0.05; done
 proxy=$(grep -o '"proxy":"[^"]*"' "$work/ev.jsonl" | cut -d'"' -f4)
@@ -24,7 +26,7 @@ kill -TERM $sup; wait $sup || true
 if [ -n "${FLOOR:-}" ]; then
   cc -O2 -o "$work/epoll_relay" benches/epoll_relay.c
   server_port=$(free_port); relay_port=$(free_port)
-  target/release/sglang-replay --port "$server_port" --speed 100 --token-gap-us "${4:-2000}" --merge-every 5 >/dev/null 2>&1 &
+  target/release/sglang-replay --port "$server_port" --speed 100 --token-gap-us "${4:-2000}" --merge-every 5 --step-us "${STEP_US:-0}" >/dev/null 2>&1 &
   replay=$!
   "$work/epoll_relay" "$relay_port" "$server_port" & relay=$!
   for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$server_port") 2>/dev/null && break; sleep 0.05; done

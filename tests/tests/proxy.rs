@@ -253,6 +253,48 @@ fn streamed_generate_is_measured_like_bench_serving_and_passes_through_unchanged
     let _ = std::fs::remove_file(log);
 }
 
+/// `sglang-replay --step-us` (benches/proxy.sh's `STEP_US`) writes every stream's events at the
+/// same instants, as SGLang's HTTP thread writes all running requests' events after each decode
+/// step: two streams started apart get their tokens on one grid, a step apart.
+#[test]
+fn the_replay_server_in_steps_writes_every_stream_on_one_grid() {
+    let step = 0.040;
+    let (run, proxy, _, log) = start_with("replay-steps", &[], &["--step-us", "40000"], &[]);
+    let body = r#"{"text":"x","sampling_params":{"max_new_tokens":10},"stream":true}"#;
+    let first = {
+        let proxy = proxy.clone();
+        std::thread::spawn(move || post(&proxy, "/generate", body))
+    };
+    std::thread::sleep(Duration::from_millis(13));
+    let second = post(&proxy, "/generate", body);
+    let first = first.join().unwrap();
+    assert!(first.status.contains("200") && second.status.contains("200"));
+    let recs = wait_records(&log, 2);
+    assert_eq!(recs.len(), 2);
+    // Each event's arrival, as a phase within the step; tokens of one event share it.
+    let mut phases = Vec::new();
+    for r in &recs {
+        let mut t = r["start_unix"].as_f64().unwrap() + r["ttft_s"].as_f64().unwrap();
+        phases.push(t.rem_euclid(step));
+        for gap in r["itl_s"].as_array().unwrap() {
+            let gap = gap.as_f64().unwrap();
+            assert!(gap < 1.5 * step, "a gap of {gap} s, the step is {step} s");
+            t += gap;
+            phases.push(t.rem_euclid(step));
+        }
+    }
+    let apart = |p: f64| {
+        let d = (p - phases[0]).rem_euclid(step);
+        d.min(step - d)
+    };
+    let worst = phases.iter().copied().map(apart).fold(0.0, f64::max);
+    assert!(
+        worst < step / 4.0,
+        "events {worst} s off the first one's phase (step {step} s): {phases:?}"
+    );
+    stop(run);
+}
+
 #[test]
 fn openai_streams_and_plain_responses_take_counts_from_usage() {
     let (run, proxy, _, log) = start("proxy-openai", &[]);

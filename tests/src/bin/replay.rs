@@ -129,6 +129,11 @@ struct Args {
     /// Every Nth streamed event carries two tokens, as a busy SGLang merges them (0: never).
     #[arg(long, default_value_t = 0)]
     merge_every: u64,
+    /// Write streamed events in lockstep, at each multiple of this many microseconds on one clock
+    /// for all streams, as SGLang's one HTTP thread writes every running request's event after
+    /// each decode step (0: each stream on its own, `--token-gap-us` after its previous event).
+    #[arg(long, default_value_t = 0)]
+    step_us: u64,
     /// A chat answer's first N tokens are `reasoning_content` (a reasoning parser's output).
     #[arg(long, default_value_t = 0)]
     reasoning_tokens: u64,
@@ -266,6 +271,7 @@ fn main() {
     let args = Args::parse();
     CUT_STREAM_AFTER.store(args.cut_stream_after.unwrap_or(0), Ordering::Relaxed);
     MERGE_EVERY.store(args.merge_every, Ordering::Relaxed);
+    STEP_US.store(args.step_us, Ordering::Relaxed);
     TOKEN_GAP_US.store(args.token_gap_us, Ordering::Relaxed);
     REASONING_TOKENS.store(args.reasoning_tokens, Ordering::Relaxed);
     if let Some(role) = &args.worker {
@@ -1012,7 +1018,7 @@ fn generate(path: &str, body: &[u8], w: &mut TcpStream) -> Result<u16> {
             1
         }
         .min(n - done);
-        std::thread::sleep(token_gap * take as u32);
+        pace(token_gap, take);
         let from = done;
         done += take;
         let event = if native {
@@ -1041,6 +1047,21 @@ fn generate(path: &str, body: &[u8], w: &mut TcpStream) -> Result<u16> {
 /// `--token-gap-us`, `--merge-every` (0: one token per event) and `--reasoning-tokens`.
 static TOKEN_GAP_US: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(2000);
 static MERGE_EVERY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static STEP_US: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Wait before a streamed event carrying `tokens` tokens: `gap` per token, or with `--step-us`
+/// until the `tokens`-th step boundary from now, the same instants for every stream.
+fn pace(gap: Duration, tokens: u64) {
+    let step = STEP_US.load(Ordering::Relaxed);
+    if step == 0 {
+        return std::thread::sleep(gap * tokens as u32);
+    }
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    let now = epoch.elapsed().as_micros() as u64;
+    let due = (now / step + tokens) * step;
+    std::thread::sleep(Duration::from_micros(due - now));
+}
 static REASONING_TOKENS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn fnv(b: &[u8]) -> u128 {
