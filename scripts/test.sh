@@ -12,4 +12,9 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 cargo clippy -p sglang-supervisor --no-default-features --release -- -D warnings
 # The integration tests run target/release/sglang-supervisor: build the binaries first.
 cargo build --release --workspace --bins
+# tests/tests/slurm.rs starts a local Slurm cluster when none runs: stop it afterwards, unless one
+# was running before (then it is someone's, and stays).
+if ! pgrep -x slurmctld >/dev/null; then
+  trap 'scripts/slurm-local-cluster.sh stop >/dev/null 2>&1 || true' EXIT
+fi
 cargo test --release --workspace
