@@ -12,9 +12,10 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 cargo clippy -p sglang-supervisor --no-default-features --release -- -D warnings
 # The integration tests run target/release/sglang-supervisor: build the binaries first.
 cargo build --release --workspace --bins
-# tests/tests/slurm.rs starts a local Slurm cluster when none runs: stop it afterwards, unless one
-# was running before (then it is someone's, and stays).
-if ! pgrep -x slurmctld >/dev/null; then
-  trap 'scripts/slurm-local-cluster.sh stop >/dev/null 2>&1 || true' EXIT
-fi
+# tests/tests/slurm.rs starts a local Slurm cluster (and munged) when none runs: stop them
+# afterwards, unless they were running before (then they are someone's, and stay).
+stop_after=""
+pgrep -x slurmctld >/dev/null || stop_after="scripts/slurm-local-cluster.sh stop;"
+pgrep -x munged >/dev/null || stop_after="$stop_after pkill -x munged;"
+[ -n "$stop_after" ] && trap "{ $stop_after } >/dev/null 2>&1 || true" EXIT
 cargo test --release --workspace
