@@ -1,6 +1,9 @@
 //! The proxy's per-event reading cost on real SGLang 0.5.14 answers (tests/fixtures/.../http):
 //! each event arrives as its own frame, as uvicorn sends them; beside it the floor of only finding
-//! where events end, and what the previous design paid (a JSON parse per event).
+//! where events end, and what the previous design paid (a JSON parse per event). The recorded
+//! `/generate` answer has 64 tokens; benchmarks ask for 256, and SGLang's native stream repeats
+//! the whole text and token ids so far in every event, so the same answer is also read extended
+//! to 256 tokens (its text and ids repeated, every other byte as recorded).
 //! `cargo bench -p sglang-exporters --bench sse`
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use sglang_exporters::proxy::{event_end, Api, Bytes, EventStream};
@@ -21,13 +24,59 @@ fn frames(name: &str) -> Vec<Bytes> {
     out
 }
 
+/// The recorded cumulative `/generate` events extended to `rounds` times their tokens: event k of
+/// round r holds the final text and ids r times, then event k's own, and counts 64r + k.
+fn extended(frames: &[Bytes], rounds: usize) -> Vec<Bytes> {
+    let split = |f: &Bytes| -> Option<(String, String, String)> {
+        let s = std::str::from_utf8(f)
+            .ok()?
+            .strip_prefix(r#"data: {"text":""#)?;
+        let (text, rest) = s.split_once(r#"","output_ids":["#)?;
+        let (ids, meta) = rest.split_once(r#"],"meta_info":"#)?;
+        Some((text.to_string(), ids.to_string(), meta.to_string()))
+    };
+    let events: Vec<_> = frames.iter().filter_map(split).collect();
+    let Some((all_text, all_ids, _)) = events.last().cloned() else {
+        return Vec::new();
+    };
+    let n = events.len();
+    let mut out = Vec::new();
+    for r in 0..rounds {
+        for (k, (text, ids, meta)) in events.iter().enumerate() {
+            let count = |m: &str| {
+                m.replace(
+                    &format!(r#""completion_tokens":{}"#, k + 1),
+                    &format!(r#""completion_tokens":{}"#, r * n + k + 1),
+                )
+            };
+            let (text, ids) = (
+                format!("{}{text}", all_text.repeat(r)),
+                format!("{}{ids}", format!("{all_ids},").repeat(r)),
+            );
+            out.push(Bytes::from(format!(
+                r#"data: {{"text":"{text}","output_ids":[{ids}],"meta_info":{}"#,
+                count(meta)
+            )));
+        }
+    }
+    out.extend(frames.iter().filter(|f| split(f).is_none()).cloned());
+    out
+}
+
 fn bench(c: &mut Criterion) {
-    for (name, api) in [
-        ("default-generate_stream", Api::Generate),
-        ("default-completions_stream", Api::Completions),
-        ("default-chat_stream_usage", Api::Chat),
+    let generate_256 = extended(&frames("default-generate_stream"), 4);
+    assert_eq!(generate_256.len(), 4 * 64 + 1, "the recorded answer's shape changed");
+    for (name, api, frames) in [
+        ("default-generate_stream", Api::Generate, None),
+        (
+            "default-generate_stream, 256 tokens",
+            Api::Generate,
+            Some(generate_256),
+        ),
+        ("default-completions_stream", Api::Completions, None),
+        ("default-chat_stream_usage", Api::Chat, None),
     ] {
-        let frames = frames(name);
+        let frames = frames.unwrap_or_else(|| self::frames(name));
         let mut g = c.benchmark_group(name);
         g.throughput(Throughput::Elements(frames.len() as u64));
         g.bench_function("event ends only (floor)", |b| {

@@ -12,9 +12,9 @@ struct Keys {
     content: Finder<'static>,
     reasoning: Finder<'static>,
     choices: Finder<'static>,
-    completion_tokens: FinderRev<'static>,
-    prompt_tokens: FinderRev<'static>,
-    index: FinderRev<'static>,
+    completion_tokens: LastKey,
+    prompt_tokens: LastKey,
+    index: LastKey,
 }
 
 static KEYS: LazyLock<Keys> = LazyLock::new(|| Keys {
@@ -22,10 +22,52 @@ static KEYS: LazyLock<Keys> = LazyLock::new(|| Keys {
     content: Finder::new(b"\"content\":"),
     reasoning: Finder::new(b"\"reasoning_content\":"),
     choices: Finder::new(b"\"choices\":"),
-    completion_tokens: FinderRev::new(b"\"completion_tokens\":"),
-    prompt_tokens: FinderRev::new(b"\"prompt_tokens\":"),
-    index: FinderRev::new(b"\"index\":"),
+    completion_tokens: LastKey::new(b"\"completion_tokens\":"),
+    prompt_tokens: LastKey::new(b"\"prompt_tokens\":"),
+    index: LastKey::new(b"\"index\":"),
 });
+
+/// How far from an event's end its counts are looked for backwards first: SGLang's `meta_info`
+/// and `usage` (and a batch's `index`) close the object, a few hundred bytes at most.
+const TAIL: usize = 512;
+
+/// Finds the last occurrence of a key. Backwards through the tail, where the counts sit; past it,
+/// forwards with memchr's vector prefilter: a key that is absent (`index` outside a batch,
+/// `completion_tokens` in an OpenAI chunk without usage) was a reverse Two-Way scan of the whole
+/// event, and `/generate` events hold the whole text and token ids so far (18 % of a proxy
+/// thread's instructions at 64 tokens, growing with the answer: BENCHMARKS.md).
+struct LastKey {
+    forward: Finder<'static>,
+    backward: FinderRev<'static>,
+}
+
+impl LastKey {
+    fn new(key: &'static [u8]) -> Self {
+        LastKey {
+            forward: Finder::new(key),
+            backward: FinderRev::new(key),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.forward.needle().len()
+    }
+
+    fn rfind(&self, data: &[u8]) -> Option<usize> {
+        let tail = data.len().saturating_sub(TAIL);
+        if let Some(at) = self.backward.rfind(&data[tail..]) {
+            return Some(tail + at);
+        }
+        if tail == 0 {
+            return None;
+        }
+        // What is left may still hold one that ends inside the tail. The keys begin with a quote
+        // and end with a colon, so two occurrences never overlap: the last found forwards is the
+        // last there is.
+        let head = (tail + self.len() - 1).min(data.len());
+        self.forward.find_iter(&data[..head]).last()
+    }
+}
 
 /// Which API a stream answers: they differ in where output and counts are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,9 +184,9 @@ fn nonempty_string(data: &[u8], key: &Finder<'_>) -> bool {
     after(data, key).is_some_and(|v| v.len() >= 2 && v[0] == b'"' && v[1] != b'"')
 }
 
-fn number_after_last(data: &[u8], key: &FinderRev<'_>) -> Option<u64> {
+fn number_after_last(data: &[u8], key: &LastKey) -> Option<u64> {
     let at = key.rfind(data)?;
-    let v = data[at + key.needle().len()..].trim_ascii_start();
+    let v = data[at + key.len()..].trim_ascii_start();
     let digits = v.iter().take_while(|c| c.is_ascii_digit()).count();
     std::str::from_utf8(&v[..digits]).ok()?.parse().ok()
 }
@@ -213,6 +255,52 @@ mod tests {
         assert_eq!(scan_event(Api::Generate, e).index, Some(1));
         let single = br#"data: {"text":" a","meta_info":{"completion_tokens":1}}"#;
         assert_eq!(scan_event(Api::Generate, single).index, None);
+    }
+
+    #[test]
+    fn the_last_key_is_found_wherever_it_sits_against_the_tail_window() {
+        let key = br#""index":"#;
+        let last = LastKey::new(key);
+        let reference = FinderRev::new(key);
+        for len in [0, 5, TAIL - 1, TAIL, TAIL + 1, TAIL + 7, 3 * TAIL] {
+            let filler = vec![b'x'; len];
+            assert_eq!(last.rfind(&filler), None, "no key in {len} bytes");
+            // The key once or twice, at every place around the window's edge.
+            for first in (0..len.saturating_sub(key.len())).filter(|&p| {
+                p < 40 || p.abs_diff(len.saturating_sub(TAIL)) < key.len() + 2 || p + 40 > len
+            }) {
+                for second in [None, Some(first + key.len() + 3)] {
+                    let mut d = filler.clone();
+                    for at in std::iter::once(first).chain(second) {
+                        if at + key.len() <= d.len() {
+                            d[at..at + key.len()].copy_from_slice(key);
+                        }
+                    }
+                    assert_eq!(
+                        last.rfind(&d),
+                        reference.rfind(&d),
+                        "len {len}, key at {first}, {second:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn counts_far_from_the_end_of_a_long_event_are_still_read() {
+        let ids = "1,".repeat(2000);
+        let e = format!(
+            r#"data: {{"text":"a","meta_info":{{"completion_tokens":7}},"output_ids":[{ids}1]}}"#
+        );
+        assert_eq!(
+            scan_event(Api::Generate, e.as_bytes()).completion_tokens,
+            Some(7)
+        );
+        let batch = format!(
+            r#"data: {{"text":"a","output_ids":[{ids}1],"meta_info":{{"completion_tokens":9}},"index":3}}"#
+        );
+        let i = scan_event(Api::Generate, batch.as_bytes());
+        assert_eq!((i.completion_tokens, i.index), (Some(9), Some(3)));
     }
 
     #[test]
