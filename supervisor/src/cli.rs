@@ -584,10 +584,65 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A command-line error on one line, like every other error of ours. clap puts what a message
+/// names on the lines after it (the missing arguments after "were not provided:", a `tip:`):
+/// they are kept, joined, so the line still says which option is wrong.
+pub fn error_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let mut lines = text.lines();
+    let mut out = lines
+        .next()
+        .unwrap_or("bad command line")
+        .trim_start_matches("error: ")
+        .to_string();
+    let mut listed = Vec::new();
+    let mut tips = Vec::new();
+    for line in lines.take_while(|l| !l.starts_with("Usage:")) {
+        let l = line.trim();
+        if let Some(tip) = l.strip_prefix("tip:") {
+            tips.push(tip.trim());
+        } else if !l.is_empty() && out.ends_with(':') {
+            listed.push(l);
+        }
+    }
+    if !listed.is_empty() {
+        out = format!("{out} {}", listed.join(", "));
+    }
+    for tip in tips {
+        out = format!("{out} ({tip})");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn a_command_line_error_is_one_line_that_names_what_is_missing() {
+        let e = Cli::try_parse_from(["s", "run"]).unwrap_err();
+        assert_eq!(
+            error_line(&e),
+            "the following required arguments were not provided: <COMMAND>..."
+        );
+        let e = Cli::try_parse_from(["s", "wait"]).unwrap_err();
+        let line = error_line(&e);
+        assert!(line.starts_with("the following required arguments were not provided: "));
+        assert!(!line.ends_with(':') && !line.contains('\n'), "{line}");
+        let e = Cli::try_parse_from(["s", "run", "--gracee", "1s", "--", "x"]).unwrap_err();
+        assert_eq!(
+            error_line(&e),
+            "unexpected argument '--gracee' found (a similar argument exists: '--grace') \
+             (to pass '--gracee' as a value, use '-- --gracee')"
+        );
+        let e = Cli::try_parse_from(["s", "run", "--grace", "soon", "--", "x"]).unwrap_err();
+        assert!(
+            error_line(&e).starts_with("invalid value 'soon' for '--grace <DUR>': "),
+            "{}",
+            error_line(&e)
+        );
+    }
 
     #[test]
     fn cli_definition_is_consistent() {

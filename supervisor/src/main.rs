@@ -1,6 +1,6 @@
 use clap::Parser;
 use sglang_probes::sync::THREAD_LIMIT_HINT;
-use sglang_supervisor::cli::{Cli, Command, LogFormat};
+use sglang_supervisor::cli::{self, Cli, Command, LogFormat};
 use sglang_supervisor::logs::tee::{terminal, StderrWriter};
 use sglang_supervisor::{compare, flags, gpu, lifecycle, report, rlimits, sentinel, wait};
 use std::io::IsTerminal;
@@ -15,10 +15,10 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) if e.use_stderr() => {
-            // One line, like every other error of ours: what was wrong, on which option.
-            let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("bad command line");
-            eprintln!("sglang-supervisor: {first} (see --help)");
+            eprintln!(
+                "sglang-supervisor: error: {} (see --help)",
+                cli::error_line(&e)
+            );
             return ExitCode::from(EXIT_SUPERVISOR_FAILED);
         }
         Err(e) => {
