@@ -65,7 +65,11 @@ fn extended(frames: &[Bytes], rounds: usize) -> Vec<Bytes> {
 
 fn bench(c: &mut Criterion) {
     let generate_256 = extended(&frames("default-generate_stream"), 4);
-    assert_eq!(generate_256.len(), 4 * 64 + 1, "the recorded answer's shape changed");
+    assert_eq!(
+        generate_256.len(),
+        4 * 64 + 1,
+        "the recorded answer's shape changed"
+    );
     for (name, api, frames) in [
         ("default-generate_stream", Api::Generate, None),
         (
