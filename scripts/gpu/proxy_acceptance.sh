@@ -25,6 +25,7 @@
 #        holds each warm-up's answer until both have one, before either starts its clock): the
 #        proxied half against the direct half of the same run (splitp / splitd). SPLIT_VIA=x1
 #        sends that half through arm x1 (started for it, with X1_ENV) or the relay instead.
+#        SIDES="split aa" alternates it with its control: both halves straight (aap / aad).
 #   S's knobs: DEADLINE_S=N starts no round that would end past N seconds from the script's start
 #   (the summary still prints: set it below the command's timeout); SERVER_EXTRA / SERVER_ENV add
 #   server flags / environment; ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
@@ -285,16 +286,25 @@ PY
           # over it, whichever path the client took
           post "http://$MET/-/window/start?name=c$conc-$side-$i" > /dev/null
           t_run=$SECONDS; w_run=$(date +%s.%N)
-          if [ "$side" = split ]; then
+          if [ "$side" = split ] || [ "$side" = aa ]; then
             # half the streams straight, half through the proxy, at once, against the same server:
             # both halves see the same batches and the same host, so a drift of either cancels
-            # within the run; the seeds (their prompts) change sides every round
+            # within the run; the seeds (their prompts) change sides every round. "aa" is the
+            # control: both halves straight (aad, aap), so what two halves of one run differ by
+            # with no proxy at all is measured beside what the proxy's half differs by.
             halves=(splitd splitp); seeds=(1 2); [ $((i % 2)) = 0 ] && seeds=(2 1)
-            bar=$(mktemp -d)
-            BARRIER="$bar 2" SEED=${seeds[0]} DATASET=random-ids bench "$PORT" sglang $((conc / 2)) $((${PROMPTS:-1024} / 2)) "$P/c$conc-splitd-$i.jsonl" & half_d=$!
             # SPLIT_VIA=x1 (or relay) puts the second half through that arm instead of the proxy
             case ${SPLIT_VIA:-proxy} in proxy) via=$PPORT ;; relay) via=$RPORT ;; *) via=${XPORT[$SPLIT_VIA]} ;; esac
-            BARRIER="$bar 2" SEED=${seeds[1]} DATASET=random-ids bench "$via" sglang $((conc / 2)) $((${PROMPTS:-1024} / 2)) "$P/c$conc-splitp-$i.jsonl" & half_p=$!
+            [ "$side" = aa ] && { halves=(aad aap); via=$PORT; }
+            bar=$(mktemp -d)
+            # which half starts first changes every round too: in the control (twelfth session)
+            # the half started second had the higher median E2E in all three rounds at c=256
+            half() { BARRIER="$bar 2" SEED=${seeds[$1]} DATASET=random-ids bench "$2" sglang $((conc / 2)) $((${PROMPTS:-1024} / 2)) "$P/c$conc-${halves[$1]}-$i.jsonl"; }
+            if [ $((i % 2)) = 1 ]; then
+              half 0 "$PORT" & half_d=$!; half 1 "$via" & half_p=$!
+            else
+              half 1 "$via" & half_p=$!; half 0 "$PORT" & half_d=$!
+            fi
             wait "$half_d" "$half_p"; rm -rf "$bar"  # not a bare wait: the supervisor is a child too
           else
             halves=("$side")
@@ -315,8 +325,9 @@ j0, j1 = json.loads(by0), json.loads(by1)
 t = lambda j, k, f="both": (j["by"].get(k) or {}).get("utime", 0) * (f != "s") + (j["by"].get(k) or {}).get("stime", 0) * (f != "u")
 s0 = sum(t(j0, k) for k in j0["by"]); s1 = sum(t(j1, k) for k in j1["by"])
 tokens = b["total_output_tokens"] or 1
-if side in ("splitd", "splitp"):  # the CPU read over a split run served both halves' tokens
-    other = f.replace(f"-{side}-", "-splitp-" if side == "splitd" else "-splitd-")
+PAIR = {"splitd": "splitp", "splitp": "splitd", "aad": "aap", "aap": "aad"}
+if side in PAIR:  # the CPU read over a split run served both halves' tokens
+    other = f.replace(f"-{side}-", f"-{PAIR[side]}-")
     tokens += [json.loads(l.replace("Infinity", "1e999")) for l in open(other)][-1]["total_output_tokens"] if os.path.exists(other) else 0
 print(f"S c={conc} round {i} {side:6s}: out {b['output_throughput']:.1f} tok/s, median E2E {b['median_e2e_latency_ms']:.1f} ms, median TPOT {b['median_tpot_ms']:.3f} ms, median TTFT {b['median_ttft_ms']:.2f} ms, completed {b['completed']}, supervisor CPU {(float(c1)-float(c0))/hz:.2f} s, server CPU {(float(s1)-float(s0))/hz:.2f} s, over {b['duration']:.2f} s")
 print(f"    server CPU per output token by process (user + system): " + ", ".join(f"{k} {(t(j1, k) - t(j0, k)) / hz / tokens * 1e6:.1f} us ({(t(j1, k, 'u') - t(j0, k, 'u')) / hz / tokens * 1e6:.1f} + {(t(j1, k, 's') - t(j0, k, 's')) / hz / tokens * 1e6:.1f})" for k in sorted(j1["by"])))
@@ -356,9 +367,10 @@ for f in sorted(glob.glob(f"{sys.argv[1]}/c*-*-*.jsonl")):
     runs.setdefault(int(conc), {}).setdefault(side, {})[int(i)] = b
 keys = [("output_throughput", "out tok/s"), ("median_e2e_latency_ms", "median E2E ms"), ("median_tpot_ms", "median TPOT ms"), ("median_ttft_ms", "median TTFT ms")]
 for conc, sides in sorted(runs.items()):
-    for arm in [a for a in sides if a not in ("direct", "splitd")]:
-        # the split arm's proxied half is held against its own direct half, run for run
-        base = "splitd" if arm == "splitp" else "direct"
+    for arm in [a for a in sides if a not in ("direct", "splitd", "aad")]:
+        # the split arm's proxied half is held against its own direct half, run for run (the
+        # control's second half against its first)
+        base = {"splitp": "splitd", "aap": "aad"}.get(arm, "direct")
         d = sides.get(base, {})
         p = sides[arm]
         both = sorted(set(d) & set(p))
