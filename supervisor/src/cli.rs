@@ -614,6 +614,23 @@ pub fn error_line(e: &clap::Error) -> String {
     out
 }
 
+/// `completions SHELL`: the script on standard output.
+pub fn print_completions(shell: clap_complete::Shell) -> anyhow::Result<()> {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "sglang-supervisor", &mut script);
+    Ok(crate::stdout::print(script)?)
+}
+
+/// `man`: the roff page on standard output.
+pub fn print_man_page() -> anyhow::Result<()> {
+    let page = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
+    let mut roff = Vec::new();
+    page.render(&mut roff)
+        .map_err(|e| anyhow::anyhow!("rendering the man page: {e}"))?;
+    Ok(crate::stdout::print(roff)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

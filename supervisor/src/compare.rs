@@ -649,7 +649,7 @@ pub fn command(args: &CompareArgs) -> Result<i32> {
         }
         Ok(c) => {
             match args.format {
-                CompareOutput::Json => println!("{}", serde_json::to_string_pretty(&c)?),
+                CompareOutput::Json => crate::stdout::println(serde_json::to_string_pretty(&c)?)?,
                 CompareOutput::Html => {
                     let table = render(&c, CompareFormat::Markdown);
                     let raw = |p: &std::path::Path| -> Value {
@@ -658,17 +658,16 @@ pub fn command(args: &CompareArgs) -> Result<i32> {
                             .and_then(|b| serde_json::from_slice(&b).ok())
                             .unwrap_or(Value::Null)
                     };
-                    print!(
-                        "{}",
-                        crate::html::compare_page(
-                            &raw(&args.baseline),
-                            &raw(&args.candidate),
-                            &table
-                        )
-                    )
+                    crate::stdout::print(crate::html::compare_page(
+                        &raw(&args.baseline),
+                        &raw(&args.candidate),
+                        &table,
+                    ))?
                 }
-                CompareOutput::Text => print!("{}", render(&c, CompareFormat::Text)),
-                CompareOutput::Markdown => print!("{}", render(&c, CompareFormat::Markdown)),
+                CompareOutput::Text => crate::stdout::print(render(&c, CompareFormat::Text))?,
+                CompareOutput::Markdown => {
+                    crate::stdout::print(render(&c, CompareFormat::Markdown))?
+                }
             }
             Ok(0)
         }

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use sglang_python::audit::{audit, audit_env, exit_status, EnvVerdict, Status, Verdict};
 use sglang_python::recipe::Launch;
 use sglang_python::schema::{Schema, Source, FLAGS_PY};
+use std::fmt::Write as _;
 use std::io::Read;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -466,21 +467,25 @@ fn audit_command(a: &FlagsAuditArgs) -> Result<i32> {
                              "status": status,
                              "flags": all(|l| json!(l.verdicts)), "env": all(|l| json!(l.env)), "unexpanded": all(|l| json!(l.unexpanded)),
                              "launches": audits.iter().map(LaunchAudit::to_json).collect::<Vec<_>>()});
-            println!("{}", serde_json::to_string_pretty(&out)?);
+            crate::stdout::println(serde_json::to_string_pretty(&out)?)?;
         }
         f => {
             let md = f == CompareFormat::Markdown;
             let several = audits.len() > 1;
             for (k, l) in audits.iter().enumerate() {
+                let mut out = String::new();
                 if several {
                     let head = format!("{}: {}", l.where_(), l.command());
+                    let gap = if k > 0 { "\n" } else { "" };
                     if md {
-                        println!("{}**{}**\n", if k > 0 { "\n" } else { "" }, head);
+                        let _ = writeln!(out, "{gap}**{head}**\n");
                     } else {
-                        println!("{}== {head}", if k > 0 { "\n" } else { "" });
+                        let _ = writeln!(out, "{gap}== {head}");
                     }
                 }
-                print_launch(l, md);
+                render_launch(&mut out, l, md);
+                // Each launch's rows before its summary on stderr, as a terminal shows them.
+                crate::stdout::print(out)?;
                 eprintln!(
                     "{}{} flags checked against SGLang {version}: {}",
                     if several {
@@ -506,17 +511,18 @@ fn audit_command(a: &FlagsAuditArgs) -> Result<i32> {
 }
 
 /// One launch's rows, as text or a Markdown table.
-fn print_launch(l: &LaunchAudit, md: bool) {
+fn render_launch(out: &mut String, l: &LaunchAudit, md: bool) {
     if md {
-        println!("| flag | value | status | note |\n|---|---|---|---|");
+        out.push_str("| flag | value | status | note |\n|---|---|---|---|\n");
     }
     for v in &l.verdicts {
         let (note, status) = (v.note(), v.status.as_str());
         let value = v.value.clone().unwrap_or_default();
         if md {
-            println!("| `{}` | {} | {} | {} |", v.flag, value, status, note);
+            let _ = writeln!(out, "| `{}` | {} | {} | {} |", v.flag, value, status, note);
         } else {
-            println!(
+            let _ = writeln!(
+                out,
                 "{:<15} {} {}{}",
                 status,
                 v.flag,
@@ -537,7 +543,8 @@ fn print_launch(l: &LaunchAudit, md: bool) {
             .or_else(|| e.read_by.as_deref().map(|f| format!("read by {f}")))
             .unwrap_or_default();
         if md {
-            println!(
+            let _ = writeln!(
+                out,
                 "| `{}` (env) | {} | {} | {note} |",
                 e.name, e.value, e.status
             );
@@ -547,11 +554,12 @@ fn print_launch(l: &LaunchAudit, md: bool) {
             } else {
                 format!("  ({note})")
             };
-            println!("{:<15} {}={}{note}", e.status, e.name, e.value);
+            let _ = writeln!(out, "{:<15} {}={}{note}", e.status, e.name, e.value);
         }
     }
     for u in &l.unexpanded {
-        println!(
+        let _ = writeln!(
+            out,
             "{}{u} is expanded only at run time: the flags it carries are not audited",
             if md { "\n> " } else { "note: " }
         );
@@ -564,10 +572,12 @@ fn diff_command(a: &FlagsDiffArgs) -> Result<i32> {
         &load(&a.to, Placement::from(&a.python))?,
     );
     match a.format {
-        CompareFormat::Json => println!("{}", serde_json::to_string_pretty(&d)?),
-        CompareFormat::Markdown => print!("{}", diff_markdown(&d)),
+        CompareFormat::Json => crate::stdout::println(serde_json::to_string_pretty(&d)?)?,
+        CompareFormat::Markdown => crate::stdout::print(diff_markdown(&d))?,
         CompareFormat::Text => {
-            println!(
+            let mut out = String::new();
+            let _ = writeln!(
+                out,
                 "SGLang {} → {}",
                 d["from"].as_str().unwrap_or("?"),
                 d["to"].as_str().unwrap_or("?")
@@ -579,17 +589,19 @@ fn diff_command(a: &FlagsDiffArgs) -> Result<i32> {
                     .flatten()
                     .filter_map(Value::as_str)
                     .collect();
-                println!("{title} ({}): {}", items.len(), items.join(" "));
+                let _ = writeln!(out, "{title} ({}): {}", items.len(), items.join(" "));
             }
             for x in d["deprecated"].as_array().into_iter().flatten() {
-                println!(
+                let _ = writeln!(
+                    out,
                     "newly deprecated: {} → {}",
                     x["flag"].as_str().unwrap_or(""),
                     x["replacement"].as_str().unwrap_or("(no replacement)")
                 );
             }
             for x in d["changed"].as_array().into_iter().flatten() {
-                println!(
+                let _ = writeln!(
+                    out,
                     "changed: {} {}: {} → {}",
                     x["flag"].as_str().unwrap_or(""),
                     x["field"].as_str().unwrap_or(""),
@@ -597,6 +609,7 @@ fn diff_command(a: &FlagsDiffArgs) -> Result<i32> {
                     x["to"]
                 );
             }
+            crate::stdout::print(out)?;
         }
     }
     Ok(0)
@@ -605,7 +618,6 @@ fn diff_command(a: &FlagsDiffArgs) -> Result<i32> {
 /// The diff as Markdown: a heading, the added/removed option strings as lists, the deprecations
 /// and changes as tables.
 fn diff_markdown(d: &Value) -> String {
-    use std::fmt::Write;
     let s = |v: &Value| v.as_str().unwrap_or("?").to_string();
     let cell = |v: &Value| format!("`{}`", v.to_string().replace('|', "\\|"));
     let mut out = format!("## SGLang {} → {}\n", s(&d["from"]), s(&d["to"]));
@@ -661,7 +673,7 @@ fn deprecation(o: &sglang_python::schema::Opt) -> Value {
 fn dump_command(a: &FlagsDumpArgs) -> Result<i32> {
     let (s, raw) = load_raw(&a.sglang, Placement::from(&a.python))?;
     if a.raw {
-        println!("{}", serde_json::to_string_pretty(&raw)?);
+        crate::stdout::println(serde_json::to_string_pretty(&raw)?)?;
         return Ok(0);
     }
     let options: Vec<Value> = s
@@ -674,12 +686,9 @@ fn dump_command(a: &FlagsDumpArgs) -> Result<i32> {
                    "deprecated": if o.deprecated { deprecation(o) } else { Value::Null }})
         })
         .collect();
-    println!(
-        "{}",
-        serde_json::to_string_pretty(
-            &json!({"sglang_version": s.version, "method": s.method, "env": s.env.as_ref().map(|e| e.iter().map(|v| json!({"name": v.name, "deprecated": v.deprecated, "replacement": v.replacement})).collect::<Vec<_>>()), "options": options})
-        )?
-    );
+    crate::stdout::println(serde_json::to_string_pretty(
+        &json!({"sglang_version": s.version, "method": s.method, "env": s.env.as_ref().map(|e| e.iter().map(|v| json!({"name": v.name, "deprecated": v.deprecated, "replacement": v.replacement})).collect::<Vec<_>>()), "options": options}),
+    )?)?;
     Ok(0)
 }
 

@@ -26,6 +26,7 @@ pub fn open(args: &GpuArgs) -> Result<Option<Box<dyn GpuProbe>>> {
 
 /// `probe`: one reading of every GPU.
 pub fn probe_command(args: &ProbeArgs) -> Result<()> {
+    use std::fmt::Write as _;
     let samples: Vec<GpuSample> = match open(&args.gpu)? {
         None => Vec::new(),
         Some(p) => (0..p.device_count())
@@ -36,15 +37,17 @@ pub fn probe_command(args: &ProbeArgs) -> Result<()> {
             .collect::<Result<_>>()?,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&samples)?);
+        crate::stdout::println(serde_json::to_string_pretty(&samples)?)?;
         return Ok(());
     }
+    let mut out = String::new();
     if samples.is_empty() {
-        println!("no GPU found");
+        out.push_str("no GPU found\n");
     }
     let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     for s in &samples {
-        println!(
+        let _ = writeln!(
+            out,
             "GPU {} {} {}: power {} W (1 s avg {} W), energy {} J, memory {}/{} MiB, util {}, {} °C, SM {} MHz, processes {}",
             s.index,
             opt(s.name.clone()),
@@ -60,6 +63,7 @@ pub fn probe_command(args: &ProbeArgs) -> Result<()> {
             opt(s.processes.as_ref().map(|p| p.iter().map(|p| p.pid.to_string()).collect::<Vec<_>>().join(","))),
         );
     }
+    crate::stdout::print(out)?;
     Ok(())
 }
 

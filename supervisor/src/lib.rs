@@ -23,4 +23,5 @@ pub mod rlimits;
 pub mod sentinel;
 pub mod server_series;
 pub mod startup;
+pub mod stdout;
 pub mod wait;

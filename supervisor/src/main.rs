@@ -49,18 +49,14 @@ fn dispatch(command: Command) -> ExitCode {
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
     match command {
-        Command::Completions { shell } => {
-            let mut cmd = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut cmd, "sglang-supervisor", &mut std::io::stdout());
-            ExitCode::SUCCESS
-        }
-        Command::Man => {
-            let page = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
-            match page.render(&mut std::io::stdout()) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(anyhow::anyhow!("writing the man page: {e}")),
-            }
-        }
+        Command::Completions { shell } => match cli::print_completions(shell) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e),
+        },
+        Command::Man => match cli::print_man_page() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e),
+        },
         Command::Sentinel { marker } => ExitCode::from(sentinel::sentinel_main(&marker) as u8),
         Command::Flags(cmd) => match flags::command(&cmd) {
             Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -227,7 +227,7 @@ pub fn command(args: &ReportArgs) -> anyhow::Result<i32> {
     match &args.output {
         Some(path) => write(path, &report)
             .map_err(|e| anyhow::anyhow!("cannot write the report {}: {e}", path.display()))?,
-        None => println!("{}", serde_json::to_string_pretty(&report)?),
+        None => crate::stdout::println(serde_json::to_string_pretty(&report)?)?,
     }
     Ok(0)
 }
