@@ -1,5 +1,6 @@
 //! sglang-supervisor: runs an SGLang server as a supervised child. The binary's `main` is thin;
 //! everything lives here so benchmarks and tests reach the same code.
+pub mod atomic_write;
 pub mod bench;
 pub mod child;
 pub mod cli;

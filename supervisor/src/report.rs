@@ -256,12 +256,10 @@ pub fn write_at_exit(args: &crate::cli::RunArgs, events: &[Value]) {
     }
 }
 
-/// Write atomically (a reader never sees half a report).
+/// Write atomically (a reader never sees half a report); see `atomic_write` for links and devices.
 pub fn write(path: &Path, report: &Value) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp-report");
     let text = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
+    crate::atomic_write::write(path, &text)
 }
 
 #[cfg(test)]

@@ -645,11 +645,9 @@ pub fn compare_page(base: &Value, cand: &Value, table_md: &str) -> String {
     document("sglang-supervisor compare", &body)
 }
 
-/// Write atomically.
+/// Write atomically; see `atomic_write` for links and devices.
 pub fn write(path: &Path, html: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp-html");
-    std::fs::write(&tmp, html)?;
-    std::fs::rename(&tmp, path)
+    crate::atomic_write::write(path, html.as_bytes())
 }
 
 #[cfg(test)]
