@@ -95,7 +95,12 @@ fn dispatch(command: Command) -> ExitCode {
                     return ExitCode::from(sglang_supervisor::exit::PREFLIGHT_REJECTED as u8);
                 }
                 Ok(p) => p.map(|p| p.event),
-                Err(e) => return fail(e),
+                Err(e) => {
+                    // A pre-flight that could not run (a --flags-schema that cannot be read, an
+                    // import past --preflight-timeout) still ends the run with its terminal events.
+                    lifecycle::record_not_started(&args, None, &e);
+                    return fail(e);
+                }
             };
             let threads = runtime_threads();
             let mut builder = tokio::runtime::Builder::new_multi_thread();

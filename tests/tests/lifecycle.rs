@@ -119,6 +119,39 @@ fn a_preflight_refusal_ends_with_a_terminal_event() {
 }
 
 #[test]
+fn a_preflight_that_cannot_read_its_schema_ends_with_a_terminal_event() {
+    let dir = tmp("preflight-missing");
+    let ev = dir.join("events.jsonl");
+    let missing = dir.join("no-such-schema.json");
+    let out = run_cmd(
+        &ev,
+        &["--flags-schema", missing.to_str().unwrap()],
+        &["python3", "-m", "sglang.launch_server", "--model-path", "m"],
+    );
+    assert_eq!(out.status.code(), Some(125));
+    let events = events_of(&ev);
+    let names: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["fatal", "exited"], "{events:?}");
+    assert_eq!(events[0]["reason"], "supervisor_failed");
+    assert!(
+        events[0]["excerpt"]
+            .as_str()
+            .unwrap()
+            .contains("no-such-schema.json"),
+        "{events:?}"
+    );
+    // `wait` on that file returns at once with the run's status instead of waiting out its timeout.
+    let t0 = Instant::now();
+    let (code, err, _) = wait(&["--events", ev.to_str().unwrap(), "--timeout", "30s"]);
+    assert_eq!(code, 125, "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn wait_ignores_a_previous_runs_file_and_follows_the_run_that_replaces_it() {
     let dir = tmp("stale");
     let ev = dir.join("events.jsonl");
