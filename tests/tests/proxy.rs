@@ -103,6 +103,72 @@ fn read_in_sweeps_every_endpoint_still_gets_exact_tokens_and_identical_bytes() {
     );
 }
 
+#[test]
+fn with_spinning_shards_every_endpoint_still_gets_exact_tokens_and_identical_bytes() {
+    // Shards poll without sleeping while a request is in flight (exporters' spin.rs).
+    endpoint_matrix(
+        "proxy-matrix-spin",
+        &[("SGLANG_SUPERVISOR_PROXY_SPIN", "1")],
+    );
+}
+
+/// CPU time (clock ticks) of the supervisor's threads named `name`.
+fn thread_ticks(pid: u32, name: &str) -> u64 {
+    let mut total = 0;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // Fields after the parenthesised name: state is the 3rd field, utime the 14th, stime 15th.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0))
+            .collect();
+        total += f[11] + f[12];
+    }
+    total
+}
+
+#[test]
+fn a_spinning_shard_uses_a_core_while_a_request_streams_and_none_when_idle() {
+    let (run, proxy, _, _) = start_with(
+        "proxy-spin-cpu",
+        &[],
+        &["--token-gap-us", "20000"],
+        &[
+            ("SGLANG_SUPERVISOR_PROXY_SPIN", "1"),
+            ("SGLANG_SUPERVISOR_PROXY_THREADS", "1"),
+        ],
+    );
+    let pid = run.child.id();
+    let ticks_over = |ms: u64| {
+        let t0 = thread_ticks(pid, "proxy-0");
+        std::thread::sleep(Duration::from_millis(ms));
+        thread_ticks(pid, "proxy-0") - t0
+    };
+    let idle_before = ticks_over(500);
+    // 60 tokens 20 ms apart: some 1.2 s in flight.
+    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":60},"stream":true}"#;
+    let p = proxy.clone();
+    let client = std::thread::spawn(move || post(&p, "/generate", body));
+    std::thread::sleep(Duration::from_millis(150));
+    let streaming = ticks_over(500);
+    let answer = client.join().unwrap();
+    assert!(answer.status.contains("200"), "{}", answer.status);
+    std::thread::sleep(Duration::from_millis(100));
+    let idle_after = ticks_over(500);
+    // Clock ticks are 10 ms: 500 ms of a core is 50, shared with the rest of a 2-core machine.
+    assert!(idle_before <= 5, "idle before: {idle_before} ticks");
+    assert!(streaming >= 20, "while streaming: {streaming} ticks");
+    assert!(idle_after <= 5, "idle after: {idle_after} ticks");
+}
+
 fn endpoint_matrix(name: &str, env: &[(&str, &str)]) {
     // Like a busy SGLang, every third event carries two tokens; chat answers start with four
     // reasoning tokens.
@@ -469,6 +535,40 @@ fn a_window_reports_what_a_benchmark_pr_quotes() {
     let summary = run.events_named("requests_summary").pop().unwrap();
     assert_eq!(summary["completed"], 11, "the whole run");
     assert_eq!(run.events_named("window").len(), 1);
+    let _ = std::fs::remove_file(log);
+}
+
+#[test]
+fn a_window_start_while_one_is_open_closes_and_records_the_open_one() {
+    let (run, proxy, metrics, log) = start("proxy-window-twice", &[]);
+    let gen = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+    assert!(http(&metrics, "POST", "/-/window/start?name=c1", "")
+        .0
+        .contains("200"));
+    for _ in 0..3 {
+        post(&proxy, "/generate", gen);
+    }
+    // No stop: the next start must not lose c1's three requests.
+    let (st, body) = http(&metrics, "POST", "/-/window/start?name=c2", "");
+    assert!(st.contains("200"), "{st} {body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["started"], "c2", "{v}");
+    assert_eq!(v["closed"]["name"], "c1", "{v}");
+    assert_eq!(v["closed"]["requests"]["completed"], 3, "{v}");
+    for _ in 0..2 {
+        post(&proxy, "/generate", gen);
+    }
+    let (st, body) = http(&metrics, "POST", "/-/window/stop", "");
+    assert!(st.contains("200"), "{st}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["name"], "c2");
+    assert_eq!(v["requests"]["completed"], 2, "only c2's requests: {v}");
+    let mut run = run;
+    run.stop_by_sigterm();
+    let windows = run.events_named("window");
+    let names: Vec<_> = windows.iter().map(|w| w["name"].clone()).collect();
+    assert_eq!(names, ["c1", "c2"], "both windows recorded: {windows:?}");
+    assert_eq!(windows[0]["requests"]["completed"], 3);
     let _ = std::fs::remove_file(log);
 }
 

@@ -12,6 +12,7 @@
 //! the response body, which closes the upstream request.
 mod record;
 mod shards;
+mod spin;
 mod sse;
 mod stream;
 mod sweep;
@@ -236,6 +237,7 @@ impl Proxy {
             api,
             sent: Instant::now(),
             sent_unix: unix_now(),
+            in_flight: spin::Held::enter(),
         });
         if started.is_some() {
             self.enter();

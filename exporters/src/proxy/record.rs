@@ -2,6 +2,7 @@
 //! [`RequestRecord`] when the response ends, with bench_serving's definitions (DESIGN.md,
 //! Definitions). State stays local to the request; the shared histograms, counters and windows
 //! are touched once, at the end.
+use super::spin::Held;
 use super::sse::{Api, EventInfo};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -193,6 +194,8 @@ pub struct Recorder {
     itl: Vec<f64>,
     body: Vec<u8>,
     body_truncated: bool,
+    /// Keeps the shard spinning until the request is recorded (`spin`).
+    _in_flight: Held,
 }
 
 pub struct Started {
@@ -200,6 +203,7 @@ pub struct Started {
     pub api: Api,
     pub sent: Instant,
     pub sent_unix: f64,
+    pub in_flight: Held,
 }
 
 impl Recorder {
@@ -231,6 +235,7 @@ impl Recorder {
             itl: Vec::new(),
             body: Vec::new(),
             body_truncated: false,
+            _in_flight: started.in_flight,
         }
     }
 
@@ -399,6 +404,7 @@ mod tests {
             api: Api::Generate,
             sent: t0,
             sent_unix: 0.0,
+            in_flight: Held::enter(),
         };
         let mut r = Recorder::new(sink.clone(), metrics, started, 200, true);
         // Two prompts (4 and 6 prompt tokens), 3 tokens each, their events interleaved.

@@ -42,6 +42,7 @@ impl Shards {
     pub(crate) fn start(n: usize) -> std::io::Result<Self> {
         let mut queues = Vec::with_capacity(n);
         let sweep_period = super::sweep::period();
+        let spin = super::spin::enabled();
         for i in 0..n.max(1) {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -54,6 +55,9 @@ impl Shards {
                         if let Some(period) = sweep_period {
                             // Tasks of this runtime run on this thread: the sweeper is this shard's.
                             tokio::spawn(super::sweep::run(period));
+                        }
+                        if spin {
+                            tokio::spawn(super::spin::run());
                         }
                         while let Some(job) = rx.recv().await {
                             tokio::spawn(job());

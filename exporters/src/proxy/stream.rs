@@ -493,6 +493,7 @@ mod cut_tests {
             api: Api::Completions,
             sent: Instant::now(),
             sent_unix: 0.0,
+            in_flight: super::super::spin::Held::enter(),
         };
         let metrics = ProxyMetrics::register(&mut Default::default());
         let rec = Recorder::new(sink.clone(), metrics, started, 200, true);
