@@ -26,6 +26,11 @@
 #        proxied half against the direct half of the same run (splitp / splitd). SPLIT_VIA=x1
 #        sends that half through arm x1 (started for it, with X1_ENV) or the relay instead.
 #        SIDES="split aa" alternates it with its control: both halves straight (aap / aad).
+#        SIDES="split sx aa" adds a second split arm whose proxied half goes through arm x1 (sxp /
+#        sxd), so two proxy settings (the main supervisor's and X1_ENV) meet the same control;
+#        SX_VIA=relay sends that half through tcp-relay instead (a hop that parses no HTTP).
+#        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
+#        (scripts/gpu/pysample: S/pysample/RUN.folded).
 #   S's knobs: DEADLINE_S=N starts no round that would end past N seconds from the script's start
 #   (the summary still prints: set it below the command's timeout); SERVER_EXTRA / SERVER_ENV add
 #   server flags / environment; ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
@@ -95,6 +100,10 @@ SERVER=(python3 -m sglang.launch_server --model-path "$B/tiny-llama" --load-form
 # arrival at the tokenizer manager (ms) and its wait in the scheduler (scripts/gpu/arrivals.py)
 read -r -a extra <<< "${SERVER_EXTRA:-}"; SERVER+=("${extra[@]}")
 [ -n "${SERVER_ENV:-}" ] && SERVER=(env ${SERVER_ENV} "${SERVER[@]}")
+if [ -n "${PYSAMPLE:-}" ]; then
+  mkdir -p "$O/S/pysample"
+  SERVER=(env "PYTHONPATH=$HERE/scripts/gpu/pysample:$PYTHONPATH" "PYSAMPLE_DIR=$O/S/pysample" "${SERVER[@]}")
+fi
 if [ "${PIN:-}" = auto ]; then  # half the allowed CPUs to the server, a quarter each to client and supervisor
   PIN=$(python3 -c 'import os; c=sorted(os.sched_getaffinity(0)); n=len(c); j=lambda l: ",".join(map(str,l)); print(j(c[:n//2]), j(c[n//2:3*n//4]), j(c[3*n//4:]))')
 fi
@@ -235,11 +244,11 @@ tick = lambda j, k: (j["by"].get(k) or {}).get("utime", 0) + (j["by"].get(k) or 
 print("idle server over 3 s, CPU by process: " + ", ".join(f"{k} {(tick(b, k) - tick(a, k)) / b['hz'] / 3:.2f} core" for k in sorted(b["by"])))
 PY
     RPORT=30007; RELAY=""
-    if [[ " ${SIDES:-} ${SPLIT_VIA:-} " == *" relay "* ]]; then
+    if [[ " ${SIDES:-} ${SPLIT_VIA:-} ${SX_VIA:-} " == *" relay "* ]]; then
       "${SUP_PREFIX[@]}" "$BINDIR/tcp-relay" 127.0.0.1:$RPORT 127.0.0.1:$PORT & RELAY=$!
     fi
     declare -A XPORT XSUP
-    for side in ${SIDES:-} ${SPLIT_VIA:-}; do
+    for side in ${SIDES:-} ${SPLIT_VIA:-} $([[ " ${SIDES:-} " == *" sx "* ]] && echo "${SX_VIA:-x1}"); do
       [[ $side == x[0-9] ]] && [ -z "${XSUP[$side]:-}" ] || continue
       # another supervisor in front of the same server, its proxy tuned by the environment in
       # X1_ENV, X2_ENV ... (e.g. "SGLANG_SUPERVISOR_PROXY_SWEEP_US=1000")
@@ -280,13 +289,15 @@ PY
           case $side in proxy) port=$PPORT ;; relay) port=$RPORT ;; x[0-9]) port=${XPORT[$side]}; CPUPID=${XSUP[$side]} ;; *) port=$PORT ;; esac
           # the split arm's "supervisor CPU" is that of the hop its second half goes through
           [ "$side" = split ] && [[ ${SPLIT_VIA:-} == x[0-9] ]] && CPUPID=${XSUP[$SPLIT_VIA]}
+          if [ "$side" = sx ]; then case ${SX_VIA:-x1} in relay) CPUPID=$RELAY ;; *) CPUPID=${XSUP[${SX_VIA:-x1}]} ;; esac; fi
           post "http://127.0.0.1:$PORT/flush_cache" > /dev/null 2>&1 || true
           cpu0=$(awk '{print $14+$15}' "/proc/$CPUPID/stat"); by0=$(procs stats "$SUP"); net0=$(tcpstat)
           # a window per run: the server's own batch series (running requests, decode throughput)
           # over it, whichever path the client took
           post "http://$MET/-/window/start?name=c$conc-$side-$i" > /dev/null
+          [ -n "${PYSAMPLE:-}" ] && echo "start c$conc-$side-$i" > "$P/pysample/mark"
           t_run=$SECONDS; w_run=$(date +%s.%N)
-          if [ "$side" = split ] || [ "$side" = aa ]; then
+          if [ "$side" = split ] || [ "$side" = aa ] || [ "$side" = sx ]; then
             # half the streams straight, half through the proxy, at once, against the same server:
             # both halves see the same batches and the same host, so a drift of either cancels
             # within the run; the seeds (their prompts) change sides every round. "aa" is the
@@ -296,6 +307,7 @@ PY
             # SPLIT_VIA=x1 (or relay) puts the second half through that arm instead of the proxy
             case ${SPLIT_VIA:-proxy} in proxy) via=$PPORT ;; relay) via=$RPORT ;; *) via=${XPORT[$SPLIT_VIA]} ;; esac
             [ "$side" = aa ] && { halves=(aad aap); via=$PORT; }
+            [ "$side" = sx ] && { halves=(sxd sxp); case ${SX_VIA:-x1} in relay) via=$RPORT ;; *) via=${XPORT[${SX_VIA:-x1}]} ;; esac; }
             bar=$(mktemp -d)
             # which half starts first changes every round too: in the control (twelfth session)
             # the half started second had the higher median E2E in all three rounds at c=256
@@ -313,6 +325,7 @@ PY
           run_s=$((SECONDS - t_run + 5))
           echo "c$conc-$side-$i $w_run $(date +%s.%N) $conc" >> "$P/runs.tsv"
           post "http://$MET/-/window/stop" > "$P/c$conc-$side-$i.window.json" 2>&1
+          [ -n "${PYSAMPLE:-}" ] && echo stop > "$P/pysample/mark"
           cpu1=$(awk '{print $14+$15}' "/proc/$CPUPID/stat"); by1=$(procs stats "$SUP"); net1=$(tcpstat)
           for half in "${halves[@]}"; do
           [ "$half" != "$side" ] && cp "$P/c$conc-$side-$i.window.json" "$P/c$conc-$half-$i.window.json"
@@ -325,7 +338,7 @@ j0, j1 = json.loads(by0), json.loads(by1)
 t = lambda j, k, f="both": (j["by"].get(k) or {}).get("utime", 0) * (f != "s") + (j["by"].get(k) or {}).get("stime", 0) * (f != "u")
 s0 = sum(t(j0, k) for k in j0["by"]); s1 = sum(t(j1, k) for k in j1["by"])
 tokens = b["total_output_tokens"] or 1
-PAIR = {"splitd": "splitp", "splitp": "splitd", "aad": "aap", "aap": "aad"}
+PAIR = {"splitd": "splitp", "splitp": "splitd", "aad": "aap", "aap": "aad", "sxd": "sxp", "sxp": "sxd"}
 if side in PAIR:  # the CPU read over a split run served both halves' tokens
     other = f.replace(f"-{side}-", f"-{PAIR[side]}-")
     tokens += [json.loads(l.replace("Infinity", "1e999")) for l in open(other)][-1]["total_output_tokens"] if os.path.exists(other) else 0
@@ -367,10 +380,10 @@ for f in sorted(glob.glob(f"{sys.argv[1]}/c*-*-*.jsonl")):
     runs.setdefault(int(conc), {}).setdefault(side, {})[int(i)] = b
 keys = [("output_throughput", "out tok/s"), ("median_e2e_latency_ms", "median E2E ms"), ("median_tpot_ms", "median TPOT ms"), ("median_ttft_ms", "median TTFT ms")]
 for conc, sides in sorted(runs.items()):
-    for arm in [a for a in sides if a not in ("direct", "splitd", "aad")]:
+    for arm in [a for a in sides if a not in ("direct", "splitd", "aad", "sxd")]:
         # the split arm's proxied half is held against its own direct half, run for run (the
         # control's second half against its first)
-        base = {"splitp": "splitd", "aap": "aad"}.get(arm, "direct")
+        base = {"splitp": "splitd", "aap": "aad", "sxp": "sxd"}.get(arm, "direct")
         d = sides.get(base, {})
         p = sides[arm]
         both = sorted(set(d) & set(p))
@@ -392,6 +405,7 @@ for conc, sides in sorted(runs.items()):
                   f"{arm}/{base} of medians {st.median(pv) / st.median(dv):.4f}, median of round ratios {st.median(ratios):.4f}, "
                   f"geometric mean of round ratios {gm:.4f}, {ci} ({len(logs)} pairs)")
 PY
+    [ -n "${PYSAMPLE:-}" ] && { sleep 0.3; python3 "$HERE/scripts/gpu/pysample/compare.py" "$P/pysample" 40; }
     # with the server's request log on (SERVER_EXTRA, see above): where each run's requests waited
     grep -q "Receive: obj=" "$P/server.log" 2>/dev/null && python3 "$HERE/scripts/gpu/arrivals.py" "$P/server.log" "$P/runs.tsv"
   else
