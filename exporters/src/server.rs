@@ -171,7 +171,8 @@ fn traffic_power(s: &SamplerHandle, requests: &serde_json::Value) -> Option<serd
 /// proxy / both): `power` over the window's wall span, `traffic_power` over its requests' span
 /// (first start → last end) with energy per token. `?bench_result=PATH` (a bench_serving or
 /// InferenceX benchmark_serving result) adds `bench`: the same recomputed over the benchmark's own
-/// span (see `report --bench-result`).
+/// span (see `report --bench-result`). A start while a window is open first closes that one as a
+/// stop would (its `window` event is written) and answers it as `closed` beside `started`.
 async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<Bytes>> {
     let json = "application/json";
     let (sampler, requests, parts) = (shared.sampler(), shared.requests(), shared.window_parts());
@@ -189,6 +190,9 @@ async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<
             .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("name=")))
             .unwrap_or("window")
             .to_string();
+        // A window still open is closed and recorded (a `window` event) before the new one
+        // opens: a sweep whose stop went missing keeps every window, each over its own span.
+        let closed = close_window(shared, None).await;
         if let Some(r) = &requests {
             r.window_start(&name);
         }
@@ -200,12 +204,29 @@ async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<
             // Counter reads take milliseconds per GPU: off the async threads.
             let _ = tokio::task::spawn_blocking(move || s.window_start(&n)).await;
         }
-        return reply(
-            StatusCode::OK,
-            json,
-            format!("{{\"started\":{}}}\n", serde_json::Value::String(name)),
-        );
+        let mut v = serde_json::json!({ "started": name });
+        if let Some(c) = closed {
+            v["closed"] = c;
+        }
+        return reply(StatusCode::OK, json, format!("{v}\n"));
     }
+    match close_window(shared, query_param(req, "bench_result")).await {
+        Some(v) => reply(StatusCode::OK, json, format!("{v}\n")),
+        None => reply(
+            StatusCode::CONFLICT,
+            json,
+            "{\"error\":\"no window in progress: POST /-/window/start?name=... first\"}\n".into(),
+        ),
+    }
+}
+
+/// Close the window in progress, if any: its JSON, also handed to the window sink (the `window`
+/// event); `None` when no window was open.
+async fn close_window(
+    shared: &Arc<Shared>,
+    bench_result: Option<String>,
+) -> Option<serde_json::Value> {
+    let (sampler, requests, parts) = (shared.sampler(), shared.requests(), shared.window_parts());
     let gpus = sampler.as_ref().map(|s| s.latest().len());
     let power = match sampler {
         Some(s) => tokio::task::spawn_blocking(move || s.window_stop())
@@ -216,19 +237,12 @@ async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<
     };
     let reqs = requests.and_then(|r| r.window_stop(gpus));
     let more: Vec<_> = parts.iter().filter_map(|p| p.stop()).collect();
-    let bench_result = query_param(req, "bench_result");
     let name = power
         .as_ref()
         .map(|(n, _)| n.clone())
         .or_else(|| reqs.as_ref().map(|(n, _)| n.clone()))
         .or_else(|| more.first().map(|(n, _, _)| n.clone()));
-    let Some(name) = name else {
-        return reply(
-            StatusCode::CONFLICT,
-            json,
-            "{\"error\":\"no window in progress: POST /-/window/start?name=... first\"}\n".into(),
-        );
-    };
+    let name = name?;
     let mut v = serde_json::json!({ "name": name });
     if let Some((_, p)) = power {
         v["power"] = serde_json::to_value(&p).unwrap_or_default();
@@ -256,7 +270,7 @@ async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<
     if let Some(sink) = shared.window_sink() {
         sink(v.clone());
     }
-    reply(StatusCode::OK, json, format!("{v}\n"))
+    Some(v)
 }
 
 /// `POST /-/profile/start?steps=N` / `POST /-/profile/stop`: the server's torch profiler, driven
