@@ -447,7 +447,7 @@ pub struct RunArgs {
 
     /// Serve a latency-measuring reverse proxy in front of the server here (off by default);
     /// point the benchmark client at it. Port 0 picks a free port (see the `listening` event);
-    /// `:PORT` is loopback.
+    /// `:PORT` is loopback. The server's own port is refused before launching (125).
     #[arg(long, env = "SGLANG_SUPERVISOR_PROXY_ADDR", value_name = "ADDR")]
     pub proxy_addr: Option<String>,
 

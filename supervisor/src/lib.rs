@@ -11,6 +11,7 @@ pub mod flags;
 pub mod gpu;
 pub mod html;
 pub mod lifecycle;
+pub mod listen_addr;
 pub mod logs;
 pub mod metrics_addr;
 pub mod port_holder;

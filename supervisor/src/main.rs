@@ -86,6 +86,10 @@ fn dispatch(command: Command) -> ExitCode {
             Err(e) => fail(e),
         },
         Command::Run(args) => {
+            if let Err(e) = lifecycle::check_listen_addrs(&args) {
+                lifecycle::record_not_started(&args, None, &e);
+                return fail(e);
+            }
             flags::bound_python(args.preflight_timeout);
             let preflight = match lifecycle::preflight(&args) {
                 Ok(Some(p)) if p.reject => {

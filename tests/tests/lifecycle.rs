@@ -88,6 +88,43 @@ fn a_spawn_failure_and_a_port_in_use_end_with_a_terminal_event_wait_reads() {
 }
 
 #[test]
+fn a_proxy_addr_on_the_servers_own_port_is_refused_before_launching() {
+    let dir = tmp("proxy-on-server-port");
+    let ev = dir.join("events.jsonl");
+    let marker = dir.join("launched");
+    let port = free_port().to_string();
+    let proxy = format!("127.0.0.1:{port}");
+    // The "server" would leave a marker: it must never run.
+    let out = run_cmd(
+        &ev,
+        &["--proxy-addr", &proxy],
+        &[
+            "sh",
+            "-c",
+            "touch \"$0\"; sleep 30",
+            marker.to_str().unwrap(),
+            "--port",
+            &port,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err.trim_end();
+    assert_eq!(line.lines().count(), 1, "one line: {err}");
+    assert!(
+        line.contains(&format!("--proxy-addr {proxy}"))
+            && line.contains(&format!("http://127.0.0.1:{port}"))
+            && line.contains("another port"),
+        "names both and what to do: {err}"
+    );
+    assert!(!marker.exists(), "the server was launched");
+    let evs = events_of(&ev);
+    assert!(!evs.iter().any(|e| e["event"] == "spawned"), "{evs:?}");
+    assert_eq!(evs.last().unwrap()["exit_status"], 125, "{evs:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn a_preflight_refusal_ends_with_a_terminal_event() {
     let dir = tmp("preflight");
     let ev = dir.join("events.jsonl");

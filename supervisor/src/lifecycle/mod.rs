@@ -64,6 +64,35 @@ pub fn server_url(args: &RunArgs) -> Result<HttpUrl> {
     )
 }
 
+/// `--metrics-addr` and `--proxy-addr`, checked before anything starts: each must be an address,
+/// and not the server's own (the server could not take its port, the proxy would forward to
+/// itself).
+pub fn check_listen_addrs(args: &RunArgs) -> Result<()> {
+    let mut servers = vec![server_url(args)?];
+    if let Some(u) = args
+        .upstream
+        .as_deref()
+        .and_then(|u| HttpUrl::parse(u).ok())
+    {
+        servers.push(u);
+    }
+    let flags = [
+        ("--metrics-addr", args.metrics_addr.as_deref()),
+        ("--proxy-addr", args.proxy_addr.as_deref()),
+    ];
+    for (flag, value) in flags {
+        let Some(value) = value.filter(|v| !matches!(*v, "none" | "") || flag == "--proxy-addr")
+        else {
+            continue;
+        };
+        let addr = crate::listen_addr::parse(flag, value)?;
+        for server in &servers {
+            crate::listen_addr::check_not_server(flag, value, &addr, server)?;
+        }
+    }
+    Ok(())
+}
+
 fn argv_text(command: &[OsString]) -> Vec<String> {
     command
         .iter()

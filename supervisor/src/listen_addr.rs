@@ -1,0 +1,180 @@
+//! The addresses `run` listens on (`--metrics-addr`, `--proxy-addr`), checked before anything
+//! starts: one that is not an address, or that is the server's own, is refused up front with a
+//! line saying which flag and what to give instead (not found out as a bind error, or as a
+//! server that cannot take its port).
+use sglang_probes::http::HttpUrl;
+use std::net::IpAddr;
+
+/// `HOST:PORT` as given to a listening flag (`:PORT` is loopback).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenAddr {
+    /// Without the brackets of an IPv6 literal.
+    pub host: String,
+    pub port: u16,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ListenAddrError {
+    #[error("{flag} {value:?} is not an address: {why}; give HOST:PORT (e.g. {example}, or :{port} for loopback, [::1]:{port} for IPv6){none}",
+        port = example.rsplit(':').next().unwrap_or("0"),
+        none = if *flag == "--metrics-addr" { ", or none" } else { "" })]
+    Unparseable {
+        flag: &'static str,
+        value: String,
+        why: &'static str,
+        example: &'static str,
+    },
+    #[error("{flag} {value} is the server's own address ({server}, from its --port or --upstream/--health-url): the server could not take its port; give {flag} another port, e.g. {flag} {host}:{other}")]
+    ServersOwn {
+        flag: &'static str,
+        value: String,
+        server: String,
+        host: String,
+        other: u32,
+    },
+}
+
+/// An example address per flag, for the error line.
+fn example(flag: &'static str) -> &'static str {
+    match flag {
+        "--metrics-addr" => "127.0.0.1:19400",
+        _ => "127.0.0.1:8001",
+    }
+}
+
+/// Parse `value` given to `flag`: `HOST:PORT`, `:PORT` (loopback) or `[V6]:PORT`; the host may
+/// be a name (it is resolved when bound).
+pub fn parse(flag: &'static str, value: &str) -> Result<ListenAddr, ListenAddrError> {
+    let bad = |why| ListenAddrError::Unparseable {
+        flag,
+        value: value.to_string(),
+        why,
+        example: example(flag),
+    };
+    let (host, port) = if let Some(rest) = value.strip_prefix('[') {
+        let (h, p) = rest
+            .split_once("]:")
+            .ok_or_else(|| bad("no ]:PORT after an IPv6 host"))?;
+        h.parse::<std::net::Ipv6Addr>()
+            .map_err(|_| bad("the host in brackets is not an IPv6 address"))?;
+        (h.to_string(), p)
+    } else {
+        let (h, p) = value.rsplit_once(':').ok_or_else(|| bad("no :PORT"))?;
+        if h.contains(':') {
+            return Err(bad("an IPv6 host needs brackets"));
+        }
+        let h = if h.is_empty() { "127.0.0.1" } else { h };
+        if h.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(bad("the host has a space in it"));
+        }
+        (h.to_string(), p)
+    };
+    let port = port
+        .parse::<u16>()
+        .map_err(|_| bad("the port is not a number from 0 to 65535"))?;
+    Ok(ListenAddr { host, port })
+}
+
+/// A host that is this machine's loopback or every interface (where a local server listens).
+fn local(host: &str) -> bool {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    h.eq_ignore_ascii_case("localhost")
+        || h.parse::<IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified())
+}
+
+/// Refuse a listening address that is the server's own: the same port (not 0) on the same host,
+/// or both on this machine (loopback or every interface).
+pub fn check_not_server(
+    flag: &'static str,
+    value: &str,
+    addr: &ListenAddr,
+    server: &HttpUrl,
+) -> Result<(), ListenAddrError> {
+    let server_host = server.host.trim_start_matches('[').trim_end_matches(']');
+    let same_host =
+        addr.host.eq_ignore_ascii_case(server_host) || (local(server_host) && local(&addr.host));
+    if addr.port == 0 || addr.port != server.port || !same_host {
+        return Ok(());
+    }
+    let host = if addr.host.contains(':') {
+        format!("[{}]", addr.host)
+    } else {
+        addr.host.clone()
+    };
+    Err(ListenAddrError::ServersOwn {
+        flag,
+        value: value.to_string(),
+        server: server.base(),
+        host,
+        other: if addr.port == u16::MAX {
+            u32::from(addr.port) - 1
+        } else {
+            u32::from(addr.port) + 1
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_parse_in_every_accepted_form() {
+        let p = |v| parse("--proxy-addr", v).map(|a| (a.host, a.port)).ok();
+        assert_eq!(p("127.0.0.1:8001"), Some(("127.0.0.1".into(), 8001)));
+        assert_eq!(p(":8001"), Some(("127.0.0.1".into(), 8001)));
+        assert_eq!(p("[::1]:0"), Some(("::1".into(), 0)));
+        assert_eq!(p("localhost:9"), Some(("localhost".into(), 9)));
+        for bad in [
+            "garbage",
+            "1.2.3.4",
+            "host:port",
+            ":70000",
+            "::1:80",
+            "[::1]",
+            "a b:1",
+        ] {
+            assert_eq!(p(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_garbage_metrics_addr_is_said_to_be_no_address_with_the_accepted_form() {
+        let e = parse("--metrics-addr", "garbage").unwrap_err().to_string();
+        assert!(
+            e.starts_with("--metrics-addr \"garbage\" is not an address"),
+            "{e}"
+        );
+        assert!(e.contains("HOST:PORT (e.g. 127.0.0.1:19400"), "{e}");
+        assert!(e.ends_with(", or none"), "{e}");
+        assert!(!e.contains("hold"), "not about a held port: {e}");
+        assert!(!e.contains('\n'));
+    }
+
+    #[test]
+    fn a_listen_address_on_the_servers_port_of_this_machine_is_refused() {
+        let server = HttpUrl::parse("http://127.0.0.1:30000").unwrap();
+        let check = |v| {
+            let a = parse("--proxy-addr", v).unwrap();
+            check_not_server("--proxy-addr", v, &a, &server).map_err(|e| e.to_string())
+        };
+        for same in [
+            "127.0.0.1:30000",
+            ":30000",
+            "0.0.0.0:30000",
+            "localhost:30000",
+            "[::]:30000",
+        ] {
+            let e = check(same).unwrap_err();
+            assert!(e.contains("http://127.0.0.1:30000"), "{e}");
+            assert!(
+                e.contains(&format!("--proxy-addr {same} is the server's own")),
+                "{e}"
+            );
+        }
+        for other in ["127.0.0.1:30001", ":0", "10.1.2.3:30000"] {
+            assert!(check(other).is_ok(), "{other}");
+        }
+    }
+}
