@@ -18,8 +18,21 @@ use tokio::net::TcpListener;
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     // The I/O error is said in the message, not chained: the chain would say it twice.
-    #[error("cannot listen on {addr} for metrics: {error} (another process may hold the port: pass --metrics-addr HOST:PORT, or none)")]
+    #[error("cannot listen on {addr} for metrics: {error} ({hint}: pass --metrics-addr HOST:PORT, or none)", hint = bind_hint(error))]
     Bind { addr: String, error: std::io::Error },
+}
+
+/// What a failed bind most likely means, for the error line.
+pub(crate) fn bind_hint(error: &std::io::Error) -> &'static str {
+    use std::io::ErrorKind;
+    match error.kind() {
+        ErrorKind::AddrInUse => "another process holds the port",
+        ErrorKind::AddrNotAvailable => "the host is not an address of this machine",
+        ErrorKind::PermissionDenied => "ports below 1024 need privileges",
+        ErrorKind::InvalidInput => "that is not HOST:PORT",
+        _ if error.raw_os_error().is_none() => "the host does not resolve",
+        _ => "the address cannot be listened on",
+    }
 }
 
 impl ServeError {

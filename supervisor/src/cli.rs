@@ -315,7 +315,7 @@ pub struct WaitArgs {
     #[arg(long, value_name = "URL", env = "SGLANG_SUPERVISOR_WAIT_URL")]
     pub url: Option<String>,
 
-    #[arg(long, default_value = "60m", value_parser = parse_duration, value_name = "DUR", env = "SGLANG_SUPERVISOR_WAIT_TIMEOUT")]
+    #[arg(long, default_value = "60m", value_parser = parse_timeout, value_name = "DUR", env = "SGLANG_SUPERVISOR_WAIT_TIMEOUT")]
     pub timeout: Duration,
 
     /// With --url: the server's --api-key (its /ready and /model_info answer 401 without it).
@@ -401,7 +401,7 @@ pub struct RunArgs {
     pub events: Option<PathBuf>,
 
     /// Give up if the server is not ready within this long (e.g. 90s, 20m, 1h): tear down, exit 124.
-    #[arg(long, default_value = "60m", value_parser = parse_duration, env = "SGLANG_SUPERVISOR_READY_TIMEOUT", value_name = "DUR")]
+    #[arg(long, default_value = "60m", value_parser = parse_timeout, env = "SGLANG_SUPERVISOR_READY_TIMEOUT", value_name = "DUR")]
     pub ready_timeout: Duration,
 
     /// After forwarding a stop signal, wait this long before SIGKILLing the whole process tree.
@@ -569,6 +569,18 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 30s, 20m, 1h)"))?;
     if d > MAX_DURATION {
         return Err(format!("{s} is too long: at most 365d"));
+    }
+    Ok(d)
+}
+
+/// A timeout: a duration longer than zero. `0s` is refused rather than given a meaning: tools
+/// disagree on it (never wait, or wait forever), and a wait of nothing could only say it timed out.
+pub fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!(
+            "{s} would not wait at all: give a duration longer than zero, e.g. 30s or 20m"
+        ));
     }
     Ok(d)
 }

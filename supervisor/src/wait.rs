@@ -19,25 +19,26 @@ const STALE_AFTER: Duration = Duration::from_secs(5);
 pub async fn run(args: &WaitArgs) -> Result<i32> {
     let deadline = Instant::now() + args.timeout;
     if let Some(path) = &args.events {
-        return follow_events(path, deadline).await;
+        return follow_events(path, deadline, args.timeout).await;
     }
     let Some(url) = &args.url else {
         anyhow::bail!("give --events FILE or --url URL")
     };
     let mut base = HttpUrl::parse(url).with_context(|| format!("--url {url:?}"))?;
     base.bearer = args.api_key.clone().map(Bearer);
-    let mut last = String::new();
-    while Instant::now() < deadline {
+    // Asked at least once, so that even a short timeout ends with the server's own answer.
+    let last = loop {
         // No log here: /ready, else (older versions, node rank >= 1) /health.
         match readiness::check(&base, Evidence::None).await {
             Ok(_) => {
                 eprintln!("ready: {}", base.base());
                 return Ok(0);
             }
-            Err(why) => last = why,
+            Err(why) if Instant::now() >= deadline => break why,
+            Err(_) => {}
         }
         tokio::time::sleep(readiness::POLL_PERIOD).await;
-    }
+    };
     eprintln!(
         "not ready within {}: {} ({last})",
         humantime::format_duration(args.timeout),
@@ -106,7 +107,7 @@ impl RunSeen {
 
 /// Read the events file as it grows; the file may not exist yet, and may be replaced or
 /// truncated by a new run (then it is read again from its start).
-async fn follow_events(path: &Path, deadline: Instant) -> Result<i32> {
+async fn follow_events(path: &Path, deadline: Instant, timeout: Duration) -> Result<i32> {
     let started = SystemTime::now();
     let (mut offset, mut inode) = (0u64, None);
     // The file's first bytes as we read them: a run that rewrote the file past our offset
@@ -116,7 +117,8 @@ async fn follow_events(path: &Path, deadline: Instant) -> Result<i32> {
     let mut run = RunSeen::default();
     let mut first_read = true;
     let mut said_stale = false;
-    while Instant::now() < deadline {
+    // Read at least once: a short timeout still sees a run that is ready already.
+    loop {
         if let Ok(mut f) = std::fs::File::open(path) {
             let meta = f
                 .metadata()
@@ -185,12 +187,20 @@ async fn follow_events(path: &Path, deadline: Instant) -> Result<i32> {
                 first_read = false;
             }
         }
+        if Instant::now() >= deadline {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let seen = match (inode, &run.fatal) {
+        (None, _) => "the file was never created (is it the --events of a running `run`?)".into(),
+        (Some(_), Some(f)) => f.clone(),
+        (Some(_), None) => "no ready event in it yet".to_string(),
+    };
     eprintln!(
-        "not ready before the timeout ({}){}",
+        "not ready within {}: {}: {seen}",
+        humantime::format_duration(timeout),
         path.display(),
-        run.fatal.map(|f| format!("; {f}")).unwrap_or_default()
     );
     Ok(exit::TIMEOUT)
 }

@@ -125,6 +125,54 @@ fn a_proxy_addr_on_the_servers_own_port_is_refused_before_launching() {
 }
 
 #[test]
+fn a_garbage_metrics_addr_is_said_to_be_no_address_not_a_held_port() {
+    let dir = tmp("metrics-garbage");
+    let ev = dir.join("events.jsonl");
+    let out = Command::new(supervisor_bin())
+        .args(["run", "--no-tee", "--metrics-addr", "garbage", "--events"])
+        .arg(&ev)
+        .args(["--", "sleep", "30"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains("--metrics-addr \"garbage\" is not an address")
+            && err.contains("HOST:PORT (e.g. 127.0.0.1:19400"),
+        "says what is wrong and the accepted form: {err}"
+    );
+    assert!(!err.contains("hold"), "no port is held: {err}");
+    assert_eq!(events_of(&ev).last().unwrap()["exit_status"], 125);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn wait_refuses_a_zero_timeout_and_a_short_one_ends_with_a_reason() {
+    let dir = tmp("wait-zero");
+    let ev = dir.join("never.jsonl");
+    let ev = ev.to_str().unwrap();
+    let (code, err, _) = wait(&["--events", ev, "--timeout", "0s"]);
+    assert_eq!(code, 125, "bad input: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--timeout") && err.contains("longer than zero"),
+        "{err}"
+    );
+    // The shortest real timeout still says why it is not ready.
+    let (code, err, _) = wait(&["--events", ev, "--timeout", "1ms"]);
+    assert_eq!(code, 124, "{err}");
+    assert!(err.contains("never created"), "{err}");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let (code, err, _) = wait(&["--url", &url, "--timeout", "1ms"]);
+    assert_eq!(code, 124, "{err}");
+    assert!(!err.contains("()"), "an empty reason: {err}");
+    assert!(err.contains("refused"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn a_preflight_refusal_ends_with_a_terminal_event() {
     let dir = tmp("preflight");
     let ev = dir.join("events.jsonl");
