@@ -99,9 +99,15 @@ fn parse_values(text: &str) -> Result<Vec<Value>> {
 }
 
 fn load(path: &Path) -> Result<RunData> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    parse_run(&text).with_context(|| format!("reading {}", path.display()))
+    let what = || {
+        format!(
+            "{} (expected a bench_serving result, an InferenceX result or aggregate, or a \
+             --report of sglang-supervisor)",
+            path.display()
+        )
+    };
+    let text = std::fs::read_to_string(path).with_context(what)?;
+    parse_run(&text).with_context(what)
 }
 
 fn is_report(v: &Value) -> bool {
@@ -114,7 +120,7 @@ pub fn parse_run(text: &str) -> Result<RunData> {
     let values = parse_values(text)?;
     if let [v] = values.as_slice() {
         if is_report(v) {
-            return Ok(from_report(v));
+            return from_report(v);
         }
     }
     let mut run = RunData::default();
@@ -134,7 +140,8 @@ pub fn parse_run(text: &str) -> Result<RunData> {
             add_result(&mut run, o);
         }
     }
-    if run.windows.iter().all(|(_, m)| m.is_empty()) {
+    let known = |m: &BTreeMap<String, f64>| METRICS.iter().any(|(k, _, _)| m.contains_key(*k));
+    if !run.windows.iter().any(|(_, m)| known(m)) {
         bail!(
             "no benchmark metrics in it (expected fields such as median_ttft_ms, \
              output_throughput or tput_per_gpu)"
@@ -275,7 +282,15 @@ fn result_metrics(o: &Map<String, Value>, gpus: Option<f64>) -> BTreeMap<String,
     m
 }
 
-fn from_report(v: &Value) -> RunData {
+fn from_report(v: &Value) -> Result<RunData> {
+    // What `run --report` / `report` always write, so that a look-alike is refused, not read as
+    // a run without windows.
+    if !(v["schema_version"].is_u64() && v["windows"].is_array() && v["identity"].is_object()) {
+        bail!(
+            "not a report of sglang-supervisor (expected its schema_version, identity object and \
+             windows array, as `run --report` writes them)"
+        );
+    }
     let id = &v["identity"];
     let mut run = RunData {
         args: v["server_args"].as_object().cloned().unwrap_or_default(),
@@ -322,7 +337,7 @@ fn from_report(v: &Value) -> RunData {
             run.put_window(name.to_string(), m);
         }
     }
-    run
+    Ok(run)
 }
 
 fn delta(base: f64, cand: f64) -> Option<f64> {
@@ -641,7 +656,14 @@ pub fn render(c: &Value, format: CompareFormat) -> String {
 
 /// The `compare` command; returns the exit status (2 for refused identities).
 pub fn command(args: &CompareArgs) -> Result<i32> {
-    let (base, cand) = (load(&args.baseline)?, load(&args.candidate)?);
+    // An input that is not a run (a log, an empty file, JSON of another shape) is bad input.
+    let (base, cand) = match (load(&args.baseline), load(&args.candidate)) {
+        (Ok(b), Ok(c)) => (b, c),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("sglang-supervisor: compare: {e:#}");
+            return Ok(crate::exit::BAD_INPUT);
+        }
+    };
     match compare(&base, &cand, args.force, args.noise) {
         Err(why) => {
             eprintln!("sglang-supervisor: {why}");
@@ -728,9 +750,15 @@ mod tests {
         let report = json!({"schema_version": 1, "windows": [],
             "identity": {"model": "m", "gpu_count": 8},
             "server_args": {"tp_size": 1, "pp_size": 1, "dp_size": 1}});
-        assert_eq!(from_report(&report).identity["gpu_count"], json!(1));
+        assert_eq!(
+            from_report(&report).unwrap().identity["gpu_count"],
+            json!(1)
+        );
         let no_args = json!({"schema_version": 1, "windows": [], "identity": {"gpu_count": 8}});
-        assert_eq!(from_report(&no_args).identity["gpu_count"], json!(8));
+        assert_eq!(
+            from_report(&no_args).unwrap().identity["gpu_count"],
+            json!(8)
+        );
     }
 
     #[test]

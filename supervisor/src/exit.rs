@@ -5,7 +5,8 @@
 
 /// `run`: we stopped a live server because of a fatal line (it had not ended itself).
 pub const STOPPED_ON_FATAL: i32 = 1;
-/// `report`: its input is unusable; `compare`: the two runs are not comparable (without --force).
+/// `report`: its input is unusable; `compare`: an input is not a run (a log, an empty file, JSON
+/// of another shape), or the two runs are not comparable (without --force).
 pub const BAD_INPUT: i32 = 2;
 /// `run`: not ready within `--ready-timeout`; `wait`: not ready within `--timeout`.
 pub const TIMEOUT: i32 = 124;

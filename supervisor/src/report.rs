@@ -134,21 +134,37 @@ fn expected_gpus(events: &[Value]) -> Option<usize> {
 }
 
 /// The events of a run, one JSON object per line (other lines skipped).
-fn read_events(path: &Path) -> Result<Vec<Value>, String> {
+/// `empty_ok`: an empty file is no run's events (a report over a benchmark's span from the
+/// other files alone), not a wrong file.
+fn read_events(path: &Path, empty_ok: bool) -> Result<Vec<Value>, String> {
     let text = std::fs::read(path).map_err(|e| {
         format!(
             "--events {}: cannot read it ({e}); pass the file `run --events` wrote",
             path.display()
         )
     })?;
-    let events: Vec<Value> = String::from_utf8_lossy(&text)
+    let text = String::from_utf8_lossy(&text);
+    if text.trim().is_empty() {
+        if empty_ok {
+            return Ok(Vec::new());
+        }
+        return Err(format!(
+            "--events {}: it is empty; pass the JSON-lines file `run --events` wrote (every run \
+             writes at least its `exited` event), or --bench-result for a report of its span",
+            path.display()
+        ));
+    }
+    let events: Vec<Value> = text
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v.get("event").is_some())
+        .filter(|v| v.get("event").is_some_and(Value::is_string))
         .collect();
-    if events.is_empty() && !text.is_empty() {
+    // Ours, not only shaped like them: at least one line is an event `run` writes.
+    let ours = |l: &str| Event::parse_line(l).is_some_and(|e| e != Event::Unknown);
+    if !text.lines().any(ours) {
         return Err(format!(
-            "--events {}: no event in it; pass the JSON-lines file `run --events` wrote",
+            "--events {}: no event of `run` in it (spawned, ready, exited, ...); pass the \
+             JSON-lines file `run --events` wrote",
             path.display()
         ));
     }
@@ -164,7 +180,14 @@ fn bench_window(args: &ReportArgs, events: &[Value]) -> Result<Option<Value>, St
     let requests = args
         .requests_log
         .as_deref()
-        .map(crate::bench::read_requests_log)
+        .map(|p| match crate::bench::read_requests_log(p)? {
+            (r, bad) if r.is_empty() => Err(format!(
+                "--requests-log {}: no request in it, {bad} other lines; pass \
+                 the file `run --requests-log` wrote while the benchmark ran",
+                p.display()
+            )),
+            read => Ok(read),
+        })
         .transpose()?;
     let span = crate::bench::span(&b, requests.as_ref().map(|(r, _)| r.as_slice()))?;
     let expected = args.expected_gpus.or_else(|| expected_gpus(events));
@@ -200,7 +223,7 @@ fn bench_window(args: &ReportArgs, events: &[Value]) -> Result<Option<Value>, St
 
 /// `report`: the report of a run from its events, with a window over a benchmark's own span.
 pub fn command(args: &ReportArgs) -> anyhow::Result<i32> {
-    let built = read_events(&args.events).and_then(|events| {
+    let built = read_events(&args.events, args.bench_result.is_some()).and_then(|events| {
         let mut r = build(&events);
         if let Some(w) = bench_window(args, &events)? {
             if let Some(ws) = r["windows"].as_array_mut() {

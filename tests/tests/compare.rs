@@ -293,3 +293,91 @@ fn a_file_that_is_not_a_result_says_what_was_expected() {
     );
     let _ = std::fs::remove_dir_all(cut.parent().unwrap());
 }
+
+/// Files `compare` and `report` must refuse: a log, an empty file, JSON of another shape, a
+/// report look-alike, events of nobody's run.
+fn wrong_files(dir: &Path) -> Vec<(PathBuf, &'static str)> {
+    let files = [
+        (
+            "server.log",
+            "[2026-01-01 12:00:00] INFO The server is fired up and ready to roll!\n",
+        ),
+        ("empty.json", ""),
+        ("other.json", "{\"foo\": 1, \"bar\": [1, 2]}\n"),
+        (
+            "lookalike.json",
+            "{\"schema_version\": 1, \"windows\": \"none\"}\n",
+        ),
+        ("events-of-nobody.jsonl", "{\"event\": \"x\"}\n"),
+    ];
+    files
+        .iter()
+        .map(|(name, text)| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            (p, *name)
+        })
+        .collect()
+}
+
+/// One line on stderr naming the file, and exit 2 (bad input).
+fn assert_refused(o: &Output, file: &Path, expected: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{}: {err}", file.display());
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains(&file.display().to_string()) && err.contains(expected),
+        "names {} and what was expected ({expected}): {err}",
+        file.display()
+    );
+    assert!(o.stdout.is_empty(), "no table of nothing");
+}
+
+#[test]
+fn compare_and_report_refuse_a_file_that_is_not_theirs_naming_it() {
+    let dir = temp_dir("cmp-wrong");
+    for (f, _) in wrong_files(&dir) {
+        // Either side, against a good input.
+        assert_refused(
+            &compare(&f, &fx(BASE), &[]),
+            &f,
+            "expected a bench_serving result",
+        );
+        assert_refused(
+            &compare(&fx(BASE), &f, &[]),
+            &f,
+            "expected a bench_serving result",
+        );
+        let out = Command::new(supervisor_bin())
+            .args(["report", "--events"])
+            .arg(&f)
+            .output()
+            .unwrap();
+        assert_refused(&out, &f, "`run --events`");
+    }
+    // A requests log that holds no request (with a result that needs it for its span).
+    let events = dir.join("events.jsonl");
+    std::fs::write(
+        &events,
+        "{\"ts\":\"2026-01-01T00:00:00Z\",\"event\":\"exited\",\"code\":0,\"signal\":null,\"elapsed_s\":1.0,\"requested\":false,\"exit_status\":0}\n",
+    )
+    .unwrap();
+    let result = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/gpu/h200-c32-window/bench_serving_summary.json");
+    for (f, name) in wrong_files(&dir) {
+        if name == "events-of-nobody.jsonl" {
+            continue;
+        }
+        let out = Command::new(supervisor_bin())
+            .args(["report", "--events"])
+            .arg(&events)
+            .arg("--bench-result")
+            .arg(&result)
+            .arg("--requests-log")
+            .arg(&f)
+            .output()
+            .unwrap();
+        assert_refused(&out, &f, "`run --requests-log`");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
