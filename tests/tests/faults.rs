@@ -377,3 +377,81 @@ fn a_hung_preflight_interpreter_is_killed_at_the_timeout_and_the_launch_goes_on(
     assert!(hung.is_empty(), "the hung interpreter was killed");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_log_file_that_takes_no_writes_is_a_warning_event_while_the_run_goes_on_and_in_the_report() {
+    // /dev/full (ENOSPC) works for every user; /proc/version (EIO) where it opens for writing.
+    let mut files = vec!["/dev/full"];
+    if std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/version")
+        .is_ok()
+    {
+        files.push("/proc/version");
+    }
+    for file in files {
+        let dir = temp_dir("log-no-writes");
+        let (events, report) = (dir.join("events.jsonl"), dir.join("report.json"));
+        let mut sup = std::process::Command::new(supervisor_bin())
+            .args([
+                "run",
+                "--no-tee",
+                "--no-preflight",
+                "--metrics-addr",
+                "none",
+            ])
+            .args(["--log-file", file, "--events"])
+            .arg(&events)
+            .arg("--report")
+            .arg(&report)
+            .args(["--", "sh", "-c", "echo one line; sleep 3"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Said as it happens, while the server still runs: not only at the end.
+        let end = Instant::now() + Duration::from_secs(2);
+        let warning = loop {
+            let w = std::fs::read_to_string(&events)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .find(|e| e["event"] == "warning");
+            if let Some(w) = w {
+                break w;
+            }
+            assert!(
+                Instant::now() < end,
+                "{file}: no warning event while running"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(sup.try_wait().unwrap().is_none(), "{file}: still running");
+        let message = warning["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("writing the log file {file}")) && message.contains("lost"),
+            "{message}"
+        );
+        assert_eq!(
+            sup.wait().unwrap().code(),
+            Some(0),
+            "the server's own status"
+        );
+        let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        assert!(
+            r["warnings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|w| w == message),
+            "{file}: in the report's warnings: {}",
+            r["warnings"]
+        );
+        let log = &r["teardown"]["exited"]["log"];
+        assert!(
+            log["log_file_error"].as_str().unwrap().contains(file),
+            "{log}"
+        );
+        assert_eq!(log["log_file_lost_bytes"], 9, "'one line\\n' lost: {log}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -528,15 +528,16 @@ impl Watch {
             }
         }
         let exclude: Vec<i32> = sentinel.iter().map(|s| s.pid).collect();
+        let (log_tx, log_rx) = mpsc::unbounded_channel::<Timed>();
         let shared = Shared::new(
             LogFile::new(
                 log_file,
                 args.log_file.as_ref().map(|p| p.display().to_string()),
-            ),
+            )
+            .warn_to(log_tx.clone()),
             args.redact_log.then_some(secrets),
             services.series.clone(),
         );
-        let (log_tx, log_rx) = mpsc::unbounded_channel::<Timed>();
         let tee_to = |fd| (!args.no_tee).then(|| tee::terminal(fd));
         let pipes = [
             (tee::Stream::Stdout, spawned.stdout, tee_to(1)),
@@ -1148,6 +1149,13 @@ impl Supervision {
             .sum();
         if dropped > 0 {
             tracing::warn!("the terminal was too slow: {dropped} bytes were left out of the terminal copy (the log file has them)");
+        }
+        if let Some(e) = &log.error {
+            tracing::error!(
+                "{e}: {} bytes of the server's output are missing from the log file (see the \
+                 exited event's log)",
+                log.lost
+            );
         }
         let batches = shared.batches.lock().map(|b| b.count).unwrap_or_default();
         let sum = |f: fn(&StreamStats) -> u64| stats.iter().map(f).sum::<u64>();

@@ -63,6 +63,8 @@ pub struct LogFile {
     pub written: u64,
     pub lost: u64,
     pub error: Option<String>,
+    /// Where the first failed write is said as a `warning` event, as it happens.
+    warn: Option<UnboundedSender<Timed>>,
 }
 
 impl LogFile {
@@ -73,7 +75,14 @@ impl LogFile {
             written: 0,
             lost: 0,
             error: None,
+            warn: None,
         }
+    }
+
+    /// Say a failed write on `events` too (the lifecycle writes it as a `warning` event).
+    pub fn warn_to(mut self, events: UnboundedSender<Timed>) -> Self {
+        self.warn = Some(events);
+        self
     }
 
     fn write(&mut self, bytes: &[u8]) {
@@ -106,9 +115,16 @@ impl LogFile {
                     "writing the log file {}: {e}",
                     self.path.as_deref().unwrap_or("?")
                 );
-                tracing::error!(
+                let message = format!(
                     "{msg}; the child keeps running, further log bytes are counted as lost"
                 );
+                tracing::error!("{message}");
+                if let Some(tx) = &self.warn {
+                    let _ = tx.send(Timed {
+                        at: Instant::now(),
+                        event: LogEvent::Warning { message },
+                    });
+                }
                 self.error = Some(msg);
                 self.lost += rest.len() as u64;
             }
