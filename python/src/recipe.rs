@@ -527,16 +527,30 @@ fn launch_at(words: &[String]) -> Option<(usize, usize)> {
 struct Var {
     /// (line, words as assigned, append?, array?)
     defs: Vec<(usize, Vec<String>, bool, bool)>,
+    /// Whether any definition mentions sglang (else it cannot hold a launch).
+    mentions_sglang: bool,
 }
 
 impl Var {
     /// Its possible values at `line`: each a list of words (a string: one word).
     fn values(&self, line: usize) -> Vec<(Vec<String>, bool)> {
-        let mut alts: Vec<(Vec<String>, bool)> = Vec::new();
-        for (l, words, append, array) in &self.defs {
-            if *l >= line {
-                break;
+        // The definitions are in script order. Only those before `line` count, and of those only
+        // from the MAX_ALTERNATIVES-th last plain one on: every value begun earlier is pushed out
+        // by the later ones. So a use costs its own values, not the whole history of the variable.
+        let before = self.defs.partition_point(|(l, ..)| *l < line);
+        let mut from = 0;
+        let mut plain = 0;
+        for (k, (_, _, append, _)) in self.defs[..before].iter().enumerate().rev() {
+            if !*append {
+                plain += 1;
+                if plain == MAX_ALTERNATIVES {
+                    from = k;
+                    break;
+                }
             }
+        }
+        let mut alts: Vec<(Vec<String>, bool)> = Vec::new();
+        for (_, words, append, array) in &self.defs[from..before] {
             if *append && !alts.is_empty() {
                 for (a, _) in &mut alts {
                     if *array {
@@ -637,6 +651,12 @@ pub fn launches(text: &str) -> Result<Vec<Launch>, RecipeError> {
             }
         }
     }
+    for v in vars.values_mut() {
+        v.mentions_sglang = v
+            .defs
+            .iter()
+            .any(|(_, words, ..)| words.iter().any(|s| s.contains("sglang")));
+    }
     // Pass 2: the commands that run a launch, directly or through a variable.
     let mut found = Vec::new();
     let mut ran: std::collections::BTreeSet<String> = Default::default();
@@ -733,6 +753,9 @@ fn expansions(
         let prev_reparse = std::mem::take(&mut reparse_next);
         let mut pieces: Vec<Vec<String>> = vec![vec![w.text.clone()]];
         let var = variable_of(&w.text).and_then(|n| vars.get(n).map(|v| (n, v)));
+        // Only a variable that mentions sglang somewhere can hold a launch: the others (most
+        // of them) are not expanded.
+        let var = var.filter(|(_, v)| v.mentions_sglang);
         if let Some((name, v)) = var {
             let values = v.values(line);
             // `"${cmd[*]}"` is one word (for printing); `"${cmd[@]}"` runs it.
@@ -763,17 +786,25 @@ fn expansions(
         {
             reparse_next = true;
         }
-        alts = alts
-            .iter()
-            .flat_map(|a| {
-                pieces.iter().map(move |p| {
-                    let mut n = a.clone();
-                    n.extend(p.iter().cloned());
-                    n
+        // One value (nearly every word): appended in place, so a long command costs its length,
+        // not a copy of all its words so far per word. Several: one list per combination.
+        if let [only] = pieces.as_slice() {
+            for a in &mut alts {
+                a.extend(only.iter().cloned());
+            }
+        } else {
+            alts = alts
+                .iter()
+                .flat_map(|a| {
+                    pieces.iter().map(move |p| {
+                        let mut n = a.clone();
+                        n.extend(p.iter().cloned());
+                        n
+                    })
                 })
-            })
-            .take(MAX_ALTERNATIVES)
-            .collect();
+                .take(MAX_ALTERNATIVES)
+                .collect();
+        }
     }
     // A launch's arguments end at the command's end; `eval`/`bash -c` pieces end there too.
     alts
@@ -1014,5 +1045,62 @@ python3 -m sglang.launch_server --tp "$GPU" --api-key 'k'
         let l = launches(script).unwrap();
         assert_eq!(l.len(), 1);
         assert_eq!(args_of(&l[0]), ["--tp", "2"]);
+    }
+
+    #[test]
+    fn a_recipe_of_100k_words_parses_in_well_under_a_second() {
+        // One launch with 100k words after it (continued lines, quoted values, a `$VAR` or two),
+        // then a launch kept in a variable and run: every word is read once.
+        let mut recipe =
+            String::from("export HF_HOME=/cache\nMODEL=/m\npython3 -m sglang.launch_server");
+        for i in 0..50_000 {
+            recipe.push_str(&format!(" --opt-{i} \"v {i}\""));
+            if i % 8 == 0 {
+                recipe.push_str(" \\\n   ");
+            }
+        }
+        recipe.push_str(" --model-path $MODEL > log 2>&1 &\n");
+        recipe.push_str("CMD=(python3 -m sglang.launch_server --tp 8)\n\"${CMD[@]}\"\n");
+        let t = std::time::Instant::now();
+        let l = launches(&recipe).unwrap();
+        let took = t.elapsed();
+        assert_eq!(l.len(), 2);
+        assert_eq!(l[0].args.len(), 100_002);
+        assert_eq!(l[0].args[..2], ["--opt-0", "v 0"]);
+        assert_eq!(
+            l[0].args[99_998..],
+            ["--opt-49999", "v 49999", "--model-path", "$MODEL"]
+        );
+        assert_eq!(l[0].env, [("HF_HOME".to_string(), "/cache".to_string())]);
+        assert_eq!(args_of(&l[1]), ["--tp", "8"]);
+        assert!(took < std::time::Duration::from_secs(2), "took {took:?}");
+    }
+
+    #[test]
+    fn a_recipe_of_100k_words_of_assignments_and_uses_parses_in_well_under_a_second() {
+        // Many definitions of one variable and many uses: a use reads the definitions that can
+        // still count (the last 64 alternatives), not the variable's whole history.
+        let mut recipe = String::new();
+        for i in 0..25_000 {
+            recipe.push_str(&format!("A=v{i}\necho $A\n"));
+        }
+        for i in 0..25_000 {
+            recipe.push_str(&format!(
+                "CMD=\"python3 -m sglang.launch_server --port {i}\"\n"
+            ));
+        }
+        recipe.push_str("$CMD\npython3 -m sglang.launch_server --tp $A\n");
+        let t = std::time::Instant::now();
+        let l = launches(&recipe).unwrap();
+        let took = t.elapsed();
+        assert_eq!(
+            l.len(),
+            65,
+            "the last 64 values of CMD, then the direct launch"
+        );
+        assert_eq!(args_of(&l[0]), ["--port", "24936"]);
+        assert_eq!(args_of(&l[63]), ["--port", "24999"]);
+        assert_eq!(args_of(&l[64]), ["--tp", "$A"]);
+        assert!(took < std::time::Duration::from_secs(2), "took {took:?}");
     }
 }
