@@ -30,7 +30,7 @@
 #        sxd), so two proxy settings (the main supervisor's and X1_ENV) meet the same control;
 #        SX_VIA=relay sends that half through tcp-relay instead (a hop that parses no HTTP).
 #        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
-#        (scripts/gpu/pysample: S/pysample/RUN.folded).
+#        (scripts/gpu/pysample: S/pysample/RUN.folded; with PYSAMPLE_MODE=profile, cProfile: RUN.prof.txt).
 #   S's knobs: DEADLINE_S=N starts no round that would end past N seconds from the script's start
 #   (the summary still prints: set it below the command's timeout); SERVER_EXTRA / SERVER_ENV add
 #   server flags / environment; ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
@@ -295,7 +295,7 @@ PY
           # a window per run: the server's own batch series (running requests, decode throughput)
           # over it, whichever path the client took
           post "http://$MET/-/window/start?name=c$conc-$side-$i" > /dev/null
-          [ -n "${PYSAMPLE:-}" ] && echo "start c$conc-$side-$i" > "$P/pysample/mark"
+          [ -n "${PYSAMPLE:-}" ] && echo "start c$conc-$side-$i" > "$P/pysample/m" && mv "$P/pysample/m" "$P/pysample/mark"
           t_run=$SECONDS; w_run=$(date +%s.%N)
           if [ "$side" = split ] || [ "$side" = aa ] || [ "$side" = sx ]; then
             # half the streams straight, half through the proxy, at once, against the same server:
@@ -325,7 +325,7 @@ PY
           run_s=$((SECONDS - t_run + 5))
           echo "c$conc-$side-$i $w_run $(date +%s.%N) $conc" >> "$P/runs.tsv"
           post "http://$MET/-/window/stop" > "$P/c$conc-$side-$i.window.json" 2>&1
-          [ -n "${PYSAMPLE:-}" ] && echo stop > "$P/pysample/mark"
+          [ -n "${PYSAMPLE:-}" ] && echo stop > "$P/pysample/m" && mv "$P/pysample/m" "$P/pysample/mark" && sleep 1
           cpu1=$(awk '{print $14+$15}' "/proc/$CPUPID/stat"); by1=$(procs stats "$SUP"); net1=$(tcpstat)
           for half in "${halves[@]}"; do
           [ "$half" != "$side" ] && cp "$P/c$conc-$side-$i.window.json" "$P/c$conc-$half-$i.window.json"
