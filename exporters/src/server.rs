@@ -56,15 +56,20 @@ const METRICS_LIMITS: Limits = Limits {
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Bind a listener and say where it landed. `:PORT` (no host) means loopback: nothing we serve
-/// is exposed beyond the machine unless a host is named.
+/// A listening address as it is bound: `:PORT` (no host) means loopback, so that nothing we
+/// serve is exposed beyond the machine unless a host is named.
+pub fn with_host(addr: &str) -> std::borrow::Cow<'_, str> {
+    match addr.strip_prefix(':') {
+        Some(port) => format!("127.0.0.1:{port}").into(),
+        None => addr.into(),
+    }
+}
+
+/// Bind a listener (`addr` as [`with_host`] reads it) and say where it landed.
 pub async fn bind(addr: &str) -> std::io::Result<(TcpListener, SocketAddr)> {
-    let addr = match addr.strip_prefix(':') {
-        Some(port) => format!("127.0.0.1:{port}"),
-        None => addr.to_string(),
-    };
+    let addr = with_host(addr);
     let mut last = None;
-    for a in tokio::net::lookup_host(&addr).await? {
+    for a in tokio::net::lookup_host(addr.as_ref()).await? {
         match listen(a) {
             Ok(l) => {
                 let local = l.local_addr()?;

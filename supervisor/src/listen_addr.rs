@@ -42,8 +42,8 @@ fn example(flag: &'static str) -> &'static str {
     }
 }
 
-/// Parse `value` given to `flag`: `HOST:PORT`, `:PORT` (loopback) or `[V6]:PORT`; the host may
-/// be a name (it is resolved when bound).
+/// Parse `value` given to `flag`: `HOST:PORT`, `:PORT` (loopback, as the listener binds it) or
+/// `[V6]:PORT`; the host may be a name (it is resolved when bound).
 pub fn parse(flag: &'static str, value: &str) -> Result<ListenAddr, ListenAddrError> {
     let bad = |why| ListenAddrError::Unparseable {
         flag,
@@ -51,7 +51,8 @@ pub fn parse(flag: &'static str, value: &str) -> Result<ListenAddr, ListenAddrEr
         why,
         example: example(flag),
     };
-    let (host, port) = if let Some(rest) = value.strip_prefix('[') {
+    let bound = sglang_exporters::server::with_host(value);
+    let (host, port) = if let Some(rest) = bound.strip_prefix('[') {
         let (h, p) = rest
             .split_once("]:")
             .ok_or_else(|| bad("no ]:PORT after an IPv6 host"))?;
@@ -59,11 +60,10 @@ pub fn parse(flag: &'static str, value: &str) -> Result<ListenAddr, ListenAddrEr
             .map_err(|_| bad("the host in brackets is not an IPv6 address"))?;
         (h.to_string(), p)
     } else {
-        let (h, p) = value.rsplit_once(':').ok_or_else(|| bad("no :PORT"))?;
+        let (h, p) = bound.rsplit_once(':').ok_or_else(|| bad("no :PORT"))?;
         if h.contains(':') {
             return Err(bad("an IPv6 host needs brackets"));
         }
-        let h = if h.is_empty() { "127.0.0.1" } else { h };
         if h.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(bad("the host has a space in it"));
         }
