@@ -32,6 +32,11 @@ pub struct MetricsListener {
     pub default_taken: Option<Value>,
 }
 
+/// `--metrics-addr none` (or empty): no metrics listener.
+pub fn is_off(requested: &str) -> bool {
+    matches!(requested, "none" | "")
+}
+
 /// Bind now (a port in use is a start-up error, not a surprise an hour in), serve in the
 /// background. `requested` is `--metrics-addr` as given, None when left to the default.
 pub async fn serve(
@@ -40,7 +45,7 @@ pub async fn serve(
     shared: Arc<Shared>,
 ) -> anyhow::Result<MetricsListener> {
     let addr = match requested {
-        Some("none" | "") => None,
+        Some(off) if is_off(off) => None,
         Some(addr) => Some(
             start(addr, registry, shared)
                 .await

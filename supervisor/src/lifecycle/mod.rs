@@ -77,14 +77,16 @@ pub fn check_listen_addrs(args: &RunArgs) -> Result<()> {
         servers.push(u);
     }
     let flags = [
-        ("--metrics-addr", args.metrics_addr.as_deref()),
+        (
+            "--metrics-addr",
+            args.metrics_addr
+                .as_deref()
+                .filter(|v| !crate::metrics_addr::is_off(v)),
+        ),
         ("--proxy-addr", args.proxy_addr.as_deref()),
     ];
     for (flag, value) in flags {
-        let Some(value) = value.filter(|v| !matches!(*v, "none" | "") || flag == "--proxy-addr")
-        else {
-            continue;
-        };
+        let Some(value) = value else { continue };
         let addr = crate::listen_addr::parse(flag, value)?;
         for server in &servers {
             crate::listen_addr::check_not_server(flag, value, &addr, server)?;
