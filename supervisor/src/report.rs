@@ -160,8 +160,9 @@ fn read_events(path: &Path, empty_ok: bool) -> Result<Vec<Value>, String> {
         .filter(|v| v.get("event").is_some_and(Value::is_string))
         .collect();
     // Ours, not only shaped like them: at least one line is an event `run` writes.
-    let ours = |l: &str| Event::parse_line(l).is_some_and(|e| e != Event::Unknown);
-    if !text.lines().any(ours) {
+    let ours =
+        |v: &Value| serde::Deserialize::deserialize(v).is_ok_and(|e: Event| e != Event::Unknown);
+    if !events.iter().any(ours) {
         return Err(format!(
             "--events {}: no event of `run` in it (spawned, ready, exited, ...); pass the \
              JSON-lines file `run --events` wrote",
