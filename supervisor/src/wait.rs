@@ -17,10 +17,10 @@ use std::time::{Duration, Instant, SystemTime};
 const STALE_AFTER: Duration = Duration::from_secs(5);
 
 pub async fn run(args: &WaitArgs) -> Result<i32> {
-    let deadline = Instant::now() + args.timeout;
     if let Some(path) = &args.events {
-        return follow_events(path, deadline, args.timeout).await;
+        return follow_events(path, args.timeout).await;
     }
+    let deadline = Instant::now() + args.timeout;
     let Some(url) = &args.url else {
         anyhow::bail!("give --events FILE or --url URL")
     };
@@ -107,7 +107,8 @@ impl RunSeen {
 
 /// Read the events file as it grows; the file may not exist yet, and may be replaced or
 /// truncated by a new run (then it is read again from its start).
-async fn follow_events(path: &Path, deadline: Instant, timeout: Duration) -> Result<i32> {
+async fn follow_events(path: &Path, timeout: Duration) -> Result<i32> {
+    let deadline = Instant::now() + timeout;
     let started = SystemTime::now();
     let (mut offset, mut inode) = (0u64, None);
     // The file's first bytes as we read them: a run that rewrote the file past our offset
