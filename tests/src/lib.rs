@@ -115,6 +115,14 @@ fn memfind(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
+/// utime + stime, in clock ticks, from the text of a `/proc/PID/stat` (or a thread's
+/// `/proc/PID/task/TID/stat`): the 14th and 15th fields, counted after the parenthesised name.
+pub fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
 /// The median of a sample (0 for none).
 pub fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {

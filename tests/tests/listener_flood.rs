@@ -4,7 +4,7 @@
 #![allow(clippy::disallowed_methods, clippy::unwrap_used)]
 mod common;
 use common::*;
-use sglang_supervisor_tests::{http, post_timed};
+use sglang_supervisor_tests::{http, post_timed, stat_cpu_ticks};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -13,13 +13,7 @@ const FLOOD: usize = 1100;
 
 fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let f: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+    stat_cpu_ticks(&stat).unwrap()
 }
 
 fn flood(addr: &str) -> Vec<TcpStream> {

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use serde_json::Value;
 use sglang_exporters::proxy::Api;
-use sglang_supervisor_tests::{http, post_timed, Timed};
+use sglang_supervisor_tests::{http, post_timed, stat_cpu_ticks, Timed};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -124,13 +124,7 @@ fn thread_ticks(pid: u32, name: &str) -> u64 {
             continue;
         }
         let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        // Fields after the parenthesised name: state is the 3rd field, utime the 14th, stime 15th.
-        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let f: Vec<u64> = rest
-            .split_whitespace()
-            .map(|x| x.parse().unwrap_or(0))
-            .collect();
-        total += f[11] + f[12];
+        total += stat_cpu_ticks(&stat).unwrap_or(0);
     }
     total
 }

@@ -10,7 +10,7 @@
 //! server's own CPU per event it wrote in the direct rounds is printed beside the proxy's: the
 //! floor a userspace forwarder of the same bytes over loopback cannot go below by much (a write
 //! per event, and the wake-up of the reader it delivers to).
-use sglang_supervisor_tests::{median, Dechunk};
+use sglang_supervisor_tests::{median, stat_cpu_ticks, Dechunk};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -169,9 +169,7 @@ fn round(addr: &str, path: &str, streams: usize, tokens: usize) -> Vec<Stream> {
 /// utime + stime of a process, in seconds.
 fn cpu_s(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    let ticks = stat_cpu_ticks(&stat)? as f64;
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     Some(ticks / hz)
