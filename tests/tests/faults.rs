@@ -409,22 +409,7 @@ fn a_log_file_that_takes_no_writes_is_a_warning_event_while_the_run_goes_on_and_
             .spawn()
             .unwrap();
         // Said as it happens, while the server still runs: not only at the end.
-        let end = Instant::now() + Duration::from_secs(2);
-        let warning = loop {
-            let w = std::fs::read_to_string(&events)
-                .unwrap_or_default()
-                .lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .find(|e| e["event"] == "warning");
-            if let Some(w) = w {
-                break w;
-            }
-            assert!(
-                Instant::now() < end,
-                "{file}: no warning event while running"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let warning = wait_event_at(&events, "warning", Duration::from_secs(2));
         assert!(sup.try_wait().unwrap().is_none(), "{file}: still running");
         let message = warning["message"].as_str().unwrap();
         assert!(

@@ -15,14 +15,6 @@ fn tmp(name: &str) -> std::path::PathBuf {
     temp_dir(&format!("lc-{name}"))
 }
 
-fn events_of(path: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 /// `wait` with its stderr; (status, stderr, how long it took).
 fn wait(args: &[&str]) -> (i32, String, Duration) {
     let t = Instant::now();
@@ -55,7 +47,7 @@ fn a_spawn_failure_and_a_port_in_use_end_with_a_terminal_event_wait_reads() {
     let ev = dir.join("events.jsonl");
     let out = run_cmd(&ev, &[], &["/nonexistent/sglang-server"]);
     assert_eq!(out.status.code(), Some(125));
-    let evs = events_of(&ev);
+    let evs = events_at(&ev);
     let last = evs.last().unwrap();
     assert_eq!(
         (last["event"].as_str(), last["exit_status"].as_i64()),
@@ -77,7 +69,7 @@ fn a_spawn_failure_and_a_port_in_use_end_with_a_terminal_event_wait_reads() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(125));
-    let evs = events_of(&ev);
+    let evs = events_at(&ev);
     assert_eq!(evs[0]["reason"], "supervisor_failed", "{evs:?}");
     assert_eq!(evs[1]["exit_status"], 125);
     assert!(!evs.iter().any(|e| e["event"] == "spawned"));
@@ -118,7 +110,7 @@ fn a_proxy_addr_on_the_servers_own_port_is_refused_before_launching() {
         "names both and what to do: {err}"
     );
     assert!(!marker.exists(), "the server was launched");
-    let evs = events_of(&ev);
+    let evs = events_at(&ev);
     assert!(!evs.iter().any(|e| e["event"] == "spawned"), "{evs:?}");
     assert_eq!(evs.last().unwrap()["exit_status"], 125, "{evs:?}");
     let _ = std::fs::remove_dir_all(dir);
@@ -143,7 +135,7 @@ fn a_garbage_metrics_addr_is_said_to_be_no_address_not_a_held_port() {
         "says what is wrong and the accepted form: {err}"
     );
     assert!(!err.contains("hold"), "no port is held: {err}");
-    assert_eq!(events_of(&ev).last().unwrap()["exit_status"], 125);
+    assert_eq!(events_at(&ev).last().unwrap()["exit_status"], 125);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -192,7 +184,7 @@ fn a_preflight_refusal_ends_with_a_terminal_event() {
         ],
     );
     assert_eq!(out.status.code(), Some(126));
-    let names: Vec<String> = events_of(&ev)
+    let names: Vec<String> = events_at(&ev)
         .iter()
         .map(|e| e["event"].as_str().unwrap().to_string())
         .collect();
@@ -214,7 +206,7 @@ fn a_preflight_that_cannot_read_its_schema_ends_with_a_terminal_event() {
         &["python3", "-m", "sglang.launch_server", "--model-path", "m"],
     );
     assert_eq!(out.status.code(), Some(125));
-    let events = events_of(&ev);
+    let events = events_at(&ev);
     let names: Vec<&str> = events
         .iter()
         .map(|e| e["event"].as_str().unwrap())
@@ -378,7 +370,7 @@ fn an_unwritable_report_or_a_fifo_log_fails_at_start_with_one_line() {
         "{err}"
     );
     assert!(t.elapsed() < Duration::from_secs(5));
-    assert!(!events_of(&ev).iter().any(|e| e["event"] == "spawned"));
+    assert!(!events_at(&ev).iter().any(|e| e["event"] == "spawned"));
 
     let fifo = dir.join("log.fifo");
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();

@@ -184,15 +184,7 @@ impl Run {
     }
 
     pub fn events(&self) -> Vec<Value> {
-        let text = std::fs::read_to_string(self.dir.join("events.jsonl")).unwrap_or_default();
-        // Only whole lines: a large event (server_args, 11 KB) may be read while being written.
-        let whole = text.rfind('\n').map_or("", |i| &text[..i]);
-        whole
-            .lines()
-            .map(|l| {
-                serde_json::from_str(l).unwrap_or_else(|e| panic!("bad event line {l:?}: {e}"))
-            })
-            .collect()
+        events_at(&self.dir.join("events.jsonl"))
     }
 
     pub fn events_named(&self, name: &str) -> Vec<Value> {
@@ -203,18 +195,7 @@ impl Run {
     }
 
     pub fn wait_event(&self, name: &str, timeout: Duration) -> Value {
-        let end = Instant::now() + timeout;
-        loop {
-            if let Some(e) = self.events_named(name).into_iter().next() {
-                return e;
-            }
-            assert!(
-                Instant::now() < end,
-                "no {name} event within {timeout:?}; events: {:#?}",
-                self.events()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_event_at(&self.dir.join("events.jsonl"), name, timeout)
     }
 
     /// Start a run with the latency proxy on a free port (`--proxy-addr 127.0.0.1:0`) and the
@@ -331,6 +312,33 @@ impl Drop for Run {
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// The events in an events file so far (none while it does not exist).
+pub fn events_at(path: &std::path::Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    // Only whole lines: a large event (server_args, 11 KB) may be read while being written.
+    let whole = text.rfind('\n').map_or("", |i| &text[..i]);
+    whole
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad event line {l:?}: {e}")))
+        .collect()
+}
+
+/// The first `name` event of an events file, waited for up to `timeout`.
+pub fn wait_event_at(path: &std::path::Path, name: &str, timeout: Duration) -> Value {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(e) = events_at(path).into_iter().find(|e| e["event"] == name) {
+            return e;
+        }
+        assert!(
+            Instant::now() < end,
+            "no {name} event within {timeout:?}; events: {:#?}",
+            events_at(path)
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
