@@ -7,7 +7,9 @@
 # copied both ways, nothing parsed): what a hop costs per event at the least, the scale for the
 # supervisor's figure. STEP_US=N makes the replay server write every stream's event together at
 # each N-µs step (as SGLang's HTTP thread writes after each decode step) instead of each stream
-# TOKEN_GAP_US after its own previous event.
+# TOKEN_GAP_US after its own previous event. FLOOR=uring then also runs benches/uring_relay.c (the
+# same relay on one io_uring: one system call per pass over all ready connections), and
+# URING_MIN_WAIT_US=N a third time with the kernel holding its wake-ups up to N us (Linux 6.12+).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x target/release/proxy-bench ] || cargo build --release --workspace --bins
@@ -23,15 +25,27 @@ proxy=$(grep -o '"proxy":"[^"]*"' "$work/ev.jsonl" | cut -d'"' -f4)
 server=$(pgrep -P "$sup" -f sglang-replay | head -1 || true)
 target/release/proxy-bench "127.0.0.1:$port" "$proxy" "${1:-64}" "${2:-256}" "${3:-7}" "$sup" "${5:-/generate}" "${server:-0}"
 kill -TERM $sup; wait $sup || true
+# the same load through a relay that parses nothing: NAME then its command line (its two ports appended)
+floor() {
+  local name=$1; shift
+  server_port=$(free_port); relay_port=$(free_port)
+  target/release/sglang-replay --port "$server_port" --speed 100 --token-gap-us "$GAP_US" --merge-every 5 --step-us "${STEP_US:-0}" >/dev/null 2>&1 &
+  replay=$!
+  "$@" "$relay_port" "$server_port" ${RELAY_ARGS:-} & relay=$!
+  for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$server_port") 2>/dev/null && break; sleep 0.05; done
+  echo "the floor: the same load through $name (its CPU in the 'supervisor' line)"
+  target/release/proxy-bench "127.0.0.1:$server_port" "127.0.0.1:$relay_port" "${STREAMS}" "${TOKENS}" "${ROUNDS}" "$relay" "${PATHQ}" "$replay"
+  kill $relay $replay; wait $relay $replay 2>/dev/null || true
+}
+STREAMS=${1:-64} TOKENS=${2:-256} ROUNDS=${3:-7} GAP_US=${4:-2000} PATHQ=${5:-/generate}
 if [ -n "${FLOOR:-}" ]; then
   cc -O2 -o "$work/epoll_relay" benches/epoll_relay.c
-  server_port=$(free_port); relay_port=$(free_port)
-  target/release/sglang-replay --port "$server_port" --speed 100 --token-gap-us "${4:-2000}" --merge-every 5 --step-us "${STEP_US:-0}" >/dev/null 2>&1 &
-  replay=$!
-  "$work/epoll_relay" "$relay_port" "$server_port" & relay=$!
-  for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$server_port") 2>/dev/null && break; sleep 0.05; done
-  echo "the floor: the same load through epoll_relay (its CPU in the 'supervisor' line)"
-  target/release/proxy-bench "127.0.0.1:$server_port" "127.0.0.1:$relay_port" "${1:-64}" "${2:-256}" "${3:-7}" "$relay" "${5:-/generate}" "$replay"
-  kill $relay $replay; wait $relay $replay 2>/dev/null || true
+  RELAY_ARGS= floor epoll_relay "$work/epoll_relay"
+fi
+if [ "${FLOOR:-}" = uring ]; then
+  # URING_RELAY=PATH: one built elsewhere (cc -O2 -static ... -luring), for a host without liburing-dev
+  if [ -n "${URING_RELAY:-}" ]; then cp "$URING_RELAY" "$work/uring_relay"; else cc -O2 -o "$work/uring_relay" benches/uring_relay.c -luring; fi
+  RELAY_ARGS= floor uring_relay "$work/uring_relay"
+  [ -n "${URING_MIN_WAIT_US:-}" ] && RELAY_ARGS=$URING_MIN_WAIT_US floor "uring_relay, wake-ups held up to ${URING_MIN_WAIT_US} us" "$work/uring_relay"
 fi
 rm -rf "$work"

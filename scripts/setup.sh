@@ -24,8 +24,9 @@ command -v munged >/dev/null || need_apt+=(munge)
 [ -x /usr/bin/promtool ] && [ -x /usr/bin/prometheus ] || need_apt+=(prometheus)
 # The embedded interpreter links Debian's static libpython3.11 (python/pyo3-static.cfg), which needs
 # zlib and expat; venv and pip fetch the real SGLang wheels and build the import-mode venv.
-# python3-yaml reads the Kubernetes examples in tests/tests/kubernetes_manifests.rs.
-for pkg in libpython3.11-dev python3.11-venv python3-pip zlib1g-dev libexpat1-dev python3-yaml; do
+# python3-yaml reads the Kubernetes examples in tests/tests/kubernetes_manifests.rs. liburing-dev
+# builds benches/uring_relay.c (FLOOR=uring benches/proxy.sh; a benchmark, no test needs it).
+for pkg in libpython3.11-dev python3.11-venv python3-pip zlib1g-dev libexpat1-dev python3-yaml liburing-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -1,0 +1,65 @@
+/* What the kernel charges for one event's socket work alone, with nobody to wake: one thread
+ * sends EVENT_BYTES on a loopback TCP connection and reads them at the other end, COUNT times,
+ * never blocking. A hop does one such read and one such send per forwarded event, so their sum is
+ * the least any relay can cost per event on this host, before any wake-up or system-call batching
+ * (benches/epoll_relay.c, benches/uring_relay.c).
+ *   cc -O2 -o tcp_op_cost benches/tcp_op_cost.c && ./tcp_op_cost [COUNT=200000] [EVENT_BYTES=200] */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now(clockid_t c) {
+    struct timespec t;
+    clock_gettime(c, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv) {
+    long count = argc > 1 ? atol(argv[1]) : 200000, bytes = argc > 2 ? atol(argv[2]) : 200;
+    if (count <= 0 || bytes <= 0 || bytes > 65536) {
+        fprintf(stderr, "usage: tcp_op_cost [COUNT=200000] [EVENT_BYTES=200 (1..65536)]\n");
+        return 2;
+    }
+    int one = 1, l = socket(AF_INET, SOCK_STREAM, 0), a = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t n = sizeof sa;
+    if (bind(l, (struct sockaddr *)&sa, sizeof sa) || listen(l, 1) || getsockname(l, (struct sockaddr *)&sa, &n) ||
+        connect(a, (struct sockaddr *)&sa, sizeof sa)) {
+        perror("tcp_op_cost: loopback connection");
+        return 1;
+    }
+    int b = accept(l, NULL, NULL);
+    setsockopt(a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    static char buf[65536];
+    /* the whole loop timed once (a thread-CPU clock read is itself a system call here), then
+     * again with each send timed apart, less what the clock reads cost on their own */
+    double t0 = now(CLOCK_THREAD_CPUTIME_ID), send_s = 0;
+    for (int timed = 0; timed < 2; timed++) {
+        for (long i = 0; i < count; i++) {
+            double s0 = timed ? now(CLOCK_THREAD_CPUTIME_ID) : 0;
+            if (send(a, buf, bytes, 0) != bytes) return 1;
+            if (timed) send_s += now(CLOCK_THREAD_CPUTIME_ID) - s0;
+            for (long got = 0; got < bytes;) {
+                ssize_t r = recv(b, buf, sizeof buf, 0);
+                if (r <= 0) return 1;
+                got += r;
+            }
+        }
+        if (!timed) t0 = now(CLOCK_THREAD_CPUTIME_ID) - t0;
+    }
+    double clock_s = 0;
+    for (long i = 0; i < count; i++) {
+        double s0 = now(CLOCK_THREAD_CPUTIME_ID);
+        clock_s += now(CLOCK_THREAD_CPUTIME_ID) - s0;
+    }
+    double both = t0 * 1e6 / count, send_us = (send_s - clock_s) * 1e6 / count;
+    printf("tcp_op_cost: %ld events of %ld bytes: send + recv %.2f us per event (CPU); send %.2f, recv %.2f\n",
+           count, bytes, both, send_us, both - send_us);
+    return 0;
+}
