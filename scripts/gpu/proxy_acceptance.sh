@@ -41,7 +41,10 @@
 #   M's knobs: M_THREADS="1 2 default" runs proxy.sh once per proxy thread count
 #   (SGLANG_SUPERVISOR_PROXY_THREADS), M_STREAMS="64 256" once per stream count; M_ENV="FLOOR=1" adds the
 #   floor (benches/epoll_relay.c) after each; WAKE=1 runs benches/wake_cost.c (a writer's kernel time per write by how its reader
-#   waits); SWEEPS="0 1000" runs proxy.sh once per sweep period (µs; 0: no sweeps), FAIR_SWEEPS
+#   waits); TCPOP=1 runs benches/tcp_op_cost.c (one event's send + recv on loopback TCP, no wake-up);
+#   M_ENV="FLOOR=uring URING_MIN_WAIT_US=200 URING_RELAY=BINDIR/uring_relay" adds benches/uring_relay.c
+#   (built here with -static: the host has no liburing-dev) after epoll_relay;
+#   SWEEPS="0 1000" runs proxy.sh once per sweep period (µs; 0: no sweeps), FAIR_SWEEPS
 #   likewise proxy_fair.sh; M_ENV (more environment for those), M_ROUNDS (7), NO_OAI=1 skips the
 #   /v1/completions run, LOG_PATH=1 adds log_path.sh, M_ONE=1 proxy.sh at one stream (200 requests),
 #   M1024=1 proxy.sh at 1024 streams.
@@ -65,6 +68,9 @@ if [[ " $PHASES " == *" M "* ]]; then
   if [ -n "${WAKE:-}" ]; then  # what a reader's habits cost a writer on this host (benches/wake_cost.c)
     cc -O2 -o "$O/wake_cost" "$HERE/benches/wake_cost.c" && for gap in 20 100; do for t in 0 -1 100 250 500 1000; do
       taskset -c 0,1 "$O/wake_cost" 20000 "$gap" "$t"; done; done 2>&1 | grep writer
+  fi
+  if [ -n "${TCPOP:-}" ]; then  # one event's send and recv on loopback TCP, nobody to wake (benches/tcp_op_cost.c)
+    cc -O2 -o "$O/tcp_op_cost" "$HERE/benches/tcp_op_cost.c" && for n in 200 2000; do taskset -c 0 "$O/tcp_op_cost" 200000 "$n"; done
   fi
   for c in ${CLIENTS:-threads}; do for t in ${SWEEPS:-1000}; do for n in ${M_THREADS:-default}; do for st in ${M_STREAMS:-256}; do
     # the proxy's sweep period and thread count (default: a quarter of the cores), side by side
