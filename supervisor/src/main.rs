@@ -91,7 +91,19 @@ fn dispatch(command: Command) -> ExitCode {
                 return fail(e);
             }
             flags::bound_python(args.preflight_timeout);
-            let preflight = match lifecycle::preflight(&args) {
+            let found = match lifecycle::preflight_unless_stopped(&args) {
+                Ok(found) => found,
+                Err(sig) => {
+                    let code = lifecycle::record_stopped_before_start(&args, sig);
+                    flush_terminal();
+                    eprintln!(
+                        "sglang-supervisor: stopped by {} during the pre-flight; the server was not started",
+                        lifecycle::signal_name(sig)
+                    );
+                    return ExitCode::from(code.clamp(0, 255) as u8);
+                }
+            };
+            let preflight = match found {
                 Ok(Some(p)) if p.reject => {
                     lifecycle::record_rejection(&args, p.event);
                     flush_terminal();

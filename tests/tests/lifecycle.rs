@@ -228,6 +228,89 @@ fn a_preflight_that_cannot_read_its_schema_ends_with_a_terminal_event() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Whether `pid` still runs (a zombie, killed and not yet reaped, does not).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit(')').next().map(|r| r.trim_start().chars().next()) != Some(Some('Z')))
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_sigterm_during_a_hung_preflight_ends_the_run_with_its_exited_event_and_the_interpreter_gone() {
+    let dir = tmp("preflight-sigterm");
+    let ev = dir.join("events.jsonl");
+    // The launch's interpreter hangs when asked for SGLang's flags, as an import stuck on a
+    // network filesystem would; it says who it is first.
+    let py = dir.join("python3");
+    let pidfile = dir.join("python.pid");
+    std::fs::write(
+        &py,
+        format!(
+            "#!/bin/sh\necho $$ > {}\nexec sleep 120\n",
+            pidfile.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&py, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut sup = Command::new(supervisor_bin())
+        .args(["run", "--no-tee", "--metrics-addr", "none", "--events"])
+        .arg(&ev)
+        .args(["--report", dir.join("report.json").to_str().unwrap(), "--"])
+        .arg(&py)
+        .args(["-m", "sglang.launch_server", "--model-path", "m"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let pid = loop {
+        if let Some(p) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            break p;
+        }
+        assert!(t0.elapsed() < T, "the pre-flight never ran the interpreter");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    unsafe { libc::kill(sup.id() as i32, libc::SIGTERM) };
+    let t1 = Instant::now();
+    let status = sup.wait().unwrap();
+    assert!(
+        t1.elapsed() < Duration::from_secs(5),
+        "took {:?} to stop",
+        t1.elapsed()
+    );
+    assert_eq!(
+        status.code(),
+        Some(143),
+        "a requested stop is 128 + SIGTERM"
+    );
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut sup.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("SIGTERM during the pre-flight"), "{err}");
+    let events = events_at(&ev);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["event"], "exited");
+    assert_eq!(events[0]["requested"], true);
+    assert_eq!(events[0]["exit_status"], 143);
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["teardown"]["exited"]["exit_status"], 143, "{report}");
+    // The interpreter went with us (PDEATHSIG), and `wait` reads the end at once.
+    let t2 = Instant::now();
+    while running(pid) {
+        assert!(
+            t2.elapsed() < Duration::from_secs(5),
+            "the pre-flight's interpreter {pid} outlived the supervisor"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (code, err, took) = wait(&["--events", ev.to_str().unwrap(), "--timeout", "30s"]);
+    assert_eq!(code, 143, "{err}");
+    assert!(took < Duration::from_secs(10));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn wait_ignores_a_previous_runs_file_and_follows_the_run_that_replaces_it() {
     let dir = tmp("stale");

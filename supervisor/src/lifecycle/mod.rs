@@ -10,7 +10,7 @@ mod preflight;
 mod signals;
 
 pub use machine::{signal_name, Stop};
-pub use preflight::{preflight, Preflight};
+pub use preflight::{preflight_unless_stopped, Preflight};
 
 use crate::child::{self, ExitStatus, SpawnSpec};
 use crate::cli::{ReadyOn, RunArgs};
@@ -233,6 +233,31 @@ fn record_without_server(
     excerpt: String,
     exit_status: i32,
 ) {
+    let events = events_without_server(args, preflight);
+    record_end_without_server(&events, reason, excerpt, exit_status);
+    write_report(args, &events);
+}
+
+/// A stopping signal came during the pre-flight: the run ends as a requested stop (128 + the
+/// signal), with its `exited` event and report, the server never started.
+pub fn record_stopped_before_start(args: &RunArgs, sig: i32) -> i32 {
+    let events = events_without_server(args, None);
+    let exit_status = exit::signalled(sig);
+    events.emit(Event::Exited {
+        code: None,
+        signal: None,
+        elapsed_s: 0.0,
+        requested: true,
+        exit_status,
+        log: Value::Null,
+        supervisor_pid: Some(std::process::id()),
+    });
+    write_report(args, &events);
+    exit_status
+}
+
+/// The events file of a run that starts no server, with its `preflight` event when there is one.
+fn events_without_server(args: &RunArgs, preflight: Option<Value>) -> Events {
     let file = match args.events.as_deref().map(|p| create(p, "events file")) {
         Some(Err(e)) => {
             tracing::error!("{e:#}");
@@ -251,8 +276,7 @@ fn record_without_server(
     if let Some(p) = preflight {
         events.emit(Event::Preflight(Event::object(p)));
     }
-    record_end_without_server(&events, reason, excerpt, exit_status);
-    write_report(args, &events);
+    events
 }
 
 /// Everything the run opens before the server starts; any of it can fail, and then nothing runs.

@@ -8,6 +8,9 @@ use std::sync::Arc;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
+/// The signals that stop a run (and, caught apart, its pre-flight).
+pub const STOPPING: [i32; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+
 /// Stopping signals, as they arrive (one item per delivery).
 pub struct Signals {
     pub rx: mpsc::UnboundedReceiver<i32>,
@@ -16,7 +19,7 @@ pub struct Signals {
 impl Signals {
     pub fn install() -> Result<Signals> {
         let (tx, rx) = mpsc::unbounded_channel::<i32>();
-        for num in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+        for num in STOPPING {
             // Installed before tokio's stream so no delivery goes uncounted.
             let count = Arc::new(AtomicU32::new(0));
             let c = count.clone();
