@@ -10,6 +10,9 @@
 # TOKEN_GAP_US after its own previous event. FLOOR=uring then also runs benches/uring_relay.c (the
 # same relay on one io_uring: one system call per pass over all ready connections), and
 # URING_MIN_WAIT_US=N a third time with the kernel holding its wake-ups up to N us (Linux 6.12+).
+# TAP=1 then runs the load with no hop, ROUNDS pairs of a wave unwatched and one watched by
+# benches/packet_tap.c (a packet socket's copy of each segment; TAP_RETIRE_MS its wake-up period,
+# 1 ms): what a passive tap costs the server and itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x target/release/proxy-bench ] || cargo build --release --workspace --bins
@@ -47,5 +50,25 @@ if [ "${FLOOR:-}" = uring ]; then
   if [ -n "${URING_RELAY:-}" ]; then cp "$URING_RELAY" "$work/uring_relay"; else cc -O2 -o "$work/uring_relay" benches/uring_relay.c -luring; fi
   RELAY_ARGS= floor uring_relay "$work/uring_relay"
   [ -n "${URING_MIN_WAIT_US:-}" ] && RELAY_ARGS=$URING_MIN_WAIT_US floor "uring_relay, wake-ups held up to ${URING_MIN_WAIT_US} us" "$work/uring_relay"
+fi
+if [ -n "${TAP:-}" ]; then
+  # no hop at all: the client straight to the server, ROUNDS pairs of one unwatched wave and one
+  # watched by benches/packet_tap.c (a packet socket's copy of each segment), so the server's CPU
+  # per event is compared pair by pair; the tap's own CPU is read around its waves
+  cc -O2 -o "$work/packet_tap" benches/packet_tap.c
+  server_port=$(free_port)
+  target/release/sglang-replay --port "$server_port" --speed 100 --token-gap-us "$GAP_US" --merge-every 5 --step-us "${STEP_US:-0}" >/dev/null 2>&1 &
+  replay=$!
+  for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$server_port") 2>/dev/null && break; sleep 0.05; done
+  echo "no hop: the server's CPU per event written, unwatched then watched by packet_tap, pair by pair"
+  for _ in $(seq "$ROUNDS"); do
+    target/release/proxy-bench "127.0.0.1:$server_port" "127.0.0.1:$server_port" "$STREAMS" "$TOKENS" 1 0 "$PATHQ" "$replay" 2>&1 |
+      grep -o 'E2E median [0-9.]* ms\|= [0-9.]* us per event written' | tr '\n' ' ' | sed 's/^/unwatched: /'; echo
+    "$work/packet_tap" "$server_port" "${TAP_RETIRE_MS:-1}" & tap=$!
+    target/release/proxy-bench "127.0.0.1:$server_port" "127.0.0.1:$server_port" "$STREAMS" "$TOKENS" 1 "$tap" "$PATHQ" "$replay" 2>&1 |
+      grep -o 'E2E median [0-9.]* ms\|= [0-9.]* us per event\( written\)\?' | tr '\n' ' ' | sed 's/^/watched:   /'; echo
+    kill -TERM $tap; wait $tap 2>/dev/null || true
+  done
+  kill $replay; wait $replay 2>/dev/null || true
 fi
 rm -rf "$work"

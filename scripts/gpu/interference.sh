@@ -5,6 +5,7 @@
 # its own CPU times itself every 0.5 s while the replay server's streams go to a client straight,
 # through the supervisor's proxy and through epoll_relay, phase after phase:
 #   idle direct proxied relay direct proxied relay idle
+# (PHASES may add "tapped": straight to the server while benches/packet_tap.c watches the port.)
 # If the loop's work per CPU-second falls only while the proxy (or any hop) runs, CPUs interfere
 # on this host (a shared core, cache or the hypervisor), and SGLang's slowdown is that; if it holds,
 # the cause is in what the server itself does.
@@ -19,11 +20,11 @@ PHASE_S=${3:-20}; STREAMS=${4:-256}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 REPLAY_CPUS=${REPLAY_CPUS:-0-3} PROBE_CPUS=${PROBE_CPUS:-7} CLIENT_CPUS=${CLIENT_CPUS:-8-11} SUP_CPUS=${SUP_CPUS:-12-15}
 PHASES=${PHASES:-idle direct proxied relay direct proxied relay idle}
-for p in $PHASES; do case $p in idle|direct|proxied|relay) ;; *) echo "interference.sh: phase '$p': expected idle, direct, proxied or relay" >&2; exit 2 ;; esac; done
+for p in $PHASES; do case $p in idle|direct|proxied|relay|tapped) ;; *) echo "interference.sh: phase '$p': expected idle, direct, proxied, relay or tapped" >&2; exit 2 ;; esac; done
 for b in sglang-supervisor sglang-replay stream-load; do
   [ -x "$BINDIR/$b" ] || { echo "interference.sh: $BINDIR/$b is missing: build with cargo build --release -p sglang-supervisor -p sglang-supervisor-tests --bins" >&2; exit 2; }
 done
-mkdir -p "$O"; rm -f "$O"/events.jsonl "$O"/probe*.txt "$O"/phases.txt  # a stale events file would name an old proxy
+mkdir -p "$O"; rm -f "$O"/events.jsonl "$O"/probe*.txt "$O"/phases.txt "$O"/packet_tap.txt  # a stale events file would name an old proxy
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 . "$HERE/benches/free_port.sh"
 say() { echo "[interference $(date +%T.%3N)] $*"; }
@@ -58,6 +59,7 @@ for _ in $(seq 200); do grep -q '"event":"ready"' "$O/events.jsonl" 2>/dev/null 
 proxy=$(grep -o '"proxy":"[^"]*"' "$O/events.jsonl" | cut -d'"' -f4)
 [ -n "$proxy" ] || { echo "interference.sh: the supervisor did not report a proxy address (see $O/events.jsonl)" >&2; exit 1; }
 cc -O2 -o "$O/epoll_relay" "$HERE/benches/epoll_relay.c"
+[[ " $PHASES " == *" tapped "* ]] && cc -O2 -o "$O/packet_tap" "$HERE/benches/packet_tap.c"
 taskset -c "$SUP_CPUS" "$O/epoll_relay" "$relay_port" "$port" & relay=$!; pids+=($relay)
 server=$(pgrep -P "$sup" -x sglang-replay | head -1 || true)
 [ -n "$server" ] || echo "interference.sh: the replay server under the supervisor was not found: its CPU reads 0"
@@ -65,7 +67,9 @@ server=$(pgrep -P "$sup" -x sglang-replay | head -1 || true)
 ticks() { [ -n "$1" ] && awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 : > "$O/phases.txt"
 for phase in $PHASES; do
-  case $phase in direct) addr=127.0.0.1:$port ;; proxied) addr=$proxy ;; relay) addr=127.0.0.1:$relay_port ;; idle) addr= ;; esac
+  tap=
+  [ "$phase" = tapped ] && { taskset -c "$SUP_CPUS" "$O/packet_tap" "$port" 2>>"$O/packet_tap.txt" & tap=$!; }
+  case $phase in direct|tapped) addr=127.0.0.1:$port ;; proxied) addr=$proxy ;; relay) addr=127.0.0.1:$relay_port ;; idle) addr= ;; esac
   t0=$(date +%s.%N); s0=$(ticks "$sup"); r0=$(ticks "$relay"); v0=$(ticks "$server")
   if [ -n "$addr" ]; then
     result=$(taskset -c "$CLIENT_CPUS" "$BINDIR/stream-load" "$addr" "$STREAMS" 256 "$PHASE_S" 2>&1 | tail -1)
@@ -73,6 +77,7 @@ for phase in $PHASES; do
     sleep "$PHASE_S"; result=-
   fi
   t1=$(date +%s.%N)
+  [ -n "$tap" ] && { kill "$tap"; wait "$tap" 2>/dev/null || true; }
   echo "$phase $t0 $t1 $(( $(ticks "$sup") - s0 )) $(( $(ticks "$relay") - r0 )) $(( $(ticks "$server") - v0 )) $result" >> "$O/phases.txt"
   say "$phase: $result"
 done
