@@ -13,7 +13,7 @@ use sglang_python::schema::{Schema, Source, FLAGS_PY};
 use std::fmt::Write as _;
 use std::io::Read;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::time::Duration;
 
 pub fn command(cmd: &FlagsCommand) -> Result<i32> {
@@ -203,6 +203,20 @@ pub fn bound_python(timeout: Duration) {
     PYTHON_TIMEOUT_MS.store(ms, Ordering::Relaxed);
 }
 
+/// The process group of the Python subprocess running now (0: none), and whether the run was
+/// stopped: a stop during the pre-flight takes the whole group, what the import started with it.
+static PYTHON_GROUP: AtomicI32 = AtomicI32::new(0);
+static PYTHON_STOPPED: AtomicBool = AtomicBool::new(false);
+
+/// Kill the running Python subprocess's group, and any started from now on (a stopped run).
+pub fn kill_python() {
+    PYTHON_STOPPED.store(true, Ordering::SeqCst);
+    let group = PYTHON_GROUP.swap(0, Ordering::SeqCst);
+    if group > 0 {
+        let _ = child::send_signal(-group, libc::SIGKILL);
+    }
+}
+
 /// Run a Python subprocess to its end and return its stdout; a failure is one line from stderr.
 fn python_subprocess(python: &str, args: &[&str]) -> Result<Vec<u8>> {
     let mut argv: Vec<std::ffi::OsString> = vec![python.into()];
@@ -224,6 +238,11 @@ fn python_subprocess(python: &str, args: &[&str]) -> Result<Vec<u8>> {
         }
         out
     };
+    // Published before the look at PYTHON_STOPPED: a stop either sees the group or is seen here.
+    PYTHON_GROUP.store(spawned.pid, Ordering::SeqCst);
+    if PYTHON_STOPPED.load(Ordering::SeqCst) {
+        let _ = child::send_signal(-spawned.pid, libc::SIGKILL);
+    }
     let (out_fd, err_fd) = (spawned.stdout, spawned.stderr);
     let out_thread = std::thread::spawn(move || read(out_fd));
     let err_thread = std::thread::spawn(move || read(err_fd));
@@ -235,7 +254,9 @@ fn python_subprocess(python: &str, args: &[&str]) -> Result<Vec<u8>> {
         0 => Duration::MAX,
         ms => Duration::from_millis(ms),
     };
-    let status = match rt.block_on(async { tokio::time::timeout(limit, spawned.exit).await }) {
+    let waited = rt.block_on(async { tokio::time::timeout(limit, spawned.exit).await });
+    let _ = PYTHON_GROUP.compare_exchange(spawned.pid, 0, Ordering::SeqCst, Ordering::SeqCst);
+    let status = match waited {
         Ok(st) => st.ok(),
         Err(_) => {
             let _ = child::send_signal(-spawned.pid, libc::SIGKILL);

@@ -311,6 +311,165 @@ fn a_sigterm_during_a_hung_preflight_ends_the_run_with_its_exited_event_and_the_
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The pid a fake interpreter wrote to `file`, once it has.
+fn pid_in(file: &std::path::Path) -> i32 {
+    let t0 = Instant::now();
+    loop {
+        if let Some(p) = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            return p;
+        }
+        assert!(t0.elapsed() < T, "{} was never written", file.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_sigterm_during_a_preflight_takes_what_its_interpreter_started_with_it() {
+    let dir = tmp("preflight-grandchild");
+    // The import (here through --flags-schema, a python) starts a helper of its own and hangs:
+    // PDEATHSIG reaches the interpreter only, not the helper.
+    let py = dir.join("python3");
+    let helper = dir.join("helper.pid");
+    std::fs::write(
+        &py,
+        format!(
+            "#!/bin/sh\nsh -c 'echo $$ > {}; exec sleep 120' &\nexec sleep 120\n",
+            helper.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&py, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut sup = Command::new(supervisor_bin())
+        .args([
+            "run",
+            "--no-tee",
+            "--metrics-addr",
+            "none",
+            "--flags-schema",
+        ])
+        .arg(&py)
+        .args(["--events", dir.join("events.jsonl").to_str().unwrap(), "--"])
+        .arg(&py)
+        .args(["-m", "sglang.launch_server", "--model-path", "m"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = pid_in(&helper);
+    unsafe { libc::kill(sup.id() as i32, libc::SIGTERM) };
+    assert_eq!(sup.wait().unwrap().code(), Some(143));
+    let t0 = Instant::now();
+    while running(pid) {
+        if t0.elapsed() > Duration::from_secs(5) {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the pre-flight's helper {pid} outlived the stopped supervisor");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_sigterm_between_the_preflight_and_the_runs_handlers_stops_it_before_the_server_starts() {
+    let dir = tmp("preflight-gap");
+    let ev = dir.join("events.jsonl");
+    // The pre-flight ends at once (no SGLang to read: skipped); the launch itself says who it is.
+    let py = dir.join("python3");
+    let server = dir.join("server.pid");
+    std::fs::write(
+        &py,
+        format!(
+            "#!/bin/sh\ncase \"$*\" in *launch_server*) echo $$ > {}; exec sleep 120;; esac\nexit 1\n",
+            server.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&py, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // A FIFO report with no reader yet holds the run in its start-up checks, after the
+    // pre-flight and before its own handlers: the gap a signal can fall in, held open.
+    let report = dir.join("report.fifo");
+    let c = std::ffi::CString::new(report.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let mut sup = Command::new(supervisor_bin())
+        .args(["run", "--no-tee", "--metrics-addr", "none", "--events"])
+        .arg(&ev)
+        .arg("--report")
+        .arg(&report)
+        .arg("--")
+        .arg(&py)
+        .args(["-m", "sglang.launch_server", "--model-path", "m"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !ev.exists() {
+        assert!(t0.elapsed() < T, "the run never got past its pre-flight");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    unsafe { libc::kill(sup.id() as i32, libc::SIGTERM) };
+    std::thread::sleep(Duration::from_millis(200));
+    // Now a reader: the start-up check, and whatever is written there at the end, go through.
+    let r = report.clone();
+    std::thread::spawn(move || loop {
+        match std::fs::read(&r) {
+            Ok(_)
+                if r.metadata()
+                    .map(|m| m.file_type().is_file())
+                    .unwrap_or(true) =>
+            {
+                return
+            }
+            Ok(_) => {}
+            Err(_) => return,
+        }
+    });
+    let t1 = Instant::now();
+    let status = loop {
+        if let Some(st) = sup.try_wait().unwrap() {
+            break Some(st);
+        }
+        if t1.elapsed() > Duration::from_secs(10) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let launched = std::fs::read_to_string(&server)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok());
+    if status.is_none() {
+        let _ = sup.kill();
+        let _ = sup.wait();
+    }
+    if let Some(p) = launched {
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(143),
+        "the SIGTERM was lost: the run went on (server launched: {launched:?})"
+    );
+    assert_eq!(launched, None, "the server was launched after the SIGTERM");
+    let events = events_at(&ev);
+    assert!(
+        !events.iter().any(|e| e["event"] == "spawned"),
+        "{events:?}"
+    );
+    let last = events.last().unwrap();
+    assert_eq!(
+        (&last["event"], &last["requested"], &last["exit_status"]),
+        (
+            &Value::from("exited"),
+            &Value::from(true),
+            &Value::from(143)
+        ),
+        "{events:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn wait_ignores_a_previous_runs_file_and_follows_the_run_that_replaces_it() {
     let dir = tmp("stale");

@@ -241,7 +241,11 @@ fn record_without_server(
 /// A stopping signal came during the pre-flight: the run ends as a requested stop (128 + the
 /// signal), with its `exited` event and report, the server never started.
 pub fn record_stopped_before_start(args: &RunArgs, sig: i32) -> i32 {
-    let events = events_without_server(args, None);
+    record_stopped(args, &events_without_server(args, None), sig)
+}
+
+/// The `exited` event and report of a run stopped before its server started (128 + `sig`).
+fn record_stopped(args: &RunArgs, events: &Events, sig: i32) -> i32 {
     let exit_status = exit::signalled(sig);
     events.emit(Event::Exited {
         code: None,
@@ -252,7 +256,7 @@ pub fn record_stopped_before_start(args: &RunArgs, sig: i32) -> i32 {
         log: Value::Null,
         supervisor_pid: Some(std::process::id()),
     });
-    write_report(args, &events);
+    write_report(args, events);
     exit_status
 }
 
@@ -439,6 +443,15 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
         Ok(s) => s,
         Err(e) => return Err(fail(&events, FatalReason::SupervisorFailed, e)),
     };
+    // A stop that came after the pre-flight, before the handlers were ours (install hands those
+    // over at once): the user asked for no server, so none is launched.
+    if let Ok(sig) = services.signals.rx.try_recv() {
+        tracing::warn!(
+            "stopped by {} before the server started; it was not started",
+            signal_name(sig)
+        );
+        return Ok(record_stopped(&args, &events, sig));
+    }
     // 2. Spawn, the sentinel first: no moment of the server's life goes unwatched.
     let sentinel = match Sentinel::start() {
         Ok(s) => Some(s),

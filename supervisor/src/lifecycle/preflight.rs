@@ -1,10 +1,9 @@
 //! The pre-flight audit: the server's flags checked against the SGLang it would import, before
 //! anything starts (a refused launch exits 126). The audit itself is `flags::preflight`.
-use super::signals::STOPPING;
+use super::signals;
 use crate::cli::RunArgs;
 use anyhow::{anyhow, Result};
 use serde_json::Value;
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
 
@@ -14,27 +13,21 @@ pub struct Preflight {
     pub event: Value,
 }
 
-/// The last stopping signal that arrived during a pre-flight (0: none).
-static CAUGHT: AtomicI32 = AtomicI32::new(0);
-
 /// Audit the flags of every launch in COMMAND before anything starts (flags.rs), with the
 /// stopping signals caught while it runs (an import may take a minute, before the run's own
-/// handlers exist): `Err(signal)` when one arrives first, so the run can still end with its
-/// events instead of dying without a word. The audit goes on on its own thread
-/// until the process exits; its interpreter dies with us (it is spawned with PDEATHSIG).
+/// loop exists): `Err(signal)` when one arrives first, so the run can still end with its
+/// events instead of dying without a word. The audit goes on on its own thread until the
+/// process exits; its interpreter's group is killed (PDEATHSIG alone reaches only the
+/// interpreter, not what it started). The signals stay caught after it: one that comes later,
+/// before the run's loop, reaches that loop (signals.rs).
 pub fn preflight_unless_stopped(
     args: &RunArgs,
 ) -> std::result::Result<Result<Option<Preflight>>, i32> {
     if args.no_preflight {
         return Ok(Ok(None));
     }
-    let mut ids = Vec::new();
-    for sig in STOPPING {
-        // SAFETY: the action only stores to an atomic (async-signal-safe).
-        match unsafe { signal_hook_registry::register(sig, move || CAUGHT.store(sig, Ordering::SeqCst)) } {
-            Ok(id) => ids.push(id),
-            Err(e) => tracing::warn!("pre-flight: cannot catch signal {sig} ({e}); it would stop the supervisor without its events"),
-        }
+    if let Err(e) = signals::catch() {
+        tracing::warn!("pre-flight: cannot catch the stopping signals ({e:#}); one would stop the supervisor without its events");
     }
     let (command, schema) = (args.command.clone(), args.flags_schema.clone());
     let (tx, rx) = mpsc::channel();
@@ -46,15 +39,19 @@ pub fn preflight_unless_stopped(
         })
         .map_err(|e| anyhow!("cannot start the pre-flight's thread: {e}"))
         .map(|_| wait_unless_stopped(&rx));
-    for id in ids {
-        signal_hook_registry::unregister(id);
+    // One that came between the last look and the answer is still ours to act on.
+    let stopped = match &outcome {
+        Ok(Err(sig)) => Some(*sig),
+        _ => signals::first_caught(),
+    };
+    if let Some(sig) = stopped {
+        crate::flags::kill_python();
+        return Err(sig);
     }
-    // One that came between the last look and the unregistering is still ours to act on.
-    match (outcome, CAUGHT.swap(0, Ordering::SeqCst)) {
-        (Ok(Ok(found)), 0) => Ok(found),
-        (Err(e), 0) => Ok(Err(e)),
-        (Ok(Err(sig)), _) => Err(sig),
-        (_, sig) => Err(sig),
+    match outcome {
+        Ok(Ok(found)) => Ok(found),
+        Ok(Err(sig)) => Err(sig),
+        Err(e) => Ok(Err(e)),
     }
 }
 
@@ -70,10 +67,11 @@ fn wait_unless_stopped(
                     "the pre-flight ended without an answer (a panic in it?)"
                 )))
             }
-            Err(RecvTimeoutError::Timeout) => match CAUGHT.load(Ordering::SeqCst) {
-                0 => {}
-                sig => return Err(sig),
-            },
+            Err(RecvTimeoutError::Timeout) => {
+                if let Some(sig) = signals::first_caught() {
+                    return Err(sig);
+                }
+            }
         }
     }
 }
