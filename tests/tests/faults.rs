@@ -334,18 +334,15 @@ fn a_terminal_copy_to_dev_null_loses_nothing() {
 
 #[test]
 fn a_hung_preflight_interpreter_is_killed_at_the_timeout_and_the_launch_goes_on() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = std::env::temp_dir().join(format!("sglsup-hung-py-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let py = dir.join("python3");
     // Asked to read the flags (`-c ...`) it hangs; asked to launch, it exits at once.
     let marker = format!("1000.{}", std::process::id());
-    std::fs::write(
+    shell_script(
         &py,
-        format!("#!/bin/sh\ncase \"$1\" in -c) exec sleep {marker};; esac\nexit 0\n"),
-    )
-    .unwrap();
-    std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o755)).unwrap();
+        &format!("case \"$1\" in -c) exec sleep {marker};; esac\nexit 0\n"),
+    );
     let t0 = Instant::now();
     let out = std::process::Command::new(supervisor_bin())
         .args(["run", "--metrics-addr", "none", "--gpu-backend", "none"])

@@ -243,15 +243,10 @@ fn a_sigterm_during_a_hung_preflight_ends_the_run_with_its_exited_event_and_the_
     // network filesystem would; it says who it is first.
     let py = dir.join("python3");
     let pidfile = dir.join("python.pid");
-    std::fs::write(
+    shell_script(
         &py,
-        format!(
-            "#!/bin/sh\necho $$ > {}\nexec sleep 120\n",
-            pidfile.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&py, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        &format!("echo $$ > {}\nexec sleep 120\n", pidfile.display()),
+    );
     let mut sup = Command::new(supervisor_bin())
         .args(["run", "--no-tee", "--metrics-addr", "none", "--events"])
         .arg(&ev)
@@ -333,15 +328,13 @@ fn a_sigterm_during_a_preflight_takes_what_its_interpreter_started_with_it() {
     // PDEATHSIG reaches the interpreter only, not the helper.
     let py = dir.join("python3");
     let helper = dir.join("helper.pid");
-    std::fs::write(
+    shell_script(
         &py,
-        format!(
-            "#!/bin/sh\nsh -c 'echo $$ > {}; exec sleep 120' &\nexec sleep 120\n",
+        &format!(
+            "sh -c 'echo $$ > {}; exec sleep 120' &\nexec sleep 120\n",
             helper.display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&py, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    );
     let mut sup = Command::new(supervisor_bin())
         .args([
             "run",
@@ -378,15 +371,13 @@ fn a_sigterm_between_the_preflight_and_the_runs_handlers_stops_it_before_the_ser
     // The pre-flight ends at once (no SGLang to read: skipped); the launch itself says who it is.
     let py = dir.join("python3");
     let server = dir.join("server.pid");
-    std::fs::write(
+    shell_script(
         &py,
-        format!(
-            "#!/bin/sh\ncase \"$*\" in *launch_server*) echo $$ > {}; exec sleep 120;; esac\nexit 1\n",
+        &format!(
+            "case \"$*\" in *launch_server*) echo $$ > {}; exec sleep 120;; esac\nexit 1\n",
             server.display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&py, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    );
     // A FIFO report with no reader yet holds the run in its start-up checks, after the
     // pre-flight and before its own handlers: the gap a signal can fall in, held open.
     let report = dir.join("report.fifo");

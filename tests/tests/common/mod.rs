@@ -12,6 +12,13 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// Write an executable `/bin/sh` script of `body` at `path` (a fake interpreter or server).
+#[allow(dead_code)] // not every test binary that includes common uses it
+pub fn shell_script(path: &std::path::Path, body: &str) {
+    std::fs::write(path, format!("#!/bin/sh\n{body}")).unwrap();
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+}
+
 pub fn supervisor_bin() -> PathBuf {
     // target/<profile>/deps/<test> → target/<profile>/sglang-supervisor
     let mut p = std::env::current_exe().unwrap();
