@@ -28,14 +28,19 @@ proxy=$(grep -o '"proxy":"[^"]*"' "$work/ev.jsonl" | cut -d'"' -f4)
 server=$(pgrep -P "$sup" -f sglang-replay | head -1 || true)
 target/release/proxy-bench "127.0.0.1:$port" "$proxy" "${1:-64}" "${2:-256}" "${3:-7}" "$sup" "${5:-/generate}" "${server:-0}"
 kill -TERM $sup; wait $sup || true
+# a replay server of its own on PORT, as the supervisor's (its pid in $replay)
+start_replay() {
+  target/release/sglang-replay --port "$1" --speed 100 --token-gap-us "$GAP_US" --merge-every 5 --step-us "${STEP_US:-0}" >/dev/null 2>&1 &
+  replay=$!
+}
+wait_for_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && break; sleep 0.05; done; }
 # the same load through a relay that parses nothing: NAME then its command line (its two ports appended)
 floor() {
   local name=$1; shift
   server_port=$(free_port); relay_port=$(free_port)
-  target/release/sglang-replay --port "$server_port" --speed 100 --token-gap-us "$GAP_US" --merge-every 5 --step-us "${STEP_US:-0}" >/dev/null 2>&1 &
-  replay=$!
+  start_replay "$server_port"
   "$@" "$relay_port" "$server_port" ${RELAY_ARGS:-} & relay=$!
-  for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$server_port") 2>/dev/null && break; sleep 0.05; done
+  wait_for_port "$server_port"
   echo "the floor: the same load through $name (its CPU in the 'supervisor' line)"
   target/release/proxy-bench "127.0.0.1:$server_port" "127.0.0.1:$relay_port" "${STREAMS}" "${TOKENS}" "${ROUNDS}" "$relay" "${PATHQ}" "$replay"
   kill $relay $replay; wait $relay $replay 2>/dev/null || true
@@ -57,9 +62,8 @@ if [ -n "${TAP:-}" ]; then
   # per event is compared pair by pair; the tap's own CPU is read around its waves
   cc -O2 -o "$work/packet_tap" benches/packet_tap.c
   server_port=$(free_port)
-  target/release/sglang-replay --port "$server_port" --speed 100 --token-gap-us "$GAP_US" --merge-every 5 --step-us "${STEP_US:-0}" >/dev/null 2>&1 &
-  replay=$!
-  for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$server_port") 2>/dev/null && break; sleep 0.05; done
+  start_replay "$server_port"
+  wait_for_port "$server_port"
   echo "no hop: the server's CPU per event written, unwatched then watched by packet_tap, pair by pair"
   for _ in $(seq "$ROUNDS"); do
     target/release/proxy-bench "127.0.0.1:$server_port" "127.0.0.1:$server_port" "$STREAMS" "$TOKENS" 1 0 "$PATHQ" "$replay" 2>&1 |
