@@ -251,6 +251,17 @@ pub fn summary_over_span<'a>(
 pub struct RequestStats {
     run: Mutex<LatencyWindow>,
     window: Mutex<Option<(String, LatencyWindow)>>,
+    settle: std::sync::OnceLock<Settle>,
+}
+
+/// Waits until every request that ended by a time (unix seconds) has been recorded: the tap
+/// reads its segments a few milliseconds after they pass.
+pub struct Settle(pub Box<dyn Fn(f64) + Send + Sync>);
+
+impl std::fmt::Debug for Settle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Settle")
+    }
 }
 
 impl RequestStats {
@@ -265,9 +276,18 @@ impl RequestStats {
         *lock(&self.window) = Some((name.to_string(), LatencyWindow::starting_now()));
     }
 
+    /// Whoever records late (the tap) says how to wait for it; set once.
+    pub fn settle_with(&self, settle: Settle) {
+        let _ = self.settle.set(settle);
+    }
+
     pub fn window_stop(&self, gpus: Option<usize>) -> Option<(String, Value)> {
+        let end = unix_now();
+        if let Some(Settle(wait)) = self.settle.get() {
+            wait(end);
+        }
         let (name, mut w) = lock(&self.window).take()?;
-        w.close_at(unix_now());
+        w.close_at(end);
         Some((name, w.summary(gpus)))
     }
 

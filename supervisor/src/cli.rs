@@ -391,6 +391,7 @@ pub enum ReadyOn {
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("measure").args(["proxy_addr", "tap"])))]
 pub struct RunArgs {
     /// Write all child output here, byte for byte, stdout and stderr interleaved in arrival order.
     #[arg(long, env = "SGLANG_SUPERVISOR_LOG_FILE", value_name = "PATH")]
@@ -451,22 +452,42 @@ pub struct RunArgs {
     #[arg(long, env = "SGLANG_SUPERVISOR_PROXY_ADDR", value_name = "ADDR")]
     pub proxy_addr: Option<String>,
 
-    /// With --proxy-addr: one JSON line per proxied generation request (ttft_s, tpot_s, e2e_s,
-    /// itl_s, token counts, error), flushed per line.
+    /// Measure the server's generation requests from a copy of its TCP traffic instead of a
+    /// proxy: the client talks to the server's own port with nothing in between, and the same
+    /// figures (requests log, request_* series, windows, report) come from the segments' kernel
+    /// time stamps. Needs CAP_NET_RAW (root, or a container's default NET_RAW). An OpenAI stream
+    /// whose client did not ask for usage has no token counts this way (null; the proxy asks).
+    #[arg(long, env = "SGLANG_SUPERVISOR_TAP", conflicts_with = "proxy_addr")]
+    pub tap: bool,
+
+    /// With --tap: where the copy is taken: `lo` (clients on this machine), `any` (clients on
+    /// other hosts too), or an interface's name.
+    #[arg(
+        long,
+        env = "SGLANG_SUPERVISOR_TAP_INTERFACE",
+        value_name = "IFACE",
+        default_value = "lo",
+        requires = "tap"
+    )]
+    pub tap_interface: String,
+
+    /// With --proxy-addr or --tap: one JSON line per measured generation request (ttft_s,
+    /// tpot_s, e2e_s, itl_s, token counts, error), flushed per line.
     #[arg(
         long,
         env = "SGLANG_SUPERVISOR_REQUESTS_LOG",
         value_name = "PATH",
-        requires = "proxy_addr"
+        requires = "measure"
     )]
     pub requests_log: Option<PathBuf>,
 
-    /// With --proxy-addr: a measurement window that follows the request traffic, from the first
-    /// generation request to the moment the last one finished (reported as `proxy-traffic`).
+    /// With --proxy-addr or --tap: a measurement window that follows the request traffic, from
+    /// the first generation request to the moment the last one finished (reported as
+    /// `proxy-traffic`).
     #[arg(
         long,
         env = "SGLANG_SUPERVISOR_WINDOW_FROM_PROXY",
-        requires = "proxy_addr"
+        requires = "measure"
     )]
     pub window_from_proxy: bool,
 

@@ -10,6 +10,7 @@
 //! known, and the usage-only event it adds is cut from the client's copy ([`stream::Measured`]):
 //! the client receives the same bytes as over a direct connection. A client that goes away drops
 //! the response body, which closes the upstream request.
+mod ledger;
 mod record;
 mod shards;
 mod spin;
@@ -18,7 +19,10 @@ mod stream;
 mod sweep;
 mod upstream;
 pub use hyper::body::Bytes;
+pub use ledger::Ledger;
 pub use record::{ProxyMetrics, ReqLabels, RequestRecord, E2E_BUCKETS, LATENCY_BUCKETS};
+pub(crate) use record::{Recorder, Sink, Started};
+pub(crate) use spin::Held;
 pub use sse::{event_end, scan_event, Api, EventInfo};
 pub use stream::EventStream;
 
@@ -31,13 +35,9 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
-use record::{Recorder, Sink, Started};
-use sglang_probes::sync::lock;
 use shards::{shard_count, Shards};
-use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use upstream::{Driven, Upstream};
 
@@ -72,12 +72,7 @@ pub struct Proxy {
     upstream: Uri,
     /// `host:port` of the server, for each client connection's own upstream connection.
     upstream_addr: String,
-    metrics: Arc<ProxyMetrics>,
-    stats: Arc<crate::report::RequestStats>,
-    log: Option<Mutex<std::fs::File>>,
-    /// Measured requests in flight, and where busy/idle transitions go (`--window-from-proxy`).
-    in_flight: AtomicUsize,
-    traffic: Option<Mutex<std::sync::mpsc::Sender<bool>>>,
+    ledger: Arc<Ledger>,
 }
 
 /// Bind now, serve in the background; `upstream` like `http://127.0.0.1:30000`.
@@ -112,11 +107,7 @@ pub async fn start(
     let proxy = Arc::new(Proxy {
         upstream,
         upstream_addr,
-        metrics,
-        stats,
-        log: requests_log.map(Mutex::new),
-        in_flight: AtomicUsize::new(0),
-        traffic: traffic_window.and_then(traffic_thread),
+        ledger: Ledger::new(metrics, stats, requests_log, traffic_window),
     });
     // Benchmark clients keep connections idle between requests (SGLang's own server closes
     // them after 5 s); a minute covers any pause of theirs.
@@ -179,27 +170,6 @@ async fn serve_client(proxy: Arc<Proxy>, limits: Limits, stream: tokio::net::Tcp
     }
 }
 
-/// Busy/idle transitions are handled in order on one thread: each reads energy counters
-/// (milliseconds per GPU), which must never delay a request.
-fn traffic_thread(
-    sampler: sglang_probes::sampler::SamplerHandle,
-) -> Option<Mutex<std::sync::mpsc::Sender<bool>>> {
-    let (tx, rx) = std::sync::mpsc::channel::<bool>();
-    std::thread::Builder::new()
-        .name("traffic-window".into())
-        .spawn(move || {
-            for busy in rx {
-                if busy {
-                    sampler.traffic_busy();
-                } else {
-                    sampler.traffic_idle();
-                }
-            }
-        })
-        .ok()
-        .map(|_| Mutex::new(tx))
-}
-
 /// Hop-by-hop headers (RFC 9110 §7.6.1) are the proxy's own business on each side.
 const HOP_BY_HOP: &[&str] = &[
     "connection",
@@ -211,7 +181,7 @@ const HOP_BY_HOP: &[&str] = &[
     "transfer-encoding",
 ];
 
-fn measured_endpoint(path: &str) -> Option<(&'static str, Api)> {
+pub(crate) fn measured_endpoint(path: &str) -> Option<(&'static str, Api)> {
     match path {
         "/generate" => Some(("/generate", Api::Generate)),
         "/v1/completions" => Some(("/v1/completions", Api::Completions)),
@@ -240,7 +210,7 @@ impl Proxy {
             in_flight: spin::Held::enter(),
         });
         if started.is_some() {
-            self.enter();
+            self.ledger.enter();
         }
         // Until the response starts, a client that leaves drops this future: still recorded.
         let mut pending = Pending {
@@ -292,10 +262,10 @@ impl Proxy {
         if asked_usage && stream {
             parts.headers.remove(hyper::header::CONTENT_LENGTH);
         }
-        let sink: Arc<dyn Sink> = self.clone();
+        let sink: Arc<dyn Sink> = self.ledger.clone();
         let rec = Recorder::new(
             sink,
-            self.metrics.clone(),
+            self.ledger.metrics().clone(),
             started,
             parts.status.as_u16(),
             stream,
@@ -304,30 +274,12 @@ impl Proxy {
         Ok(Response::from_parts(parts, body.boxed()))
     }
 
-    fn enter(&self) {
-        if self.in_flight.fetch_add(1, Ordering::SeqCst) == 0 {
-            self.signal_traffic(true);
-        }
-    }
-
-    fn leave(&self) {
-        if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.signal_traffic(false);
-        }
-    }
-
-    fn signal_traffic(&self, busy: bool) {
-        if let Some(tx) = &self.traffic {
-            let _ = lock(tx).send(busy);
-        }
-    }
-
     /// The request could not be forwarded: a clear 502 for the client, counted, and the proxy
     /// carries on.
     fn error_response(&self, started: Option<Started>, why: String) -> Response<ProxyBody> {
         tracing::warn!("proxy: {why}");
         if let Some(s) = started {
-            self.failed(s, 502, why.clone());
+            self.ledger.failed(s, 502, why.clone());
         }
         let body =
             serde_json::json!({"error": {"message": why, "type": "bad_gateway", "code": 502}})
@@ -346,28 +298,6 @@ impl Proxy {
     }
 }
 
-impl Proxy {
-    /// A measured request that ended before the server's response began.
-    fn failed(&self, s: Started, status: u16, why: String) {
-        let rec = RequestRecord {
-            ts: humantime::format_rfc3339_micros(SystemTime::now()).to_string(),
-            start_unix: s.sent_unix,
-            endpoint: s.endpoint.into(),
-            status,
-            stream: false,
-            ttft_s: None,
-            tpot_s: None,
-            e2e_s: s.sent.elapsed().as_secs_f64(),
-            itl_s: Vec::new(),
-            prompt_tokens: None,
-            completion_tokens: None,
-            error: Some(why),
-        };
-        self.metrics.observe(&rec);
-        self.finished(rec);
-    }
-}
-
 /// A measured request not yet answered: dropped armed (the client left while the request was
 /// read or the server had not yet answered, and hyper dropped the handler), it is recorded with
 /// an error (status 499, as nginx logs a client that closed the request) and leaves the
@@ -381,25 +311,8 @@ impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if let Some(s) = self.started.take() {
             let why = "client disconnected before the response".to_string();
-            self.proxy.failed(s, 499, why);
+            self.proxy.ledger.failed(s, 499, why);
         }
-    }
-}
-
-impl Sink for Proxy {
-    /// Count a finished request in the report windows and write its requests-log line.
-    fn finished(&self, r: RequestRecord) {
-        self.stats.record(&r);
-        if let Some(f) = &self.log {
-            if let Ok(mut line) = serde_json::to_vec(&r) {
-                line.push(b'\n');
-                let mut f = lock(f);
-                if let Err(e) = f.write_all(&line) {
-                    tracing::error!("writing the requests log: {e}");
-                }
-            }
-        }
-        self.leave();
     }
 }
 

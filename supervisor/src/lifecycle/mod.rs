@@ -294,12 +294,24 @@ struct Services {
     /// The default metrics port was taken: where and by whom (for the `listening` event).
     metrics_default_taken: Option<Value>,
     proxy_addr: Option<SocketAddr>,
+    /// `--tap`: reading the server's traffic until the server is down.
+    tap: Option<sglang_exporters::tap::TapHandle>,
     /// The server's batch series (log lines, metrics, windows).
     series: Arc<ServerSeries>,
     /// Where the start's time goes (the process tree sampled until readiness).
     startup: Arc<StartupProfile>,
     /// The torch-profiler trace directory, and whether the server must be told (None: off).
     trace_dir: Option<(PathBuf, bool)>,
+}
+
+/// The port `--tap` copies: the upstream's when one is named, else the server's.
+fn tapped_port(args: &RunArgs, url: &HttpUrl) -> Result<u16> {
+    match args.upstream.as_deref() {
+        Some(u) => Ok(HttpUrl::parse(u)
+            .map_err(|e| anyhow::anyhow!("--upstream {u:?}: {e}"))?
+            .port),
+        None => Ok(url.port),
+    }
 }
 
 async fn open_services(args: &RunArgs) -> Result<Services> {
@@ -335,34 +347,56 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
     let series = crate::server_series::register(&mut registry, &metrics);
     let startup = crate::startup::register(&mut registry);
     let proxy_metrics = sglang_exporters::proxy::ProxyMetrics::register(&mut registry);
+    let tap_metrics = sglang_exporters::tap::TapMetrics::register(&mut registry);
     let metrics_listener = crate::metrics_addr::serve(
         args.metrics_addr.as_deref(),
         Arc::new(registry),
         metrics.clone(),
     )
     .await?;
-    let proxy_addr = match &args.proxy_addr {
-        None => None,
-        Some(addr) => {
-            let log = args
-                .requests_log
-                .as_deref()
-                .map(|p| create(p, "requests log"))
-                .transpose()?;
-            let upstream = args.upstream.clone().unwrap_or_else(|| url.base());
-            let stats = Arc::new(sglang_exporters::report::RequestStats::default());
-            metrics.set_requests(Some(stats.clone()));
-            let traffic = if args.window_from_proxy {
-                sampler.as_ref().map(|s| s.handle())
-            } else {
-                None
-            };
-            Some(
-                sglang_exporters::proxy::start(addr, &upstream, proxy_metrics, stats, log, traffic)
-                    .await
-                    .map_err(|e| proxy_bind_error(addr, e))?,
-            )
+    let (proxy_addr, tap) = if args.proxy_addr.is_some() || args.tap {
+        let log = args
+            .requests_log
+            .as_deref()
+            .map(|p| create(p, "requests log"))
+            .transpose()?;
+        let stats = Arc::new(sglang_exporters::report::RequestStats::default());
+        metrics.set_requests(Some(stats.clone()));
+        let traffic = if args.window_from_proxy {
+            sampler.as_ref().map(|s| s.handle())
+        } else {
+            None
+        };
+        match &args.proxy_addr {
+            Some(addr) => {
+                let upstream = args.upstream.clone().unwrap_or_else(|| url.base());
+                let proxy = sglang_exporters::proxy::start(
+                    addr,
+                    &upstream,
+                    proxy_metrics,
+                    stats,
+                    log,
+                    traffic,
+                )
+                .await
+                .map_err(|e| proxy_bind_error(addr, e))?;
+                (Some(proxy), None)
+            }
+            None => {
+                let tap = sglang_exporters::tap::start(sglang_exporters::tap::TapConfig {
+                    port: tapped_port(args, &url)?,
+                    iface: args.tap_interface.clone(),
+                    metrics: proxy_metrics,
+                    stats,
+                    requests_log: log,
+                    traffic_window: traffic,
+                    tap_metrics,
+                })?;
+                (None, Some(tap))
+            }
         }
+    } else {
+        (None, None)
     };
     Ok(Services {
         log_file,
@@ -373,6 +407,7 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
         metrics_addr: metrics_listener.addr,
         metrics_default_taken: metrics_listener.default_taken,
         proxy_addr,
+        tap,
         series,
         startup,
         trace_dir: crate::profile::trace_dir(args),
@@ -504,7 +539,12 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
         &watch,
         t0,
     );
+    let tap = services.tap.take();
     let status = s.supervise(&mut watch, services.signals).await;
+    // What the tap copied before the server went down is read before the report is made.
+    if let Some(tap) = tap {
+        let _ = tokio::task::spawn_blocking(move || tap.stop()).await;
+    }
     // 4. Tear down.
     s.teardown(status, watch, services.sampler).await
 }

@@ -1,0 +1,483 @@
+//! A packet socket's receive ring (TPACKET_V3) holding a copy of every TCP segment to or from one
+//! port: the kernel fills blocks of segments and hands a block over when it is full or a few
+//! milliseconds old, so the reader wakes once per block, not once per segment, and nothing is
+//! copied twice. A classic BPF filter in the kernel drops every other packet before it is copied.
+//!
+//! `nix` has no packet rings: the calls are libc's, each checked.
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, SystemTime};
+
+/// Bytes kept of a packet: more than the largest segment loopback carries (64 KiB + headers).
+const SNAPLEN: u32 = 256 << 10;
+/// One block; a packet never spans blocks, so it holds at least one of the largest.
+const BLOCK: u32 = 1 << 20;
+/// A block that holds any packet is handed over after this long (ms).
+const BLOCK_TIMEOUT_MS: u32 = 2;
+
+/// Where the tap listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Interface {
+    /// Loopback only, without the copy the kernel would make of each packet as it is sent.
+    Loopback,
+    /// Every interface (clients on other hosts); loopback's sent copies dropped in the filter.
+    Any,
+    Named(String),
+}
+
+impl Interface {
+    pub fn parse(s: &str) -> Interface {
+        match s {
+            "lo" => Interface::Loopback,
+            "any" => Interface::Any,
+            other => Interface::Named(other.to_string()),
+        }
+    }
+}
+
+/// One packet's copy: when it passed, and its bytes from the IP header on.
+pub struct Packet<'a> {
+    pub at: SystemTime,
+    pub ip: &'a [u8],
+    /// Fewer bytes were kept than the packet had (it cannot be read whole).
+    pub truncated: bool,
+}
+
+pub struct Ring {
+    fd: OwnedFd,
+    map: *mut u8,
+    blocks: usize,
+    next: usize,
+    lo_index: i32,
+    /// Sent copies on loopback come too (Any/Named): skip them, the received copy follows.
+    skip_lo_sent: bool,
+}
+
+// SAFETY: the mapping is owned by the ring and only read through `&mut self`.
+unsafe impl Send for Ring {}
+
+fn check(r: libc::c_int, what: &str) -> io::Result<()> {
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
+    }
+    Ok(())
+}
+
+fn set<T>(
+    fd: &OwnedFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    v: &T,
+    what: &str,
+) -> io::Result<()> {
+    // SAFETY: `v` is a live value of the size passed.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (v as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    check(r, what)
+}
+
+fn if_index(name: &str) -> io::Result<i32> {
+    let c = std::ffi::CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name with a NUL"))?;
+    // SAFETY: a NUL-terminated string.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if i == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no network interface named {name:?}"),
+        ));
+    }
+    Ok(i as i32)
+}
+
+/// The classic BPF program: TCP over IPv4 (unfragmented) or IPv6 to or from `port`, and, when
+/// `lo_index` is given, not the sent copy of a loopback packet.
+fn filter(port: u16, lo_index: Option<i32>) -> Vec<libc::sock_filter> {
+    const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const LD_H_ABS: u16 = (libc::BPF_LD | libc::BPF_H | libc::BPF_ABS) as u16;
+    const LD_B_ABS: u16 = (libc::BPF_LD | libc::BPF_B | libc::BPF_ABS) as u16;
+    const LD_H_IND: u16 = (libc::BPF_LD | libc::BPF_H | libc::BPF_IND) as u16;
+    const LDX_MSH: u16 = (libc::BPF_LDX | libc::BPF_B | libc::BPF_MSH) as u16;
+    const JEQ: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const JSET: u16 = (libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K) as u16;
+    const RET: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    let ad = |k: libc::c_int| (libc::SKF_AD_OFF + k) as u32;
+    let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let port = port as u32;
+    let mut p = Vec::new();
+    if let Some(lo) = lo_index {
+        p.push(op(LD_W_ABS, 0, 0, ad(libc::SKF_AD_IFINDEX)));
+        p.push(op(JEQ, 0, 2, lo as u32));
+        p.push(op(LD_W_ABS, 0, 0, ad(libc::SKF_AD_PKTTYPE)));
+        // The sent copy: to the drop at the end (counted from the next instruction).
+        p.push(op(JEQ, 19, 0, libc::PACKET_OUTGOING as u32));
+    }
+    // From here 20 instructions; jumps are counted from the next one, to the accept (18) and the
+    // drop (19) at the end.
+    let body = [
+        op(LD_W_ABS, 0, 0, ad(libc::SKF_AD_PROTOCOL)), // 0
+        op(JEQ, 1, 0, 0x0800),                         // 1: IPv4 -> 3
+        op(JEQ, 9, 16, 0x86dd),                        // 2: IPv6 -> 12, else drop
+        op(LD_B_ABS, 0, 0, 9),                         // 3: protocol
+        op(JEQ, 0, 14, 6),                             // 4: TCP, else drop
+        op(LD_H_ABS, 0, 0, 6),                         // 5: fragment offset
+        op(JSET, 12, 0, 0x1fff),                       // 6: a later fragment: drop
+        op(LDX_MSH, 0, 0, 0),                          // 7: x = IPv4 header length
+        op(LD_H_IND, 0, 0, 0),                         // 8: source port
+        op(JEQ, 8, 0, port),                           // 9: -> accept
+        op(LD_H_IND, 0, 0, 2),                         // 10: destination port
+        op(JEQ, 6, 7, port),                           // 11: accept, else drop
+        op(LD_B_ABS, 0, 0, 6),                         // 12: IPv6 next header
+        op(JEQ, 0, 5, 6),                              // 13: TCP, else drop
+        op(LD_H_ABS, 0, 0, 40),                        // 14: source port
+        op(JEQ, 2, 0, port),                           // 15: -> accept
+        op(LD_H_ABS, 0, 0, 42),                        // 16: destination port
+        op(JEQ, 0, 1, port),                           // 17: accept, else drop
+        op(RET, 0, 0, SNAPLEN),                        // 18: accept
+        op(RET, 0, 0, 0),                              // 19: drop
+    ];
+    p.extend_from_slice(&body);
+    p
+}
+
+impl Ring {
+    /// Opens the socket, attaches the filter, binds to `iface` and maps `blocks` blocks of 1 MiB.
+    /// Needs CAP_NET_RAW.
+    pub fn open(port: u16, iface: &Interface, blocks: usize) -> io::Result<Ring> {
+        let proto = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: plain socket creation; the descriptor is owned at once.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+                proto as libc::c_int,
+            )
+        };
+        check(raw, "opening a packet socket (needs CAP_NET_RAW)")?;
+        // SAFETY: `raw` is a new descriptor owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let lo_index = if_index("lo")?;
+        let (ifindex, skip_lo_sent) = match iface {
+            Interface::Loopback => {
+                // Only the received copy of each loopback packet (Linux 4.20+; else skipped
+                // below, as for Any).
+                let on: libc::c_int = 1;
+                let ignored =
+                    set(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &on, "").is_ok();
+                (lo_index, !ignored)
+            }
+            Interface::Any => (0, true),
+            Interface::Named(n) => (if_index(n)?, true),
+        };
+        let prog = filter(port, skip_lo_sent.then_some(lo_index));
+        let fprog = libc::sock_fprog {
+            len: prog.len() as u16,
+            filter: prog.as_ptr() as *mut libc::sock_filter,
+        };
+        set(
+            &fd,
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            &fprog,
+            "attaching the port filter",
+        )?;
+        let version = libc::tpacket_versions::TPACKET_V3 as libc::c_int;
+        set(
+            &fd,
+            libc::SOL_PACKET,
+            libc::PACKET_VERSION,
+            &version,
+            "asking for TPACKET_V3",
+        )?;
+        let req = libc::tpacket_req3 {
+            tp_block_size: BLOCK,
+            tp_block_nr: blocks as u32,
+            tp_frame_size: 2048,
+            tp_frame_nr: (BLOCK / 2048) * blocks as u32,
+            tp_retire_blk_tov: BLOCK_TIMEOUT_MS,
+            tp_sizeof_priv: 0,
+            tp_feature_req_word: 0,
+        };
+        set(
+            &fd,
+            libc::SOL_PACKET,
+            libc::PACKET_RX_RING,
+            &req,
+            "setting up the ring",
+        )?;
+        let len = BLOCK as usize * blocks;
+        // SAFETY: mapping the ring the kernel just set up for this descriptor.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_LOCKED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        // MAP_LOCKED fails under a low RLIMIT_MEMLOCK: the ring works unlocked too.
+        let map = if map == libc::MAP_FAILED {
+            // SAFETY: as above.
+            unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd.as_raw_fd(),
+                    0,
+                )
+            }
+        } else {
+            map
+        };
+        if map == libc::MAP_FAILED {
+            check(-1, "mapping the ring")?;
+        }
+        let ring = Ring {
+            fd,
+            map: map.cast(),
+            blocks,
+            next: 0,
+            lo_index,
+            skip_lo_sent,
+        };
+        // SAFETY: an all-zero sockaddr_ll is valid; the fields that matter are set.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = proto;
+        sll.sll_ifindex = ifindex;
+        // SAFETY: a sockaddr_ll of its own size.
+        let r = unsafe {
+            libc::bind(
+                ring.fd.as_raw_fd(),
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        check(r, "binding the packet socket to its interface")?;
+        Ok(ring)
+    }
+
+    fn block(&self, i: usize) -> *mut libc::tpacket_block_desc {
+        // SAFETY: i < blocks, inside the mapping.
+        unsafe { self.map.add(i * BLOCK as usize).cast() }
+    }
+
+    /// Waits up to `timeout` for the next block and reads each of its packets; returns whether a
+    /// block was read.
+    pub fn next_block(
+        &mut self,
+        timeout: Duration,
+        mut on: impl FnMut(Packet<'_>),
+    ) -> io::Result<bool> {
+        let desc = self.block(self.next);
+        // SAFETY: the block header lies in the mapping; its status is written by the kernel,
+        // read volatile with acquire ordering before the rest of the block.
+        let ready = |d: *mut libc::tpacket_block_desc| unsafe {
+            let status = std::ptr::read_volatile(&(*d).hdr.bh1.block_status);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            status & libc::TP_STATUS_USER != 0
+        };
+        if !ready(desc) {
+            let mut pfd = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN | libc::POLLERR,
+                revents: 0,
+            };
+            // SAFETY: one pollfd.
+            let r = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis().min(60_000) as i32) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                return if e.kind() == io::ErrorKind::Interrupted {
+                    Ok(false)
+                } else {
+                    Err(e)
+                };
+            }
+            if !ready(desc) {
+                return Ok(false);
+            }
+        }
+        // SAFETY: the kernel handed this block over (TP_STATUS_USER): its packets are ours to
+        // read until the status is given back below.
+        unsafe {
+            let base = desc.cast::<u8>();
+            let h = &(*desc).hdr.bh1;
+            let mut off = h.offset_to_first_pkt as usize;
+            for _ in 0..h.num_pkts {
+                let p = base.add(off).cast::<libc::tpacket3_hdr>();
+                let sll = base
+                    .add(off + tpacket_align(std::mem::size_of::<libc::tpacket3_hdr>()))
+                    .cast::<libc::sockaddr_ll>();
+                let sent_on_lo = (*sll).sll_pkttype == libc::PACKET_OUTGOING
+                    && (*sll).sll_ifindex == self.lo_index;
+                if !(self.skip_lo_sent && sent_on_lo) {
+                    let at =
+                        SystemTime::UNIX_EPOCH + Duration::new((*p).tp_sec as u64, (*p).tp_nsec);
+                    let ip = std::slice::from_raw_parts(
+                        base.add(off + (*p).tp_net as usize),
+                        (*p).tp_snaplen as usize,
+                    );
+                    on(Packet {
+                        at,
+                        ip,
+                        truncated: (*p).tp_snaplen < (*p).tp_len,
+                    });
+                }
+                off += (*p).tp_next_offset as usize;
+            }
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+            std::ptr::write_volatile(&mut (*desc).hdr.bh1.block_status, libc::TP_STATUS_KERNEL);
+        }
+        self.next = (self.next + 1) % self.blocks;
+        Ok(true)
+    }
+
+    /// Packets the kernel dropped (the ring was full) since the last call.
+    pub fn drops(&self) -> u64 {
+        // SAFETY: an all-zero tpacket_stats_v3 is valid.
+        let mut st: libc::tpacket_stats_v3 = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tpacket_stats_v3>() as libc::socklen_t;
+        // SAFETY: the value and its length.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_STATISTICS,
+                (&mut st as *mut libc::tpacket_stats_v3).cast(),
+                &mut len,
+            )
+        };
+        if r < 0 {
+            0
+        } else {
+            st.tp_drops as u64
+        }
+    }
+}
+
+fn tpacket_align(n: usize) -> usize {
+    const A: usize = libc::TPACKET_ALIGNMENT;
+    (n + A - 1) & !(A - 1)
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `open`, of this length.
+        unsafe { libc::munmap(self.map.cast(), BLOCK as usize * self.blocks) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The jumps land where their comments say: every program is walked for IPv4 and IPv6 TCP
+    /// to or from the port (accepted), and other ports, UDP and fragments (dropped).
+    #[test]
+    fn the_filter_accepts_the_ports_tcp_and_drops_the_rest() {
+        for lo in [None, Some(1)] {
+            let p = filter(30000, lo);
+            let accept = p.len() - 2;
+            let drop = p.len() - 1;
+            for (i, ins) in p.iter().enumerate() {
+                if ins.code & 0x07 == libc::BPF_JMP as u16 {
+                    for t in [ins.jt, ins.jf] {
+                        assert!(i + 1 + (t as usize) < p.len(), "jump out at {i}");
+                    }
+                }
+            }
+            assert_eq!(p[accept].k, SNAPLEN);
+            assert_eq!(p[drop].k, 0);
+            let v4 = |proto: u8, sport: u16, dport: u16, frag: u16| {
+                let mut b = vec![0u8; 40];
+                b[0] = 0x45;
+                b[6..8].copy_from_slice(&frag.to_be_bytes());
+                b[9] = proto;
+                b[20..22].copy_from_slice(&sport.to_be_bytes());
+                b[22..24].copy_from_slice(&dport.to_be_bytes());
+                (0x0800u32, b)
+            };
+            let v6 = |nh: u8, sport: u16, dport: u16| {
+                let mut b = vec![0u8; 60];
+                b[0] = 0x60;
+                b[6] = nh;
+                b[40..42].copy_from_slice(&sport.to_be_bytes());
+                b[42..44].copy_from_slice(&dport.to_be_bytes());
+                (0x86ddu32, b)
+            };
+            let cases = [
+                (v4(6, 5555, 30000, 0), true),
+                (v4(6, 30000, 5555, 0x4000), true),
+                (v4(6, 5555, 30001, 0), false),
+                (v4(17, 5555, 30000, 0), false),
+                (v4(6, 5555, 30000, 0x0010), false),
+                (v6(6, 5555, 30000), true),
+                (v6(6, 30000, 1), true),
+                (v6(17, 30000, 1), false),
+            ];
+            for ((proto, pkt), want) in cases {
+                assert_eq!(
+                    run(&p, proto, &pkt, 2, 0) == SNAPLEN,
+                    want,
+                    "{lo:?} {proto:x} {pkt:?}"
+                );
+                // Loopback's received copy passes; its sent copy only where it is asked to drop.
+                assert_eq!(run(&p, proto, &pkt, 1, 0) == SNAPLEN, want);
+                let sent = run(&p, proto, &pkt, 1, libc::PACKET_OUTGOING as u32) == SNAPLEN;
+                assert_eq!(sent, want && lo.is_none(), "{lo:?} sent copy");
+            }
+        }
+    }
+
+    /// A tiny classic-BPF interpreter for the instructions `filter` uses.
+    fn run(p: &[libc::sock_filter], proto: u32, pkt: &[u8], ifindex: u32, pkttype: u32) -> u32 {
+        let (mut a, mut x, mut pc) = (0u32, 0u32, 0usize);
+        let h = |o: usize| u16::from_be_bytes([pkt[o], pkt[o + 1]]) as u32;
+        loop {
+            let i = &p[pc];
+            pc += 1;
+            match i.code {
+                c if c == (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16 => {
+                    a = match i.k.wrapping_sub(libc::SKF_AD_OFF as u32) as libc::c_int {
+                        libc::SKF_AD_PROTOCOL => proto,
+                        libc::SKF_AD_IFINDEX => ifindex,
+                        libc::SKF_AD_PKTTYPE => pkttype,
+                        k => panic!("load {k}"),
+                    }
+                }
+                c if c == (libc::BPF_LD | libc::BPF_H | libc::BPF_ABS) as u16 => {
+                    a = h(i.k as usize)
+                }
+                c if c == (libc::BPF_LD | libc::BPF_B | libc::BPF_ABS) as u16 => {
+                    a = pkt[i.k as usize] as u32
+                }
+                c if c == (libc::BPF_LD | libc::BPF_H | libc::BPF_IND) as u16 => {
+                    a = h((x + i.k) as usize)
+                }
+                c if c == (libc::BPF_LDX | libc::BPF_B | libc::BPF_MSH) as u16 => {
+                    x = 4 * (pkt[i.k as usize] & 0xf) as u32
+                }
+                c if c == (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16 => {
+                    pc += if a == i.k { i.jt } else { i.jf } as usize
+                }
+                c if c == (libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K) as u16 => {
+                    pc += if a & i.k != 0 { i.jt } else { i.jf } as usize
+                }
+                c if c == (libc::BPF_RET | libc::BPF_K) as u16 => return i.k,
+                c => panic!("opcode {c:#x}"),
+            }
+        }
+    }
+}
