@@ -10,9 +10,9 @@
 # TOKEN_GAP_US after its own previous event. FLOOR=uring then also runs benches/uring_relay.c (the
 # same relay on one io_uring: one system call per pass over all ready connections), and
 # URING_MIN_WAIT_US=N a third time with the kernel holding its wake-ups up to N us (Linux 6.12+).
-# TAP=1 then runs the load with no hop, ROUNDS pairs of a wave unwatched and one watched by
-# benches/packet_tap.c (a packet socket's copy of each segment; TAP_RETIRE_MS its wake-up period,
-# 1 ms): what a passive tap costs the server and itself.
+# TAP=1 then runs the load with no hop, ROUNDS pairs of a wave unwatched and one watched by the
+# supervisor's tap (`run --tap` attached to the server's port): what the tap costs the server and
+# itself, and whether it counted every token (TAP_PROBE=1: benches/packet_tap.c, a bare ring).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x target/release/proxy-bench ] || cargo build --release --workspace --bins
@@ -58,20 +58,39 @@ if [ "${FLOOR:-}" = uring ]; then
 fi
 if [ -n "${TAP:-}" ]; then
   # no hop at all: the client straight to the server, ROUNDS pairs of one unwatched wave and one
-  # watched by benches/packet_tap.c (a packet socket's copy of each segment), so the server's CPU
-  # per event is compared pair by pair; the tap's own CPU is read around its waves
-  cc -O2 -o "$work/packet_tap" benches/packet_tap.c
+  # watched by the supervisor's tap (`run --tap`, attached to the server's port), so the server's
+  # CPU per event is compared pair by pair; the tap's own CPU is read around its waves
+  # (TAP_PROBE=1: benches/packet_tap.c instead, a bare packet ring that only counts `data:`)
   server_port=$(free_port)
   start_replay "$server_port"
   wait_for_port "$server_port"
-  echo "no hop: the server's CPU per event written, unwatched then watched by packet_tap, pair by pair"
+  if [ -n "${TAP_PROBE:-}" ]; then cc -O2 -o "$work/packet_tap" benches/packet_tap.c; fi
+  tap_on() {
+    if [ -n "${TAP_PROBE:-}" ]; then "$work/packet_tap" "$server_port" "${TAP_RETIRE_MS:-1}" & tap=$!; return; fi
+    rm -f "$work/tap-ev.jsonl"
+    target/release/sglang-supervisor run --upstream "http://127.0.0.1:$server_port" --ready-on http --tap \
+      --metrics-addr none --gpu-backend none --no-preflight --no-tee --events "$work/tap-ev.jsonl" \
+      --requests-log "$work/tap.jsonl" -- sleep 100000 2> "$work/tap.err" & tap=$!
+    for _ in $(seq 200); do grep -q '"event":"ready"' "$work/tap-ev.jsonl" 2>/dev/null && break; sleep 0.05; done
+  }
+  echo "no hop: the server's CPU per event written, unwatched then watched by the tap, pair by pair"
   for _ in $(seq "$ROUNDS"); do
     target/release/proxy-bench "127.0.0.1:$server_port" "127.0.0.1:$server_port" "$STREAMS" "$TOKENS" 1 0 "$PATHQ" "$replay" 2>&1 |
       grep -o 'E2E median [0-9.]* ms\|= [0-9.]* us per event written' | tr '\n' ' ' | sed 's/^/unwatched: /'; echo
-    "$work/packet_tap" "$server_port" "${TAP_RETIRE_MS:-1}" & tap=$!
+    rm -f "$work/tap.jsonl"
+    tap_on
     target/release/proxy-bench "127.0.0.1:$server_port" "127.0.0.1:$server_port" "$STREAMS" "$TOKENS" 1 "$tap" "$PATHQ" "$replay" 2>&1 |
-      grep -o 'E2E median [0-9.]* ms\|= [0-9.]* us per event\( written\)\?' | tr '\n' ' ' | sed 's/^/watched:   /'; echo
+      grep -o 'E2E median [0-9.]* ms\|= [0-9.]* us per event\( written\)\?' | tr '\n' ' ' | sed 's/^/watched:   /'
     kill -TERM $tap; wait $tap 2>/dev/null || true
+    # what the tap measured of the watched wave: one record per stream, every token counted
+    [ -z "${TAP_PROBE:-}" ] && python3 - "$work/tap.jsonl" "$STREAMS" "$TOKENS" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+n, t = int(sys.argv[2]), int(sys.argv[3])
+exact = sum(1 for r in recs if r.get("completion_tokens") == t and not r.get("error"))
+print(f"| tap: {len(recs)} records of {n} streams, {exact} with all {t} tokens, {sum(1 for r in recs if r.get('error'))} errors", end="")
+PY
+    echo
   done
   kill $replay; wait $replay 2>/dev/null || true
 fi
