@@ -29,6 +29,9 @@
 #        SIDES="split sx aa" adds a second split arm whose proxied half goes through arm x1 (sxp /
 #        sxd), so two proxy settings (the main supervisor's and X1_ENV) meet the same control;
 #        SX_VIA=relay sends that half through tcp-relay instead (a hop that parses no HTTP).
+#        SIDES="direct tap": no hop either way; in the tap arm a second supervisor (`run --tap`
+#        attached to the server's port) watches the run, and its records are held against
+#        bench_serving's own (scripts/gpu/tap_vs_bench.py: tokens as multisets, TTFT/E2E pairs).
 #        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
 #        (scripts/gpu/pysample: S/pysample/RUN.folded; with PYSAMPLE_MODE=profile, cProfile: RUN.prof.txt).
 #   S's knobs: DEADLINE_S=N starts no round that would end past N seconds from the script's start
@@ -135,6 +138,14 @@ start_sup() { # start_sup DIR
   say "ready after $(grep -o '"event":"ready"[^}]*' "$1/events.jsonl" | grep -o '"elapsed_s":[0-9.]*'); proxy on $PPORT"
 }
 procs() { python3 "$HERE/scripts/gpu/server_procs.py" "$@"; }  # the server tree's CPU, per process
+tap_start() { # tap_start NAME: a second supervisor tapping the server's port (run --tap, attached), pid in TAPSUP
+  "${SUP_PREFIX[@]}" "$BINDIR/sglang-supervisor" run --upstream "http://127.0.0.1:$PORT" --ready-on http --tap \
+    --metrics-addr none --gpu-backend none --no-preflight --no-tee --events "$P/$1-events.jsonl" \
+    --requests-log "$P/$1-requests.jsonl" -- sleep 100000 2> "$P/$1.err" &
+  TAPSUP=$!
+  for _ in $(seq 300); do grep -q '"event":"ready"' "$P/$1-events.jsonl" 2>/dev/null && return 0; sleep 0.05; done
+  say "tap $1: not ready"; tail -5 "$P/$1.err"; kill -KILL "$TAPSUP"; return 1
+}
 # the host's TCP counters that say whether connections waited on a full listen queue (SYNs
 # dropped and sent again a second later) or were resent: "name=value ..."
 tcpstat() { awk '/^(Tcp|TcpExt):/ { if (!h[$1]++) { for (i = 2; i <= NF; i++) n[$1, i] = $i } else { for (i = 2; i <= NF; i++) if (n[$1, i] ~ /^(ListenOverflows|ListenDrops|TCPSynRetrans|TCPTimeouts|RetransSegs|ActiveOpens|PassiveOpens|TCPReqQFullDrop|TCPReqQFullDoCookies)$/) printf "%s=%s ", n[$1, i], $i } }' /proc/net/netstat /proc/net/snmp; }
@@ -293,6 +304,8 @@ PY
         for side in "${order[@]}"; do
           CPUPID=$SUP
           case $side in proxy) port=$PPORT ;; relay) port=$RPORT ;; x[0-9]) port=${XPORT[$side]}; CPUPID=${XSUP[$side]} ;; *) port=$PORT ;; esac
+          # the tap arm: straight to the server, watched by a second supervisor's tap for this run only
+          [ "$side" = tap ] && { tap_start "c$conc-tap-$i" || continue; CPUPID=$TAPSUP; }
           # the split arm's "supervisor CPU" is that of the hop its second half goes through
           [ "$side" = split ] && [[ ${SPLIT_VIA:-} == x[0-9] ]] && CPUPID=${XSUP[$SPLIT_VIA]}
           if [ "$side" = sx ]; then case ${SX_VIA:-x1} in relay) CPUPID=$RELAY ;; *) CPUPID=${XSUP[${SX_VIA:-x1}]} ;; esac; fi
@@ -333,6 +346,10 @@ PY
           post "http://$MET/-/window/stop" > "$P/c$conc-$side-$i.window.json" 2>&1
           [ -n "${PYSAMPLE:-}" ] && echo stop > "$P/pysample/m" && mv "$P/pysample/m" "$P/pysample/mark" && sleep 1
           cpu1=$(awk '{print $14+$15}' "/proc/$CPUPID/stat"); by1=$(procs stats "$SUP"); net1=$(tcpstat)
+          if [ "$side" = tap ]; then
+            kill -TERM "$TAPSUP"; wait "$TAPSUP"
+            python3 "$HERE/scripts/gpu/tap_vs_bench.py" "$P/c$conc-tap-$i-requests.jsonl" "$P/c$conc-tap-$i.jsonl" "c$conc-tap-$i"
+          fi
           for half in "${halves[@]}"; do
           [ "$half" != "$side" ] && cp "$P/c$conc-$side-$i.window.json" "$P/c$conc-$half-$i.window.json"
           python3 - "$P/c$conc-$half-$i.jsonl" "$half" "$conc" "$i" "$cpu0" "$cpu1" "$by0" "$by1" "$net0" "$net1" <<'PY'
