@@ -4,6 +4,8 @@
 # the scrape latencies (p50/p99/max, achieved rate) and the proxy's effect on each stream's
 # largest inter-chunk gap (a stall shows there first).
 # usage: benches/proxy_fair.sh [STREAMS=1024] [ROUNDS=11] [TOKEN_GAP_US=10000] [SCRAPES=100]
+# TAP=1: the supervisor measures with `--tap` instead of the proxy; both legs then go straight to
+# the server, watched by the tap, and the scrapes read the tap's series (item 3 with no hop).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x target/release/proxy-bench ] || cargo build --release --workspace --bins
@@ -12,11 +14,12 @@ streams=${1:-1024}; rounds=${2:-11}; gap=${3:-10000}; rate=${4:-100}
 work=$(mktemp -d)
 . benches/free_port.sh
 port=$(free_port)
-target/release/sglang-supervisor run --no-tee --metrics-addr 127.0.0.1:0 --proxy-addr 127.0.0.1:0 --events "$work/ev.jsonl" \
+measure=(--proxy-addr 127.0.0.1:0); [ -n "${TAP:-}" ] && measure=(--tap --requests-log "$work/tap.jsonl")
+target/release/sglang-supervisor run --no-tee --metrics-addr 127.0.0.1:0 "${measure[@]}" --events "$work/ev.jsonl" \
   -- target/release/sglang-replay --port "$port" --speed 100 --token-gap-us "$gap" --merge-every 5 >/dev/null 2>&1 &
 sup=$!
 for _ in $(seq 200); do grep -q '"event":"ready"' "$work/ev.jsonl" 2>/dev/null && break; sleep 0.05; done
-proxy=$(grep -o '"proxy":"[^"]*"' "$work/ev.jsonl" | cut -d'"' -f4)
+if [ -n "${TAP:-}" ]; then proxy=127.0.0.1:$port; else proxy=$(grep -o '"proxy":"[^"]*"' "$work/ev.jsonl" | cut -d'"' -f4); fi
 metrics=$(grep -o '"metrics":"[^"]*"' "$work/ev.jsonl" | cut -d'"' -f4)
 python3 - "$metrics" "$rate" "$work/stop" > "$work/scrapes" <<'PY' &
 import sys, time, os, http.client, statistics
@@ -45,4 +48,14 @@ target/release/proxy-bench "127.0.0.1:$port" "$proxy" "$streams" 256 "$rounds" "
 touch "$work/stop"; wait $scraper
 cat "$work/scrapes"
 kill -TERM $sup; wait $sup || true
+if [ -n "${TAP:-}" ]; then
+  python3 - "$work/tap.jsonl" "$streams" "$rounds" <<'PY'
+import collections, json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+want = 2 * int(sys.argv[2]) * int(sys.argv[3])
+exact = sum(1 for r in recs if r.get("completion_tokens") == 256 and not r.get("error"))
+why = collections.Counter(r["error"] for r in recs if r.get("error"))
+print(f"tap: {len(recs)} records of {want} streams, {exact} with all 256 tokens, {sum(why.values())} errors {dict(why)}")
+PY
+fi
 rm -rf "$work"

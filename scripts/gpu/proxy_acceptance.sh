@@ -87,7 +87,7 @@ if [[ " $PHASES " == *" M "* ]]; then
   [ -z "${NO_OAI:-}" ] && { say "M: proxy.sh 256 streams, OpenAI completions"; (cd "$HERE" && timeout 120 benches/proxy.sh 256 256 5 2000 /v1/completions); }
   for t in ${FAIR_SWEEPS-1000}; do
     say "M: proxy_fair.sh 1024 streams, 100 scrapes/s, sweep $t us"
-    (cd "$HERE" && SGLANG_SUPERVISOR_PROXY_SWEEP_US=$t timeout 150 benches/proxy_fair.sh 1024 "${FAIR_ROUNDS:-11}" 10000 100)
+    (cd "$HERE" && env SGLANG_SUPERVISOR_PROXY_SWEEP_US=$t ${M_ENV:-} timeout 150 benches/proxy_fair.sh 1024 "${FAIR_ROUNDS:-11}" 10000 100)
   done
   if [ -n "${LOG_PATH:-}" ]; then say "M: log_path.sh"; (cd "$HERE" && timeout 150 benches/log_path.sh 5 256); fi
 fi

@@ -108,14 +108,16 @@ impl Drop for TapHandle {
     }
 }
 
-/// Ring size in MiB blocks, from `SGLANG_SUPERVISOR_TAP_RING_MB` (default 32: a third of a
-/// second of a fast server's streams at 100 MB/s).
+/// Ring size in MiB, from `SGLANG_SUPERVISOR_TAP_RING_MB` (default 32: a third of a second of a
+/// fast server's streams at 100 MB/s, and at least 2 s of a slow one's, blocks being handed over
+/// every [`ring::BLOCK_TIMEOUT_MS`] at the latest).
 fn ring_blocks() -> usize {
-    std::env::var("SGLANG_SUPERVISOR_TAP_RING_MB")
+    let mb = std::env::var("SGLANG_SUPERVISOR_TAP_RING_MB")
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .filter(|&n: &usize| (1..=4096).contains(&n))
-        .unwrap_or(32)
+        .unwrap_or(32);
+    mb * ring::BLOCKS_PER_MB
 }
 
 /// Where the tap is ready to measure (`--tap`): the server's port, the interface, and where
@@ -156,7 +158,14 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
     };
     let thread = std::thread::Builder::new()
         .name("tap".into())
-        .spawn(move || reader.run(ring, &halt))
+        .spawn(move || {
+            // Woken at most once a block and briefly busy, the thread runs ahead of a busy host's
+            // other work (where allowed): a ring read late fills and loses segments, and the
+            // tap's work is the same either way.
+            // SAFETY: setpriority on this thread's own id.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, -10) };
+            reader.run(ring, &halt)
+        })
         .map_err(TapError::Thread)?;
     Ok(TapHandle {
         stop,
@@ -164,9 +173,9 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
     })
 }
 
-/// How long a block of segments may wait in the ring before the kernel hands it over, and a
-/// margin for the timer.
-const HANDOVER: Duration = Duration::from_millis(4);
+/// How long a block of segments may wait in the ring before the kernel hands it over
+/// ([`ring::BLOCK_TIMEOUT_MS`]), and a margin for the timer.
+const HANDOVER: Duration = Duration::from_millis(ring::BLOCK_TIMEOUT_MS as u64 + 2);
 /// A window's close waits at most this long for the tap to have read up to it.
 const MAX_SETTLE: Duration = Duration::from_millis(200);
 
@@ -207,7 +216,20 @@ impl Reader {
                 Duration::from_millis(20)
             };
             let conns = &mut self.conns;
-            match ring.next_block(wait, |p| conns.packet(p, now_wall, now)) {
+            let mut npk = 0u64;
+            let t0 = Instant::now();
+            let r = ring.next_block(wait, |p| {
+                npk += 1;
+                conns.packet(p, now_wall, now)
+            });
+            if std::env::var("TAPDBG").is_ok() && npk > 0 {
+                eprintln!(
+                    "DBG block {npk} pkts, {:?} since loop top, {:?} since wall",
+                    t0.elapsed(),
+                    now.elapsed()
+                );
+            }
+            match r {
                 Ok(true) => {}
                 Ok(false) => {
                     // Nothing was waiting: what passed before the last hand-over is all read.
@@ -420,12 +442,15 @@ impl Connections {
             *head_began = Some(began);
             r
         } else {
+            let was_closed = down.closed;
             let r = down.accept(seg.seq, seg.payload, seg.fin, &mut |bytes| {
                 http.server_bytes(bytes, &mut |h| {
                     on_answer(h, open, answer, ledger, metrics, at)
                 })
             });
-            if down.closed && r.is_ok() {
+            // Once, at the FIN: the server's later segments (ACKs of the client's FIN) are no
+            // second close.
+            if down.closed && !was_closed && r.is_ok() {
                 let cut =
                     http.server_closed(&mut |h| on_answer(h, open, answer, ledger, metrics, at));
                 if let Some(a) = answer.take() {
@@ -445,8 +470,13 @@ impl Connections {
         if read.is_err() {
             return Some(LOST);
         }
-        http.lost()
-            .map(|_| "the connection's bytes are not HTTP/1.1 the tap can read")
+        // A server that closed its side ended the connection's HTTP, it did not make it
+        // unreadable: counting it made every `Connection: close` request (and each of the
+        // supervisor's own probes) an unread connection in tap_unread_connections_total.
+        match http.lost() {
+            None | Some(http::Unreadable::ServerClosed) => None,
+            Some(_) => Some("the connection's bytes are not HTTP/1.1 the tap can read"),
+        }
     }
 
     /// Called about once a second: connections silent for [`IDLE`] are forgotten, and one whose

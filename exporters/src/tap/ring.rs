@@ -8,12 +8,16 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, SystemTime};
 
-/// Bytes kept of a packet: more than the largest segment loopback carries (64 KiB + headers).
-const SNAPLEN: u32 = 256 << 10;
-/// One block; a packet never spans blocks, so it holds at least one of the largest.
-const BLOCK: u32 = 1 << 20;
+/// Bytes kept of a packet: all a block can hold, more than the largest segment loopback carries
+/// (64 KiB + headers).
+const SNAPLEN: u32 = BLOCK - 512;
+/// One block; a packet never spans blocks, so it holds at least one of the largest. Small blocks,
+/// many of them: a block handed over by the timer holds what came in that time only, so the
+/// ring's slack in time is the number of blocks times the timeout when traffic is light.
+const BLOCK: u32 = 128 << 10;
+pub const BLOCKS_PER_MB: usize = (1 << 20) / BLOCK as usize;
 /// A block that holds any packet is handed over after this long (ms).
-const BLOCK_TIMEOUT_MS: u32 = 2;
+pub const BLOCK_TIMEOUT_MS: u32 = 8;
 
 /// Where the tap listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
