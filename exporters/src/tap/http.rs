@@ -35,6 +35,9 @@ pub enum Unreadable {
     AnswerWithoutRequest,
     #[error("the connection switched protocols")]
     Upgraded,
+    /// Not a fault: the server closed its side, so nothing more can be read.
+    #[error("the server closed the connection")]
+    ServerClosed,
 }
 
 /// How a body's end is known.
@@ -236,7 +239,7 @@ impl Exchange {
             Side::Body(_) => true,
             Side::Head(held) => !held.is_empty(),
         };
-        self.lost.get_or_insert(Unreadable::AnswerWithoutRequest);
+        self.lost.get_or_insert(Unreadable::ServerClosed);
         cut
     }
 }
@@ -484,6 +487,11 @@ mod tests {
         x.server_bytes(b"HTTP/1.0 200 OK\r\n\r\nall of it", &mut on);
         assert!(!x.server_closed(&mut on), "ended by the close");
         assert_eq!(ends, 1);
+        assert_eq!(
+            x.lost(),
+            Some(Unreadable::ServerClosed),
+            "a close, not a fault"
+        );
         let mut x = Exchange::default();
         x.client_bytes(b"GET /generate HTTP/1.1\r\n\r\n", &mut |_| {});
         x.server_bytes(
