@@ -216,20 +216,7 @@ impl Reader {
                 Duration::from_millis(20)
             };
             let conns = &mut self.conns;
-            let mut npk = 0u64;
-            let t0 = Instant::now();
-            let r = ring.next_block(wait, |p| {
-                npk += 1;
-                conns.packet(p, now_wall, now)
-            });
-            if std::env::var("TAPDBG").is_ok() && npk > 0 {
-                eprintln!(
-                    "DBG block {npk} pkts, {:?} since loop top, {:?} since wall",
-                    t0.elapsed(),
-                    now.elapsed()
-                );
-            }
-            match r {
+            match ring.next_block(wait, |p| conns.packet(p, now_wall, now)) {
                 Ok(true) => {}
                 Ok(false) => {
                     // Nothing was waiting: what passed before the last hand-over is all read.
