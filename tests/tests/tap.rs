@@ -1,0 +1,853 @@
+//! `run --tap` end to end: clients talk to the replay server's own port over loopback, with
+//! nothing in between, and the supervisor measures their generation requests from the packet
+//! ring's copy of that port's segments. Needs CAP_NET_RAW (the tests say SKIPPED without it, but
+//! the refusal test, which then runs as it is).
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+mod common;
+use common::*;
+use serde_json::Value;
+use sglang_supervisor_tests::{http, post_timed, Timed};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(60);
+/// The replay server's time per token (its `--token-gap-us` default).
+const GAP: f64 = 0.002;
+/// Slack for comparing the tap's times (kernel stamps, wall clock) with the client's (monotonic).
+const SLACK: f64 = 0.002;
+/// linux/capability.h's bit of CAP_NET_RAW (not in the libc crate).
+const CAP_NET_RAW: u32 = 13;
+
+/// Whether this process may open a packet socket (CAP_NET_RAW effective).
+fn has_net_raw() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_NET_RAW) != 0)
+}
+
+/// False (and says so) where the tap cannot be opened: the test is skipped.
+fn can_tap(test: &str) -> bool {
+    let ok = has_net_raw();
+    if !ok {
+        eprintln!("SKIPPED {test}: the tap needs CAP_NET_RAW, which this test process lacks");
+    }
+    ok
+}
+
+/// A supervised replay run measured by the tap: the run, the server's address, the metrics
+/// endpoint and the requests log.
+struct Tapped {
+    run: Run,
+    server: String,
+    metrics: String,
+    log: PathBuf,
+}
+
+fn log_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "sglsup-tap-{name}-{}-requests.jsonl",
+        std::process::id()
+    ))
+}
+
+/// A run with `--tap` on the replay server's port (replay at 50×, `replay` added), ready.
+fn start_tapped(name: &str, supervisor: &[&str], replay: &[&str]) -> Tapped {
+    let log = log_path(name);
+    let _ = std::fs::remove_file(&log);
+    let log_s = log.to_str().unwrap().to_string();
+    let sup = [&["--tap", "--requests-log", log_s.as_str()], supervisor].concat();
+    let replay = [&["--speed", "50"], replay].concat();
+    let run = Run::start(
+        name,
+        Opts {
+            supervisor: &sup,
+            replay: &replay,
+            ..Default::default()
+        },
+    );
+    let l = run.wait_event("listening", T);
+    run.wait_event("ready", T);
+    assert!(
+        l["proxy"].is_null(),
+        "the tap puts nothing in front of the server: {l}"
+    );
+    let server = format!("127.0.0.1:{}", run.port);
+    let metrics = l["metrics"].as_str().unwrap().to_string();
+    Tapped {
+        run,
+        server,
+        metrics,
+        log,
+    }
+}
+
+impl Tapped {
+    fn stop(self) -> Run {
+        let mut run = self.run;
+        run.stop_by_sigterm();
+        let _ = std::fs::remove_file(&self.log);
+        run
+    }
+}
+
+fn post(addr: &str, path: &str, body: &str) -> Timed {
+    post_timed(addr, path, body).unwrap()
+}
+
+fn records(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The requests log once it holds `n` records (or after 20 s, whatever it holds).
+fn wait_records(log: &Path, n: usize) -> Vec<Value> {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = records(log);
+        if r.len() >= n || Instant::now() > end {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The value of a series without labels on the metrics page.
+fn series(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The page's own series of the tap and the measured requests (not the server's re-exposed ones).
+fn tap_lines(page: &str) -> String {
+    page.lines()
+        .filter(|l| {
+            l.starts_with("sglang_supervisor_tap") || l.starts_with("sglang_supervisor_request")
+        })
+        .filter(|l| !l.contains("_bucket"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn scrape(metrics: &str) -> String {
+    let (st, page) = http(metrics, "GET", "/metrics", "");
+    assert!(st.contains("200"), "{st}");
+    page
+}
+
+/// The tap lost nothing and read every connection whole.
+fn assert_tap_saw_everything(metrics: &str) {
+    let page = scrape(metrics);
+    for name in [
+        "sglang_supervisor_tap_dropped_packets_total",
+        "sglang_supervisor_tap_unread_connections_total",
+    ] {
+        assert_eq!(
+            series(&page, name),
+            Some(0.0),
+            "{name}: {}",
+            tap_lines(&page)
+        );
+    }
+}
+
+/// Events carrying output in a stream of `n` tokens where every `merge`th event holds two.
+fn output_events(n: u64, merge: u64) -> u64 {
+    let (mut done, mut events) = (0, 0);
+    while done < n {
+        events += 1;
+        done += if events % merge == 0 { 2 } else { 1 }.min(n - done);
+    }
+    events
+}
+
+/// Tokens asked of every request of the matrix; the prompt has 4 words.
+const N: u64 = 10;
+/// The replay server's `--merge-every` for the matrix: every third event carries two tokens.
+const MERGE: u64 = 3;
+const MATRIX_REPLAY: &[&str] = &["--merge-every", "3", "--reasoning-tokens", "4"];
+
+/// One request of the endpoint matrix.
+struct Case {
+    path: &'static str,
+    body: String,
+    streamed: bool,
+    /// The server's answer carries token counts (not an OpenAI stream that did not ask).
+    counted: bool,
+}
+
+/// Every generation endpoint, streamed and not, usage asked for or not (the proxy's matrix).
+fn matrix() -> Vec<Case> {
+    let gen = |stream: bool| {
+        format!(
+            r#"{{"text":"a b c d","sampling_params":{{"max_new_tokens":{N}}},"stream":{stream}}}"#
+        )
+    };
+    let cmpl =
+        |extra: &str| format!(r#"{{"model":"m","prompt":"a b c d","max_tokens":{N}{extra}}}"#);
+    let chat = |extra: &str| {
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"a b c d"}}],"max_tokens":{N}{extra}}}"#
+        )
+    };
+    let stream = r#","stream":true"#;
+    let usage = r#","stream":true,"stream_options":{"include_usage":true}"#;
+    let continuous =
+        r#","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}"#;
+    let case = |path, body, streamed, counted| Case {
+        path,
+        body,
+        streamed,
+        counted,
+    };
+    vec![
+        case("/generate", gen(true), true, true),
+        case("/generate", gen(false), false, true),
+        case("/v1/completions", cmpl(stream), true, false),
+        case("/v1/completions", cmpl(usage), true, true),
+        case("/v1/completions", cmpl(continuous), true, true),
+        case("/v1/completions", cmpl(""), false, true),
+        case("/v1/chat/completions", chat(stream), true, false),
+        case("/v1/chat/completions", chat(usage), true, true),
+        case("/v1/chat/completions", chat(""), false, true),
+    ]
+}
+
+/// Each case sent to `addr` in turn, with the record each gave (sequential: the i-th record is
+/// the i-th request's).
+fn send_matrix(addr: &str, log: &Path) -> Vec<(Timed, Value)> {
+    matrix()
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let answer = post(addr, c.path, &c.body);
+            assert!(
+                answer.status.contains("200"),
+                "{} {}: {}",
+                c.path,
+                c.body,
+                answer.status
+            );
+            let recs = wait_records(log, i + 1);
+            assert_eq!(recs.len(), i + 1, "one record per request: {recs:#?}");
+            (answer, recs[i].clone())
+        })
+        .collect()
+}
+
+/// bench_serving's gaps: /generate's native split (one per token after the first event's),
+/// OpenAI's one per event with output (reasoning events count).
+fn expected_itl(path: &str) -> u64 {
+    if path == "/generate" {
+        N - 1
+    } else {
+        output_events(N, MERGE) - 1
+    }
+}
+
+#[test]
+fn every_endpoint_hit_straight_on_the_servers_port_is_measured_as_bench_serving_defines_it() {
+    if !can_tap("every_endpoint...") {
+        return;
+    }
+    let tap = start_tapped("tap-matrix", &[], MATRIX_REPLAY);
+    for (c, (answer, rec)) in matrix().iter().zip(send_matrix(&tap.server, &tap.log)) {
+        let what = format!("{} {}: {rec}", c.path, c.body);
+        assert_eq!(rec["endpoint"], c.path, "{what}");
+        assert_eq!(rec["status"], 200, "{what}");
+        assert!(rec.get("error").is_none(), "{what}");
+        assert_eq!(rec["stream"], c.streamed, "{what}");
+        assert!(rec["start_unix"].as_f64().unwrap() > 1e9, "{what}");
+        // The server's own counts; where it gives none, null (unknown), never 0.
+        for (k, v) in [("completion_tokens", N), ("prompt_tokens", 4)] {
+            if c.counted {
+                assert_eq!(rec[k], v, "{k}: {what}");
+            } else {
+                assert_eq!(rec.get(k), Some(&Value::Null), "{k}: {what}");
+            }
+        }
+        // The tap stamps the request's first segment after the client wrote it, and the last
+        // segment before the client read it: its span lies inside the client's.
+        let e2e = rec["e2e_s"].as_f64().unwrap();
+        let client_total = answer.total.as_secs_f64();
+        assert!(
+            e2e <= client_total + SLACK,
+            "E2E {e2e} vs client {client_total}: {what}"
+        );
+        // The server spends GAP per token after reading the request: not shorter than that.
+        assert!(e2e >= GAP * N as f64 * 0.95, "E2E {e2e}: {what}");
+        if !c.streamed {
+            assert!(
+                rec.get("ttft_s").is_none(),
+                "no TTFT without a stream: {what}"
+            );
+            assert!(rec.get("tpot_s").is_none(), "{what}");
+            assert_eq!(rec["itl_s"].as_array().unwrap().len(), 0, "{what}");
+            continue;
+        }
+        let ttft = rec["ttft_s"].as_f64().unwrap();
+        let client_ttft = answer.first_text.unwrap().as_secs_f64();
+        assert!(
+            ttft <= client_ttft + SLACK,
+            "TTFT {ttft} vs client {client_ttft}: {what}"
+        );
+        // The first output comes a token's time after the request (a chat's role event, sent at
+        // once, carries none).
+        assert!(ttft >= GAP * 0.95, "TTFT {ttft}: {what}");
+        let itl = rec["itl_s"].as_array().unwrap();
+        assert_eq!(itl.len() as u64, expected_itl(c.path), "{what}");
+        assert!(itl.iter().all(|g| g.as_f64().unwrap() > 0.0), "{what}");
+        match rec.get("tpot_s").and_then(Value::as_f64) {
+            Some(tpot) => {
+                assert!(c.counted, "a TPOT without a token count: {what}");
+                let want = (e2e - ttft) / (N - 1) as f64;
+                assert!((tpot - want).abs() < 1e-9, "TPOT {tpot} vs {want}: {what}");
+            }
+            None => assert!(!c.counted, "no TPOT though the count is known: {what}"),
+        }
+    }
+    assert_tap_saw_everything(&tap.metrics);
+    tap.stop();
+}
+
+#[test]
+fn the_tap_counts_the_same_tokens_and_gaps_as_the_proxy_for_the_same_requests() {
+    if !can_tap("the_tap_counts_the_same...") {
+        return;
+    }
+    let tap = start_tapped("tap-vs-proxy-tap", &[], MATRIX_REPLAY);
+    let proxy_log = log_path("tap-vs-proxy-proxy");
+    let _ = std::fs::remove_file(&proxy_log);
+    let proxy_log_s = proxy_log.to_str().unwrap().to_string();
+    let (proxied, proxy, _) = Run::start_with_proxy(
+        "tap-vs-proxy-proxy",
+        Opts {
+            supervisor: &["--requests-log", &proxy_log_s],
+            replay: MATRIX_REPLAY,
+            ..Default::default()
+        },
+    );
+    let by_tap = send_matrix(&tap.server, &tap.log);
+    let by_proxy = send_matrix(&proxy, &proxy_log);
+    for ((c, (_, t)), (_, p)) in matrix().iter().zip(&by_tap).zip(&by_proxy) {
+        let what = format!("{} {}:\n tap   {t}\n proxy {p}", c.path, c.body);
+        for k in ["endpoint", "status", "stream"] {
+            assert_eq!(t[k], p[k], "{k}: {what}");
+        }
+        assert_eq!(t.get("error"), p.get("error"), "{what}");
+        assert_eq!(
+            t["itl_s"].as_array().unwrap().len(),
+            p["itl_s"].as_array().unwrap().len(),
+            "ITL counts: {what}"
+        );
+        assert_eq!(
+            t.get("ttft_s").is_some(),
+            p.get("ttft_s").is_some(),
+            "{what}"
+        );
+        for k in ["completion_tokens", "prompt_tokens"] {
+            if c.counted {
+                assert_eq!(t[k], p[k], "{k}: {what}");
+            } else {
+                // The proxy asks for usage on the client's behalf; the tap cannot change a request.
+                assert!(t[k].is_null() && p[k].is_u64(), "{k}: {what}");
+            }
+        }
+    }
+    let mut proxied = proxied;
+    proxied.stop_by_sigterm();
+    let _ = std::fs::remove_file(proxy_log);
+    tap.stop();
+}
+
+#[test]
+fn a_window_closed_right_after_the_last_answer_holds_every_request_and_metrics_show_the_tap() {
+    if !can_tap("a_window_closed_right_after...") {
+        return;
+    }
+    let tap = start_tapped("tap-window", &[], &[]);
+    let gen = |words: &str, n: u64| {
+        format!(r#"{{"text":"{words}","sampling_params":{{"max_new_tokens":{n}}},"stream":true}}"#)
+    };
+    // Before any window: in the run, in no window.
+    post(&tap.server, "/generate", &gen("before", 4));
+    let windows = 5;
+    for w in 0..windows {
+        let name = format!("w{w}");
+        let (st, _) = http(
+            &tap.metrics,
+            "POST",
+            &format!("/-/window/start?name={name}"),
+            "",
+        );
+        assert!(st.contains("200"), "{st}");
+        for _ in 0..3 {
+            let r = post(&tap.server, "/generate", &gen("a b c", 20));
+            assert!(r.status.contains("200"), "{}", r.status);
+        }
+        // No sleep: the last answer's segments may still be in the ring; the close waits for
+        // the tap to have read up to it.
+        let t0 = Instant::now();
+        let (st, body) = http(&tap.metrics, "POST", "/-/window/stop", "");
+        let took = t0.elapsed();
+        assert!(st.contains("200"), "{st}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let r = &v["requests"];
+        assert_eq!(v["name"], name.as_str());
+        assert_eq!(r["completed"], 3, "window {name}, closed in {took:?}: {r}");
+        assert_eq!(r["total_output_tokens"], 60, "{r}");
+        assert_eq!(r["total_input_tokens"], 9, "{r}");
+        for k in [
+            "median_ttft_ms",
+            "median_tpot_ms",
+            "median_itl_ms",
+            "median_e2el_ms",
+        ] {
+            assert!(r[k].is_number(), "{k} in {r}");
+        }
+        assert!(took < Duration::from_secs(1), "the close took {took:?}");
+    }
+    let total = 1 + 3 * windows;
+    assert_eq!(wait_records(&tap.log, total).len(), total);
+    let page = scrape(&tap.metrics);
+    let labels = r#"{endpoint="/generate",status="200"}"#;
+    for (name, want) in [
+        ("requests_total", total as u64),
+        ("request_completion_tokens_total", 4 + 60 * windows as u64),
+        ("request_prompt_tokens_total", 1 + 9 * windows as u64),
+        ("request_ttft_seconds_count", total as u64),
+        ("request_e2e_seconds_count", total as u64),
+        (
+            "request_inter_token_seconds_count",
+            (3 + 19 * 3 * windows) as u64,
+        ),
+    ] {
+        let line = format!("sglang_supervisor_{name}{labels} {want}\n");
+        assert!(page.contains(&line), "{line} in {}", tap_lines(&page));
+    }
+    assert_tap_saw_everything(&tap.metrics);
+    let run = tap.stop();
+    let summary = run.events_named("requests_summary").pop().unwrap();
+    assert_eq!(summary["completed"], total, "the whole run: {summary}");
+    assert_eq!(run.events_named("window").len(), windows);
+}
+
+#[test]
+fn a_client_that_leaves_mid_stream_gives_a_record_with_an_error() {
+    if !can_tap("a_client_that_leaves...") {
+        return;
+    }
+    let tap = start_tapped("tap-abort", &[], &[]);
+    {
+        let mut s = TcpStream::connect(&tap.server).unwrap();
+        let body = r#"{"text":"x","sampling_params":{"max_new_tokens":2000},"stream":true}"#;
+        let req = format!(
+            "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.windows(4).any(|w| w == b" tok") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "the server closed first");
+            got.extend_from_slice(&buf[..n]);
+        }
+    } // dropped: the client is gone after the first tokens
+    let recs = wait_records(&tap.log, 1);
+    let rec = &recs[0];
+    assert!(rec["error"].is_string(), "{rec}");
+    assert_eq!(rec["endpoint"], "/generate", "{rec}");
+    let e2e = rec["e2e_s"].as_f64().unwrap();
+    assert!(
+        e2e < 2000.0 * GAP / 2.0,
+        "ended at the leave, not after 2000 tokens: {e2e}"
+    );
+    // The tap measures on.
+    let r = post(
+        &tap.server,
+        "/generate",
+        r#"{"text":"a b","sampling_params":{"max_new_tokens":5},"stream":true}"#,
+    );
+    assert!(r.status.contains("200"));
+    let recs = wait_records(&tap.log, 2);
+    assert_eq!(recs.len(), 2, "{recs:#?}");
+    assert_eq!(recs[1]["completion_tokens"], 5, "{}", recs[1]);
+    assert!(recs[1].get("error").is_none(), "{}", recs[1]);
+    tap.stop();
+}
+
+#[test]
+fn pipelined_requests_on_one_keep_alive_connection_are_each_recorded_in_order() {
+    if !can_tap("pipelined_requests...") {
+        return;
+    }
+    let tap = start_tapped("tap-pipelined", &[], &[]);
+    let request = |method: &str, path: &str, body: &str, last: bool| {
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{}\r\n{body}",
+            body.len(),
+            if last { "Connection: close\r\n" } else { "" }
+        )
+    };
+    // Four requests written at once, one of them not a generation (not measured, but answered
+    // in its turn); the last closes the connection.
+    let all = [
+        request(
+            "POST",
+            "/generate",
+            r#"{"text":"a","sampling_params":{"max_new_tokens":3},"stream":true}"#,
+            false,
+        ),
+        request("GET", "/v1/models", "", false),
+        request(
+            "POST",
+            "/v1/completions",
+            r#"{"model":"m","prompt":"a b","max_tokens":5}"#,
+            false,
+        ),
+        request(
+            "POST",
+            "/v1/chat/completions",
+            r#"{"model":"m","messages":[{"role":"user","content":"a b c"}],"max_tokens":7,"stream":true,"stream_options":{"include_usage":true}}"#,
+            true,
+        ),
+    ]
+    .concat();
+    let mut s = TcpStream::connect(&tap.server).unwrap();
+    s.write_all(all.as_bytes()).unwrap();
+    let mut answers = String::new();
+    s.read_to_string(&mut answers).unwrap();
+    assert_eq!(answers.matches("HTTP/1.1 200 OK").count(), 4, "{answers}");
+    let recs = wait_records(&tap.log, 3);
+    assert_eq!(recs.len(), 3, "{recs:#?}");
+    let got: Vec<_> = recs
+        .iter()
+        .map(|r| {
+            (
+                r["endpoint"].as_str().unwrap().to_string(),
+                r["stream"].as_bool().unwrap(),
+                r["completion_tokens"].as_u64(),
+                r["prompt_tokens"].as_u64(),
+                r["itl_s"].as_array().unwrap().len(),
+                r.get("error").cloned(),
+            )
+        })
+        .collect();
+    let want = [
+        ("/generate", true, Some(3), Some(1), 2, None),
+        ("/v1/completions", false, Some(5), Some(2), 0, None),
+        ("/v1/chat/completions", true, Some(7), Some(3), 6, None),
+    ]
+    .map(|(e, s, c, p, i, err)| (e.to_string(), s, c, p, i, err));
+    assert_eq!(got, want);
+    // Answered one after another: each ends after the one before it.
+    let end = |r: &Value| r["start_unix"].as_f64().unwrap() + r["e2e_s"].as_f64().unwrap();
+    assert!(end(&recs[0]) <= end(&recs[1]) && end(&recs[1]) <= end(&recs[2]));
+    assert_tap_saw_everything(&tap.metrics);
+    tap.stop();
+}
+
+/// A replay server started by the test itself (not supervised), killed when dropped.
+struct Outside {
+    child: std::process::Child,
+    tag: String,
+    addr: String,
+}
+
+impl Outside {
+    fn start(name: &str) -> Outside {
+        let port = free_port();
+        let tag = format!("{name}-{}", std::process::id());
+        #[allow(clippy::disallowed_methods)]
+        let child = std::process::Command::new(replay_bin())
+            .args(["--port", &port.to_string(), "--speed", "50"])
+            .env("REPLAY_TAG", &tag)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let addr = format!("127.0.0.1:{port}");
+        let end = Instant::now() + T;
+        loop {
+            let up = TcpStream::connect(&addr).is_ok()
+                && http(&addr, "GET", "/health", "").0.contains("200");
+            if up {
+                break;
+            }
+            assert!(Instant::now() < end, "the outside server never came up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Outside { child, tag, addr }
+    }
+}
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for p in tagged_processes(&self.tag) {
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+    }
+}
+
+/// A keep-alive request on `s`: the answer read whole (chunked, ended by its last chunk).
+fn keep_alive_stream(s: &mut TcpStream, n: u64) -> String {
+    let body =
+        format!(r#"{{"text":"a b","sampling_params":{{"max_new_tokens":{n}}},"stream":true}}"#);
+    let req = format!(
+        "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    while !got.ends_with(b"\r\n0\r\n\r\n") {
+        let k = s.read(&mut buf).unwrap();
+        assert!(k > 0, "closed mid-answer");
+        got.extend_from_slice(&buf[..k]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[test]
+fn a_connection_opened_before_the_supervisor_started_is_ignored_without_harm() {
+    if !can_tap("a_connection_opened_before...") {
+        return;
+    }
+    // The tapped server runs on its own; the supervised one only gives the run its readiness.
+    let outside = Outside::start("tap-before");
+    let mut idle = TcpStream::connect(&outside.addr).unwrap();
+    keep_alive_stream(&mut idle, 3);
+    // A stream in flight while the tap starts: its segments come without the connection's start.
+    let mut busy = TcpStream::connect(&outside.addr).unwrap();
+    let streaming = std::thread::spawn(move || keep_alive_stream(&mut busy, 1500));
+    let upstream = format!(
+        "http://127.0.0.1:{}",
+        outside.addr.rsplit(':').next().unwrap()
+    );
+    let tap = start_tapped(
+        "tap-before",
+        &[
+            "--upstream",
+            &upstream,
+            "--health-url",
+            "http://127.0.0.1:{port}",
+        ],
+        &[],
+    );
+    let fresh = |n: u64| {
+        let body = format!(
+            r#"{{"text":"a b c","sampling_params":{{"max_new_tokens":{n}}},"stream":true}}"#
+        );
+        let r = post(&outside.addr, "/generate", &body);
+        assert!(r.status.contains("200"), "{}", r.status);
+    };
+    fresh(6);
+    // The old connections carry on, unmeasured.
+    let answer = keep_alive_stream(&mut idle, 4);
+    assert!(answer.contains("data: [DONE]"), "{answer}");
+    let answer = streaming.join().unwrap();
+    assert!(answer.contains("data: [DONE]"), "{answer}");
+    fresh(8);
+    drop(idle);
+    wait_records(&tap.log, 2);
+    // Time for a wrongly measured old connection's record to show up too.
+    std::thread::sleep(Duration::from_millis(100));
+    let recs = records(&tap.log);
+    let got: Vec<_> = recs
+        .iter()
+        .map(|r| (r["completion_tokens"].as_u64(), r.get("error").cloned()))
+        .collect();
+    assert_eq!(got, [(Some(6), None), (Some(8), None)], "{recs:#?}");
+    assert_tap_saw_everything(&tap.metrics);
+    tap.stop();
+}
+
+/// `sglang-supervisor run ARGS -- true` under `wrap` (in a temp dir named `name`): its exit code, stderr and events.
+fn refused(name: &str, wrap: &[&str], args: &[&str]) -> (Option<i32>, String, Vec<Value>) {
+    let dir = temp_dir(name);
+    let events = dir.join("events.jsonl");
+    #[allow(clippy::disallowed_methods)]
+    let mut cmd = match wrap.split_first() {
+        Some((w, rest)) => {
+            let mut c = std::process::Command::new(w);
+            c.args(rest).arg(supervisor_bin());
+            c
+        }
+        None => std::process::Command::new(supervisor_bin()),
+    };
+    let out = cmd
+        .arg("run")
+        .arg("--events")
+        .arg(&events)
+        .args(args)
+        .args(["--metrics-addr", "127.0.0.1:0", "--", "true"])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let ev = events_at(&events);
+    let _ = std::fs::remove_dir_all(dir);
+    (out.status.code(), err, ev)
+}
+
+/// How to run a command without CAP_NET_RAW here: setpriv, else capsh; None when neither is
+/// found or neither can drop it.
+fn without_net_raw() -> Option<Vec<&'static str>> {
+    if !has_net_raw() {
+        return Some(Vec::new()); // this process lacks it already
+    }
+    let ways: [&[&str]; 2] = [
+        &[
+            "setpriv",
+            "--bounding-set",
+            "-net_raw",
+            "--inh-caps",
+            "-net_raw",
+        ],
+        &["capsh", "--drop=cap_net_raw", "--"],
+    ];
+    for way in ways {
+        // The check: grep finds the capability's bit cleared in the wrapped command's own set.
+        let probe: Vec<&str> = if way[0] == "capsh" {
+            [way, &["-c", "grep CapEff /proc/self/status"]].concat()
+        } else {
+            [way, &["grep", "CapEff", "/proc/self/status"]].concat()
+        };
+        #[allow(clippy::disallowed_methods)]
+        let Ok(out) = std::process::Command::new(probe[0])
+            .args(&probe[1..])
+            .output()
+        else {
+            continue;
+        };
+        let caps = String::from_utf8_lossy(&out.stdout);
+        let dropped = out.status.success()
+            && caps
+                .split(':')
+                .nth(1)
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                .is_some_and(|c| c & (1 << CAP_NET_RAW) == 0);
+        if dropped {
+            return Some(if way[0] == "capsh" {
+                // capsh runs its command through a shell: `-- -c 'exec "$0" "$@"'`.
+                vec![
+                    "capsh",
+                    "--drop=cap_net_raw",
+                    "--",
+                    "-c",
+                    "exec \"$0\" \"$@\"",
+                ]
+            } else {
+                way.to_vec()
+            });
+        }
+    }
+    None
+}
+
+#[test]
+fn without_cap_net_raw_the_start_is_refused_with_125_and_one_line_naming_it() {
+    let Some(wrap) = without_net_raw() else {
+        eprintln!(
+            "SKIPPED without_cap_net_raw...: neither setpriv nor capsh can drop CAP_NET_RAW here"
+        );
+        return;
+    };
+    let (code, err, events) = refused("tap-no-net-raw", &wrap, &["--tap", "--gpu-backend", "none"]);
+    assert_eq!(code, Some(125), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line: {err}");
+    assert!(
+        lines[0].contains("CAP_NET_RAW") && lines[0].contains("tap"),
+        "{err}"
+    );
+    // Refused before the launch: no server started, and the one terminal event says why.
+    assert!(
+        events.iter().all(|e| e["event"] != "spawned"),
+        "{events:#?}"
+    );
+    let exited: Vec<_> = events.iter().filter(|e| e["event"] == "exited").collect();
+    assert_eq!(exited.len(), 1, "{events:#?}");
+    assert_eq!(exited[0]["exit_status"], 125);
+}
+
+#[test]
+fn tap_with_proxy_addr_is_a_usage_error_naming_both() {
+    let (code, err, events) = refused(
+        "tap-and-proxy",
+        &[],
+        &["--tap", "--proxy-addr", "127.0.0.1:0"],
+    );
+    assert_eq!(code, Some(125), "{err}");
+    assert!(
+        err.contains("--tap") && err.contains("--proxy-addr"),
+        "{err}"
+    );
+    assert!(
+        events.iter().all(|e| e["event"] != "spawned"),
+        "{events:#?}"
+    );
+}
+
+#[test]
+fn two_hundred_fifty_six_concurrent_streams_through_the_tap_all_complete_with_exact_counts() {
+    if !can_tap("two_hundred_fifty_six...") {
+        return;
+    }
+    let tap = start_tapped("tap-256", &[], &[]);
+    let n = 256;
+    let threads: Vec<_> = (0..n)
+        .map(|i| {
+            let server = tap.server.clone();
+            std::thread::spawn(move || {
+                let tokens = 8 + i % 16;
+                let body = format!(
+                    r#"{{"text":"x","sampling_params":{{"max_new_tokens":{tokens}}},"stream":true}}"#
+                );
+                (tokens, post(&server, "/generate", &body))
+            })
+        })
+        .collect();
+    let mut asked: Vec<u64> = Vec::new();
+    for t in threads {
+        let (tokens, r) = t.join().unwrap();
+        assert!(
+            r.status.contains("200") && r.body.contains("data: [DONE]"),
+            "{}",
+            r.status
+        );
+        asked.push(tokens as u64);
+    }
+    let recs = wait_records(&tap.log, n);
+    assert_eq!(recs.len(), n);
+    let bad: Vec<_> = recs
+        .iter()
+        .filter(|r| {
+            r.get("error").is_some()
+                || r["prompt_tokens"] != 1
+                || r["itl_s"].as_array().unwrap().len() as u64 + 1
+                    != r["completion_tokens"].as_u64().unwrap_or(0)
+        })
+        .collect();
+    assert!(bad.is_empty(), "{bad:#?}");
+    let mut counted: Vec<u64> = recs
+        .iter()
+        .map(|r| r["completion_tokens"].as_u64().unwrap())
+        .collect();
+    counted.sort();
+    asked.sort();
+    assert_eq!(counted, asked, "every request's own count");
+    assert_tap_saw_everything(&tap.metrics);
+    tap.stop();
+}
