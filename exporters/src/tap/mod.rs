@@ -340,6 +340,7 @@ impl Connections {
         if seg.syn && !to_server {
             conn.down.start(seg.seq);
         }
+        let client_was_open = !conn.up.closed;
         let gone = if p.truncated {
             Some("the tap could not copy a whole segment")
         } else {
@@ -354,6 +355,12 @@ impl Connections {
                 self.tap_metrics.unread_connections.inc();
                 conn.end_all(&self.ledger, why);
             }
+        }
+        // The client's FIN read in order, or its RST: it left, and what it left open ends now,
+        // as the proxy records it. These waited for the server's next segment (its answer
+        // drawing the client's RST, or its close: a 502 "server closed") and were stamped then.
+        if to_server && ((client_was_open && conn.up.closed) || seg.rst) {
+            conn.client_left(&self.ledger);
         }
         if seg.rst || (conn.up.closed && conn.down.closed) {
             if let Some(mut c) = self.map.remove(&key) {
@@ -496,6 +503,17 @@ impl Connections {
 }
 
 impl Conn {
+    /// The client closed its side with requests open: it left (a FIN is a disconnect to the
+    /// server too: uvicorn reads it so, and SGLang aborts the request), with the proxy's errors.
+    fn client_left(&mut self, ledger: &Ledger) {
+        if let Some(a) = self.answer.take() {
+            finish(a, self.last_seen, Some("client disconnected".into()));
+        }
+        for s in self.open.drain(..).flatten() {
+            ledger.failed(s, 499, "client disconnected before the response".into());
+        }
+    }
+
     /// Every open request ends as an error (`why`), the one being answered too.
     fn end_all(&mut self, ledger: &Ledger, why: &str) {
         if let Some(a) = self.answer.take() {
