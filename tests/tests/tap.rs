@@ -440,11 +440,36 @@ fn a_window_closed_right_after_the_last_answer_holds_every_request_and_metrics_s
 }
 
 #[test]
-fn a_client_that_leaves_mid_stream_gives_a_record_with_an_error() {
+fn a_client_that_leaves_mid_stream_or_before_the_answer_gives_a_record_with_an_error() {
     if !can_tap("a_client_that_leaves...") {
         return;
     }
     let tap = start_tapped("tap-abort", &[], &[]);
+    {
+        // Not streamed: 500 tokens' time before any answer; the client leaves after 50 ms.
+        let mut s = TcpStream::connect(&tap.server).unwrap();
+        let body = r#"{"text":"x","sampling_params":{"max_new_tokens":500}}"#;
+        let req = format!(
+            "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The proxy's record of the same (its client gone before the answer began).
+    let recs = wait_records(&tap.log, 1);
+    let rec = &recs[0];
+    assert_eq!(
+        rec["error"], "client disconnected before the response",
+        "{rec}"
+    );
+    assert_eq!(rec["status"], 499, "{rec}");
+    assert!(rec.get("ttft_s").is_none(), "{rec}");
+    let e2e = rec["e2e_s"].as_f64().unwrap();
+    assert!(
+        e2e < 500.0 * GAP,
+        "ended when the client left, not with the answer: {e2e}"
+    );
     {
         let mut s = TcpStream::connect(&tap.server).unwrap();
         let body = r#"{"text":"x","sampling_params":{"max_new_tokens":2000},"stream":true}"#;
@@ -461,9 +486,9 @@ fn a_client_that_leaves_mid_stream_gives_a_record_with_an_error() {
             got.extend_from_slice(&buf[..n]);
         }
     } // dropped: the client is gone after the first tokens
-    let recs = wait_records(&tap.log, 1);
-    let rec = &recs[0];
-    assert!(rec["error"].is_string(), "{rec}");
+    let recs = wait_records(&tap.log, 2);
+    let rec = &recs[1];
+    assert_eq!(rec["error"], "client disconnected", "{rec}");
     assert_eq!(rec["endpoint"], "/generate", "{rec}");
     let e2e = rec["e2e_s"].as_f64().unwrap();
     assert!(
@@ -477,10 +502,10 @@ fn a_client_that_leaves_mid_stream_gives_a_record_with_an_error() {
         r#"{"text":"a b","sampling_params":{"max_new_tokens":5},"stream":true}"#,
     );
     assert!(r.status.contains("200"));
-    let recs = wait_records(&tap.log, 2);
-    assert_eq!(recs.len(), 2, "{recs:#?}");
-    assert_eq!(recs[1]["completion_tokens"], 5, "{}", recs[1]);
-    assert!(recs[1].get("error").is_none(), "{}", recs[1]);
+    let recs = wait_records(&tap.log, 3);
+    assert_eq!(recs.len(), 3, "{recs:#?}");
+    assert_eq!(recs[2]["completion_tokens"], 5, "{}", recs[2]);
+    assert!(recs[2].get("error").is_none(), "{}", recs[2]);
     tap.stop();
 }
 
@@ -551,6 +576,35 @@ fn pipelined_requests_on_one_keep_alive_connection_are_each_recorded_in_order() 
     // Answered one after another: each ends after the one before it.
     let end = |r: &Value| r["start_unix"].as_f64().unwrap() + r["e2e_s"].as_f64().unwrap();
     assert!(end(&recs[0]) <= end(&recs[1]) && end(&recs[1]) <= end(&recs[2]));
+    assert_tap_saw_everything(&tap.metrics);
+    tap.stop();
+}
+
+#[test]
+fn a_32_mb_request_body_is_read_past_and_its_prompt_counted_exactly() {
+    if !can_tap("a_32_mb_request_body...") {
+        return;
+    }
+    let tap = start_tapped("tap-big", &[], &[]);
+    // Some 512 segments of 64 KiB in a burst, skipped as a request body by the tap.
+    let words = 32usize << 20 >> 3;
+    let prompt = "word ".repeat(words);
+    let body =
+        format!(r#"{{"text":"{prompt}","sampling_params":{{"max_new_tokens":3}},"stream":true}}"#);
+    let r = post(&tap.server, "/generate", &body);
+    assert!(r.status.contains("200"), "{}", r.status);
+    let recs = wait_records(&tap.log, 1);
+    let rec = &recs[0];
+    assert_eq!(rec["prompt_tokens"], words, "{rec}");
+    assert_eq!(rec["completion_tokens"], 3, "{rec}");
+    assert!(rec.get("error").is_none(), "{rec}");
+    // The request's time starts at its head: the upload is part of the TTFT, as for the client.
+    let ttft = rec["ttft_s"].as_f64().unwrap();
+    let client_ttft = r.first_text.unwrap().as_secs_f64();
+    assert!(
+        ttft <= client_ttft + SLACK,
+        "TTFT {ttft} vs client {client_ttft}"
+    );
     assert_tap_saw_everything(&tap.metrics);
     tap.stop();
 }
