@@ -139,6 +139,7 @@ start_sup() { # start_sup DIR
 }
 procs() { python3 "$HERE/scripts/gpu/server_procs.py" "$@"; }  # the server tree's CPU, per process
 tap_start() { # tap_start NAME: a second supervisor tapping the server's port (run --tap, attached), pid in TAPSUP
+  # (NAME starts with "tap-": the summary reads every S/c*-*-*.jsonl as a benchmark result)
   "${SUP_PREFIX[@]}" "$BINDIR/sglang-supervisor" run --upstream "http://127.0.0.1:$PORT" --ready-on http --tap \
     --metrics-addr none --gpu-backend none --no-preflight --no-tee --events "$P/$1-events.jsonl" \
     --requests-log "$P/$1-requests.jsonl" -- sleep 100000 2> "$P/$1.err" &
@@ -305,7 +306,7 @@ PY
           CPUPID=$SUP
           case $side in proxy) port=$PPORT ;; relay) port=$RPORT ;; x[0-9]) port=${XPORT[$side]}; CPUPID=${XSUP[$side]} ;; *) port=$PORT ;; esac
           # the tap arm: straight to the server, watched by a second supervisor's tap for this run only
-          [ "$side" = tap ] && { tap_start "c$conc-tap-$i" || continue; CPUPID=$TAPSUP; }
+          [ "$side" = tap ] && { tap_start "tap-c$conc-$i" || continue; CPUPID=$TAPSUP; }
           # the split arm's "supervisor CPU" is that of the hop its second half goes through
           [ "$side" = split ] && [[ ${SPLIT_VIA:-} == x[0-9] ]] && CPUPID=${XSUP[$SPLIT_VIA]}
           if [ "$side" = sx ]; then case ${SX_VIA:-x1} in relay) CPUPID=$RELAY ;; *) CPUPID=${XSUP[${SX_VIA:-x1}]} ;; esac; fi
@@ -348,7 +349,7 @@ PY
           cpu1=$(awk '{print $14+$15}' "/proc/$CPUPID/stat"); by1=$(procs stats "$SUP"); net1=$(tcpstat)
           if [ "$side" = tap ]; then
             kill -TERM "$TAPSUP"; wait "$TAPSUP"
-            python3 "$HERE/scripts/gpu/tap_vs_bench.py" "$P/c$conc-tap-$i-requests.jsonl" "$P/c$conc-tap-$i.jsonl" "c$conc-tap-$i"
+            python3 "$HERE/scripts/gpu/tap_vs_bench.py" "$P/tap-c$conc-$i-requests.jsonl" "$P/c$conc-tap-$i.jsonl" "c$conc-tap-$i"
           fi
           for half in "${halves[@]}"; do
           [ "$half" != "$side" ] && cp "$P/c$conc-$side-$i.window.json" "$P/c$conc-$half-$i.window.json"
