@@ -216,14 +216,19 @@ impl Reader {
                 Duration::from_millis(20)
             };
             let conns = &mut self.conns;
-            match ring.next_block(wait, |p| conns.packet(p, now_wall, now)) {
+            let read = ring.next_block(wait, |p| conns.packet(p, now_wall, now));
+            // No block waiting: every block handed over is read, and the one being filled holds
+            // only what came in the last hand-over time. Checked after every block, not only
+            // after an idle wait: while other streams run a block comes every few milliseconds,
+            // the wait never ends idle, and each window close waited its whole limit.
+            let checked = SystemTime::now();
+            if !ring.block_waiting() {
+                let upto = checked.checked_sub(HANDOVER).map_or(0, unix_nanos);
+                self.read_through.fetch_max(upto, Ordering::Release);
+            }
+            match read {
                 Ok(true) => {}
                 Ok(false) => {
-                    // Nothing was waiting: what passed before the last hand-over is all read.
-                    let upto = SystemTime::now()
-                        .checked_sub(HANDOVER)
-                        .map_or(0, unix_nanos);
-                    self.read_through.fetch_max(upto, Ordering::Release);
                     if stopping {
                         break;
                     }

@@ -278,6 +278,23 @@ impl Ring {
         unsafe { self.map.add(i * BLOCK as usize).cast() }
     }
 
+    /// Whether the kernel has handed over the next block to read (without waiting).
+    pub fn block_waiting(&self) -> bool {
+        self.handed_over(self.next)
+    }
+
+    /// Whether block `i` is the reader's: its status is written by the kernel, read volatile
+    /// with acquire ordering before the rest of the block.
+    fn handed_over(&self, i: usize) -> bool {
+        let d = self.block(i);
+        // SAFETY: the block header lies in the mapping.
+        unsafe {
+            let status = std::ptr::read_volatile(&(*d).hdr.bh1.block_status);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            status & libc::TP_STATUS_USER != 0
+        }
+    }
+
     /// Waits up to `timeout` for the next block and reads each of its packets; returns whether a
     /// block was read.
     pub fn next_block(
@@ -286,14 +303,7 @@ impl Ring {
         mut on: impl FnMut(Packet<'_>),
     ) -> io::Result<bool> {
         let desc = self.block(self.next);
-        // SAFETY: the block header lies in the mapping; its status is written by the kernel,
-        // read volatile with acquire ordering before the rest of the block.
-        let ready = |d: *mut libc::tpacket_block_desc| unsafe {
-            let status = std::ptr::read_volatile(&(*d).hdr.bh1.block_status);
-            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-            status & libc::TP_STATUS_USER != 0
-        };
-        if !ready(desc) {
+        if !self.block_waiting() {
             let mut pfd = libc::pollfd {
                 fd: self.fd.as_raw_fd(),
                 events: libc::POLLIN | libc::POLLERR,
@@ -309,7 +319,7 @@ impl Ring {
                     Err(e)
                 };
             }
-            if !ready(desc) {
+            if !self.block_waiting() {
                 return Ok(false);
             }
         }
