@@ -439,6 +439,71 @@ fn a_window_closed_right_after_the_last_answer_holds_every_request_and_metrics_s
     assert_eq!(run.events_named("window").len(), windows);
 }
 
+/// The close waits for the tap to have read up to it, and no longer: other streams' segments
+/// arriving all the while (a benchmark's next wave, a warm-up client) must not hold it to its
+/// 200 ms limit, where a ring read late would then lose the window's last requests.
+#[test]
+fn a_window_closed_while_another_stream_runs_closes_in_milliseconds_with_every_request() {
+    if !can_tap("a_window_closed_while_another_stream_runs...") {
+        return;
+    }
+    let tap = start_tapped("tap-window-busy", &[], &[]);
+    // A stream of some 10 s on its own connection, a segment every 2 ms, read until the end.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let background = {
+        let (server, done) = (tap.server.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut s = TcpStream::connect(&server).unwrap();
+            let body = r#"{"text":"x","sampling_params":{"max_new_tokens":5000},"stream":true}"#;
+            let req = format!(
+                "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            s.write_all(req.as_bytes()).unwrap();
+            let mut buf = [0u8; 8192];
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                assert!(s.read(&mut buf).unwrap() > 0, "the stream ended early");
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":10},"stream":true}"#;
+    let mut closes = Vec::new();
+    for w in 0..6 {
+        let (st, _) = http(
+            &tap.metrics,
+            "POST",
+            &format!("/-/window/start?name=b{w}"),
+            "",
+        );
+        assert!(st.contains("200"), "{st}");
+        for _ in 0..2 {
+            assert!(post(&tap.server, "/generate", body).status.contains("200"));
+        }
+        let t0 = Instant::now();
+        let (st, body) = http(&tap.metrics, "POST", "/-/window/stop", "");
+        closes.push(t0.elapsed());
+        assert!(st.contains("200"), "{st}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let r = &v["requests"];
+        assert_eq!(r["completed"], 2, "window b{w}: {r}");
+        assert_eq!(
+            r["errors"], 0,
+            "the stream begun before it is not the window's: {r}"
+        );
+        assert_eq!(r["total_output_tokens"], 20, "{r}");
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    background.join().unwrap();
+    closes.sort();
+    let median = closes[closes.len() / 2];
+    assert!(
+        median < Duration::from_millis(100),
+        "window closes took {closes:?} (the settle's limit is 200 ms)"
+    );
+    tap.stop();
+}
+
 #[test]
 fn a_client_that_leaves_mid_stream_or_before_the_answer_gives_a_record_with_an_error() {
     if !can_tap("a_client_that_leaves...") {
