@@ -902,6 +902,61 @@ fn without_cap_net_raw_the_start_is_refused_with_125_and_one_line_naming_it() {
 }
 
 #[test]
+fn on_every_interface_a_loopback_client_is_measured_once() {
+    if !can_tap("on_every_interface...") {
+        return;
+    }
+    // `any` sees loopback's sent copy of each segment too: the filter must keep only one.
+    let tap = start_tapped("tap-any", &["--tap-interface", "any"], &[]);
+    let body = r#"{"model":"m","prompt":"a b","max_tokens":6,"stream":true,"stream_options":{"include_usage":true}}"#;
+    for _ in 0..3 {
+        assert!(post(&tap.server, "/v1/completions", body)
+            .status
+            .contains("200"));
+    }
+    wait_records(&tap.log, 3);
+    std::thread::sleep(Duration::from_millis(50));
+    let recs = records(&tap.log);
+    assert_eq!(recs.len(), 3, "{recs:#?}");
+    for r in &recs {
+        assert_eq!(
+            (&r["completion_tokens"], &r["prompt_tokens"]),
+            (&Value::from(6), &Value::from(2)),
+            "{r}"
+        );
+        assert_eq!(r["itl_s"].as_array().unwrap().len(), 5, "{r}");
+        assert!(r.get("error").is_none(), "{r}");
+    }
+    assert_tap_saw_everything(&tap.metrics);
+    tap.stop();
+}
+
+#[test]
+fn an_interface_that_does_not_exist_is_refused_at_start_by_name() {
+    // Without CAP_NET_RAW the packet socket is refused before the name is looked up.
+    if !can_tap("an_interface_that_does_not_exist...") {
+        return;
+    }
+    let (code, err, events) = refused(
+        "tap-no-iface",
+        &[],
+        &[
+            "--tap",
+            "--tap-interface",
+            "nosuch0",
+            "--gpu-backend",
+            "none",
+        ],
+    );
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("\"nosuch0\""), "{err}");
+    assert!(
+        events.iter().all(|e| e["event"] != "spawned"),
+        "{events:#?}"
+    );
+}
+
+#[test]
 fn tap_with_proxy_addr_is_a_usage_error_naming_both() {
     let (code, err, events) = refused(
         "tap-and-proxy",
