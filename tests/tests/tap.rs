@@ -674,6 +674,46 @@ fn a_32_mb_request_body_is_read_past_and_its_prompt_counted_exactly() {
     tap.stop();
 }
 
+#[test]
+fn a_request_head_written_in_pieces_is_timed_from_its_first_piece() {
+    if !can_tap("a_request_head_written_in_pieces...") {
+        return;
+    }
+    let tap = start_tapped("tap-pieces", &[], &[]);
+    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+    let req = format!(
+        "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = TcpStream::connect(&tap.server).unwrap();
+    s.set_nodelay(true).unwrap();
+    // Three segments 30 ms apart, the head's end and the body in the last.
+    let pause = Duration::from_millis(30);
+    let t0 = Instant::now();
+    for piece in [&req[..10], &req[10..40], &req[40..]] {
+        s.write_all(piece.as_bytes()).unwrap();
+        std::thread::sleep(pause);
+    }
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let client_total = t0.elapsed().as_secs_f64();
+    assert!(answer.contains("data: [DONE]"), "{answer}");
+    let recs = wait_records(&tap.log, 1);
+    let rec = &recs[0];
+    assert_eq!(rec["completion_tokens"], 4, "{rec}");
+    let (ttft, e2e) = (
+        rec["ttft_s"].as_f64().unwrap(),
+        rec["e2e_s"].as_f64().unwrap(),
+    );
+    // As the client counts it: from its first byte, the two pauses in the head included.
+    assert!(ttft >= 2.0 * pause.as_secs_f64(), "TTFT {ttft}: {rec}");
+    assert!(
+        e2e <= client_total + SLACK,
+        "E2E {e2e} vs client {client_total}"
+    );
+    tap.stop();
+}
+
 /// A replay server started by the test itself (not supervised), killed when dropped.
 struct Outside {
     child: std::process::Child,
