@@ -1,7 +1,7 @@
 //! `run --tap` end to end: clients talk to the replay server's own port over loopback, with
 //! nothing in between, and the supervisor measures their generation requests from the packet
-//! ring's copy of that port's segments. Needs CAP_NET_RAW (the tests say SKIPPED without it, but
-//! the refusal test, which then runs as it is).
+//! ring's copy of that port's segments. Needs CAP_NET_RAW: without it each test says SKIPPED,
+//! but the refusals', which then run the supervisor as it is.
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 mod common;
 use common::*;
