@@ -50,7 +50,7 @@ struct Tapped {
 
 fn log_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!(
-        "sglsup-tap-{name}-{}-requests.jsonl",
+        "sglsup-{name}-{}-requests.jsonl",
         std::process::id()
     ))
 }
