@@ -32,6 +32,8 @@
 #        SIDES="direct tap": no hop either way; in the tap arm a second supervisor (`run --tap`
 #        attached to the server's port) watches the run, and its records are held against
 #        bench_serving's own (scripts/gpu/tap_vs_bench.py: tokens as multisets, TTFT/E2E pairs).
+#        SIDES="attached tap": the control arm started and stopped the same way, without --tap, so
+#        the tap is the only difference (its /health probe at start, say, is in both).
 #        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
 #        (scripts/gpu/pysample: S/pysample/RUN.folded; with PYSAMPLE_MODE=profile, cProfile: RUN.prof.txt).
 #   S's knobs: DEADLINE_S=N starts no round that would end past N seconds from the script's start
@@ -138,11 +140,12 @@ start_sup() { # start_sup DIR
   say "ready after $(grep -o '"event":"ready"[^}]*' "$1/events.jsonl" | grep -o '"elapsed_s":[0-9.]*'); proxy on $PPORT"
 }
 procs() { python3 "$HERE/scripts/gpu/server_procs.py" "$@"; }  # the server tree's CPU, per process
-tap_start() { # tap_start NAME: a second supervisor tapping the server's port (run --tap, attached), pid in TAPSUP
-  # (NAME starts with "tap-": the summary reads every S/c*-*-*.jsonl as a benchmark result)
-  "${SUP_PREFIX[@]}" "$BINDIR/sglang-supervisor" run --upstream "http://127.0.0.1:$PORT" --ready-on http --tap \
-    --metrics-addr none --gpu-backend none --no-preflight --no-tee --events "$P/$1-events.jsonl" \
-    --requests-log "$P/$1-requests.jsonl" -- sleep 100000 2> "$P/$1.err" &
+tap_start() { # tap_start NAME [--tap]: a second supervisor attached to the server's port (run --upstream), pid in TAPSUP
+  # (NAME starts with "tap-": the summary reads every S/c*-*-*.jsonl as a benchmark result);
+  # without --tap it measures nothing: the control arm, started and stopped the same way
+  local measure=(); [ "${2:-}" = --tap ] && measure=(--tap --requests-log "$P/$1-requests.jsonl")
+  "${SUP_PREFIX[@]}" "$BINDIR/sglang-supervisor" run --upstream "http://127.0.0.1:$PORT" --ready-on http "${measure[@]}" \
+    --metrics-addr none --gpu-backend none --no-preflight --no-tee --events "$P/$1-events.jsonl" -- sleep 100000 2> "$P/$1.err" &
   TAPSUP=$!
   for _ in $(seq 300); do grep -q '"event":"ready"' "$P/$1-events.jsonl" 2>/dev/null && return 0; sleep 0.05; done
   say "tap $1: not ready"; tail -5 "$P/$1.err"; kill -KILL "$TAPSUP"; return 1
@@ -306,7 +309,8 @@ PY
           CPUPID=$SUP
           case $side in proxy) port=$PPORT ;; relay) port=$RPORT ;; x[0-9]) port=${XPORT[$side]}; CPUPID=${XSUP[$side]} ;; *) port=$PORT ;; esac
           # the tap arm: straight to the server, watched by a second supervisor's tap for this run only
-          [ "$side" = tap ] && { tap_start "tap-c$conc-$i" || continue; CPUPID=$TAPSUP; }
+          [ "$side" = tap ] && { tap_start "tap-c$conc-$i" --tap || continue; CPUPID=$TAPSUP; }
+          [ "$side" = attached ] && { tap_start "tap-c$conc-$i-attached" || continue; CPUPID=$TAPSUP; }
           # the split arm's "supervisor CPU" is that of the hop its second half goes through
           [ "$side" = split ] && [[ ${SPLIT_VIA:-} == x[0-9] ]] && CPUPID=${XSUP[$SPLIT_VIA]}
           if [ "$side" = sx ]; then case ${SX_VIA:-x1} in relay) CPUPID=$RELAY ;; *) CPUPID=${XSUP[${SX_VIA:-x1}]} ;; esac; fi
@@ -347,6 +351,7 @@ PY
           post "http://$MET/-/window/stop" > "$P/c$conc-$side-$i.window.json" 2>&1
           [ -n "${PYSAMPLE:-}" ] && echo stop > "$P/pysample/m" && mv "$P/pysample/m" "$P/pysample/mark" && sleep 1
           cpu1=$(awk '{print $14+$15}' "/proc/$CPUPID/stat"); by1=$(procs stats "$SUP"); net1=$(tcpstat)
+          [ "$side" = attached ] && { kill -TERM "$TAPSUP"; wait "$TAPSUP"; }
           if [ "$side" = tap ]; then
             kill -TERM "$TAPSUP"; wait "$TAPSUP"
             python3 "$HERE/scripts/gpu/tap_vs_bench.py" "$P/tap-c$conc-$i-requests.jsonl" "$P/c$conc-tap-$i.jsonl" "c$conc-tap-$i"
@@ -407,7 +412,8 @@ for conc, sides in sorted(runs.items()):
     for arm in [a for a in sides if a not in ("direct", "splitd", "aad", "sxd")]:
         # the split arm's proxied half is held against its own direct half, run for run (the
         # control's second half against its first)
-        base = {"splitp": "splitd", "aap": "aad", "sxp": "sxd"}.get(arm, "direct")
+        base = {"splitp": "splitd", "aap": "aad", "sxp": "sxd"}.get(arm, "attached" if "attached" in sides else "direct")
+        if arm == base: continue
         d = sides.get(base, {})
         p = sides[arm]
         both = sorted(set(d) & set(p))
