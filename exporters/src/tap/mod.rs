@@ -11,6 +11,7 @@
 //! so an OpenAI stream whose client did not ask for usage has no token counts (absent, never
 //! guessed). Segments the ring had no room for are counted; a connection that lost bytes ends
 //! its open requests as errors and is not read further.
+mod boost;
 pub mod http;
 pub mod ring;
 pub mod tcp;
@@ -158,14 +159,7 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
     };
     let thread = std::thread::Builder::new()
         .name("tap".into())
-        .spawn(move || {
-            // Woken at most once a block and briefly busy, the thread runs ahead of a busy host's
-            // other work (where allowed): a ring read late fills and loses segments, and the
-            // tap's work is the same either way.
-            // SAFETY: setpriority on this thread's own id.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, -10) };
-            reader.run(ring, &halt)
-        })
+        .spawn(move || reader.run(ring, &halt))
         .map_err(TapError::Thread)?;
     Ok(TapHandle {
         stop,
@@ -205,6 +199,7 @@ struct Reader {
 impl Reader {
     fn run(mut self, mut ring: Ring, stop: &AtomicBool) {
         let mut last_check = Instant::now();
+        let mut boost = boost::Boost::new();
         loop {
             let stopping = stop.load(Ordering::SeqCst);
             // The clocks are read once per block: a segment's monotonic time is derived from
@@ -222,7 +217,9 @@ impl Reader {
             // after an idle wait: while other streams run a block comes every few milliseconds,
             // the wait never ends idle, and each window close waited its whole limit.
             let checked = SystemTime::now();
-            if !ring.block_waiting() {
+            let waiting = ring.block_waiting();
+            boost.after_pass(waiting);
+            if !waiting {
                 let upto = checked.checked_sub(HANDOVER).map_or(0, unix_nanos);
                 self.read_through.fetch_max(upto, Ordering::Release);
             }
