@@ -102,6 +102,15 @@ impl Exchange {
         self.lost
     }
 
+    /// Bytes kept of heads that arrived in pieces (their buffers' size).
+    pub fn buffered(&self) -> usize {
+        let size = |s: &Side| match s {
+            Side::Head(b) => b.capacity(),
+            Side::Body(_) => 0,
+        };
+        size(&self.client) + size(&self.server)
+    }
+
     /// Whether a request's head has begun and not yet been read whole.
     pub fn client_mid_head(&self) -> bool {
         matches!(&self.client, Side::Head(b) if !b.is_empty())

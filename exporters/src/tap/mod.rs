@@ -31,6 +31,20 @@ use tcp::{End, Segment, Stream};
 
 /// Connections followed at once; past it new ones are not measured (and counted).
 const MAX_CONNECTIONS: usize = 1 << 16;
+/// Bytes kept across all connections at most: segments held behind holes, heads that came in
+/// pieces, and open requests' entries. Each connection's own bounds (8 MiB behind a hole per
+/// direction, 64 KiB per head) times [`MAX_CONNECTIONS`] would be terabytes.
+const MAX_BUFFERED: usize = 64 << 20;
+/// Requests open on one connection at most (pipelined and not yet answered).
+const MAX_OPEN: usize = 4096;
+/// Connections forgotten at once when [`MAX_CONNECTIONS`] are followed and a new one opens.
+const EVICT: usize = MAX_CONNECTIONS / 16;
+/// Why a connection's open requests end when the tap's memory for it ran out.
+const FULL: &str = "the tap's memory for held segments and unfinished heads was full; this \
+                    connection was not read further";
+/// Why a connection's open requests end when too many were pipelined.
+const TOO_MANY_OPEN: &str = "more than 4096 requests were open on the connection at once; the tap \
+                             stopped reading it";
 /// Why a connection's open requests end when segments of it were lost.
 const LOST: &str = "the tap lost segments of this connection (its ring was full)";
 /// A connection silent this long with nothing open is forgotten.
@@ -243,6 +257,7 @@ impl Reader {
                     self.tap_metrics.dropped_packets.inc_by(drops);
                 }
                 self.conns.forget_idle(Instant::now());
+                self.conns.warn_given_up();
             }
         }
         self.read_through.store(u64::MAX, Ordering::Release);
@@ -293,14 +308,23 @@ struct Conn {
     unread: bool,
     /// Bytes were waiting behind a hole at the last check.
     hole_seen: bool,
+    /// The client has sent bytes.
+    used: bool,
 }
 
 struct Connections {
     port: u16,
     map: HashMap<(End, End), Conn>,
+    /// What the connections keep ([`Conn::buffered`]), summed.
+    buffered: usize,
     ledger: Arc<Ledger>,
     metrics: Arc<ProxyMetrics>,
     tap_metrics: Arc<TapMetrics>,
+    /// Since the last warning: connections given up for memory, idle ones forgotten to make
+    /// room, new ones not followed.
+    over_memory: u64,
+    evicted: u64,
+    refused: u64,
 }
 
 impl Connections {
@@ -309,9 +333,49 @@ impl Connections {
         Connections {
             port,
             map: HashMap::new(),
+            buffered: 0,
             ledger,
             metrics,
             tap_metrics,
+            over_memory: 0,
+            evicted: 0,
+            refused: 0,
+        }
+    }
+
+    /// A connection out of the map, what it kept taken off the sum.
+    fn remove(&mut self, key: &(End, End)) -> Option<Conn> {
+        let c = self.map.remove(key)?;
+        self.buffered = self.buffered.saturating_sub(c.buffered());
+        Some(c)
+    }
+
+    /// Says (one line each, at most once a check) what the tap gave up since the last call.
+    fn warn_given_up(&mut self) {
+        let port = self.port;
+        let n = std::mem::take(&mut self.over_memory);
+        if n > 0 {
+            tracing::warn!(
+                "tap: {n} connections to port {port} were no longer read: segments held behind \
+                 holes and unfinished heads filled the tap's {} MiB (their open requests end as \
+                 errors; see tap_unread_connections_total)",
+                MAX_BUFFERED >> 20
+            );
+        }
+        let n = std::mem::take(&mut self.evicted);
+        if n > 0 {
+            tracing::warn!(
+                "tap: {n} idle connections to port {port} were forgotten to follow new ones \
+                 ({MAX_CONNECTIONS} at most; a connection flood?): requests they send later are \
+                 not measured"
+            );
+        }
+        let n = std::mem::take(&mut self.refused);
+        if n > 0 {
+            tracing::warn!(
+                "tap: {n} new connections to port {port} were not measured: {MAX_CONNECTIONS} \
+                 connections with requests open are followed already"
+            );
         }
     }
 
@@ -336,27 +400,54 @@ impl Connections {
             return; // begun before the tap, forgotten, or not the server's
         };
         conn.last_seen = at.at;
-        if conn.unread && !(seg.rst || seg.fin) {
+        if conn.unread {
+            // Nothing of it is read or kept any more (reading a FIN's bytes held them again
+            // behind the hole): its FINs, in whatever order, and its RST only say it is gone.
+            let side = if to_server {
+                &mut conn.up
+            } else {
+                &mut conn.down
+            };
+            side.closed |= seg.fin;
+            if seg.rst || (conn.up.closed && conn.down.closed) {
+                self.remove(&key);
+            }
             return;
         }
-        if seg.syn && !to_server {
+        // Once: a SYN-ACK seen again (a retransmission, or forged) does not move the stream back.
+        if seg.syn && !to_server && !conn.down.started() {
             conn.down.start(seg.seq);
         }
         let client_was_open = !conn.up.closed;
+        let before = conn.buffered();
         let gone = if p.truncated {
             Some("the tap could not copy a whole segment")
+        } else if !to_server && !conn.down.started() && !seg.payload.is_empty() {
+            // An answer after a handshake whose SYN-ACK the ring had no room for: it cannot be
+            // read, and the requests would wait until the client left (a wrong 499).
+            Some(LOST)
         } else {
             self.read(&key, &seg, to_server, at)
         };
         let Some(conn) = self.map.get_mut(&key) else {
             return;
         };
+        let after = conn.buffered();
+        self.buffered = self.buffered.saturating_sub(before) + after;
+        // What is kept is bounded across connections, not only per connection: the one that
+        // grows past the bound is given up (and counted), the others read on.
+        let gone = gone.or(if conn.open.len() > MAX_OPEN {
+            Some(TOO_MANY_OPEN)
+        } else if after > before && self.buffered > MAX_BUFFERED {
+            self.over_memory += 1;
+            Some(FULL)
+        } else {
+            None
+        });
         if let Some(why) = gone {
-            if !conn.unread {
-                conn.unread = true;
-                self.tap_metrics.unread_connections.inc();
-                conn.end_all(&self.ledger, why);
-            }
+            self.buffered = self.buffered.saturating_sub(conn.buffered());
+            conn.give_up(&self.ledger, why);
+            self.tap_metrics.unread_connections.inc();
         }
         // The client's FIN read in order, or its RST: it left, and what it left open ends now,
         // as the proxy records it. These waited for the server's next segment (its answer
@@ -365,7 +456,7 @@ impl Connections {
             conn.client_left(&self.ledger);
         }
         if seg.rst || (conn.up.closed && conn.down.closed) {
-            if let Some(mut c) = self.map.remove(&key) {
+            if let Some(mut c) = self.remove(&key) {
                 let why = if seg.rst {
                     "the connection was reset"
                 } else {
@@ -377,10 +468,14 @@ impl Connections {
     }
 
     fn opened(&mut self, key: (End, End), seg: &Segment<'_>, at: Instant) {
-        if let Some(mut old) = self.map.remove(&key) {
+        if let Some(mut old) = self.remove(&key) {
             old.end_all(&self.ledger, "the connection was replaced by a new one");
         }
         if self.map.len() >= MAX_CONNECTIONS {
+            self.make_room();
+        }
+        if self.map.len() >= MAX_CONNECTIONS {
+            self.refused += 1;
             self.tap_metrics.unread_connections.inc();
             return;
         }
@@ -398,8 +493,49 @@ impl Connections {
                 last_seen: at,
                 unread: false,
                 hole_seen: false,
+                used: false,
             },
         );
+    }
+
+    /// At [`MAX_CONNECTIONS`], up to [`EVICT`] connections with nothing open and nothing kept
+    /// are forgotten: first those no longer read, then those whose client never sent a byte (a
+    /// SYN flood or a port scan leaves only these), then idle keep-alive ones; oldest first.
+    /// Refusing the new one instead let a flood of SYNs that are never followed up keep the
+    /// tap from measuring any new connection for [`IDLE`]. Done in batches: one pass over the
+    /// map for every [`EVICT`] connections opened.
+    fn make_room(&mut self) {
+        let mut idle: Vec<(u8, Instant, (End, End))> = self
+            .map
+            .iter()
+            .filter(|(_, c)| {
+                c.unread
+                    || (c.open.is_empty()
+                        && c.answer.is_none()
+                        && c.buffered() == 0
+                        && !c.http.answering())
+            })
+            .map(|(k, c)| {
+                let rank = if c.unread { 0 } else { 1 + c.used as u8 };
+                (rank, c.last_seen, *k)
+            })
+            .collect();
+        if idle.len() > EVICT {
+            idle.select_nth_unstable_by_key(EVICT - 1, |e| (e.0, e.1));
+            idle.truncate(EVICT);
+        }
+        for (rank, _, key) in idle {
+            if let Some(mut c) = self.remove(&key) {
+                c.end_all(
+                    &self.ledger,
+                    "the connection was forgotten to follow new ones",
+                );
+                if rank > 0 {
+                    self.evicted += 1;
+                    self.tap_metrics.unread_connections.inc();
+                }
+            }
+        }
     }
 
     /// A segment's bytes into its connection; returns why the connection cannot be read further.
@@ -419,9 +555,11 @@ impl Connections {
             open,
             answer,
             head_began,
+            used,
             ..
         } = conn;
         let read = if to_server {
+            *used |= !seg.payload.is_empty();
             // A request's time is that of the segment its head began in.
             let mut began = match head_began {
                 Some(b) if http.client_mid_head() => *b,
@@ -479,18 +617,20 @@ impl Connections {
     /// hole (a segment the ring had no room for) was already there a check ago stops being read.
     fn forget_idle(&mut self, now: Instant) {
         let (ledger, tap_metrics) = (&self.ledger, &self.tap_metrics);
+        let buffered = &mut self.buffered;
         for c in self.map.values_mut().filter(|c| !c.unread) {
             let hole = c.up.has_hole() || c.down.has_hole();
             if hole && c.hole_seen {
-                c.unread = true;
+                *buffered = buffered.saturating_sub(c.buffered());
                 tap_metrics.unread_connections.inc();
-                c.end_all(ledger, LOST);
+                c.give_up(ledger, LOST);
             }
             c.hole_seen = hole;
         }
         self.map.retain(|_, c| {
             let idle = now.saturating_duration_since(c.last_seen) > IDLE;
             if idle {
+                *buffered = buffered.saturating_sub(c.buffered());
                 c.end_all(ledger, "the connection went silent");
             }
             !idle
@@ -498,6 +638,7 @@ impl Connections {
     }
 
     fn close_all(&mut self, why: &'static str) {
+        self.buffered = 0;
         for (_, mut c) in self.map.drain() {
             c.end_all(&self.ledger, why);
         }
@@ -505,6 +646,24 @@ impl Connections {
 }
 
 impl Conn {
+    /// What it keeps beyond its own size: segments behind holes, heads that came in pieces, and
+    /// its open requests' entries.
+    fn buffered(&self) -> usize {
+        self.up.held_bytes()
+            + self.down.held_bytes()
+            + self.http.buffered()
+            + self.open.len() * std::mem::size_of::<Option<Started>>()
+    }
+
+    /// It is not read any more: its open requests end as errors (`why`) and what it kept goes.
+    fn give_up(&mut self, ledger: &Ledger, why: &str) {
+        self.unread = true;
+        self.up.forget();
+        self.down.forget();
+        self.http = Exchange::default();
+        self.end_all(ledger, why);
+    }
+
     /// The client closed its side with requests open: it left (a FIN is a disconnect to the
     /// server too: uvicorn reads it so, and SGLang aborts the request), with the proxy's errors.
     fn client_left(&mut self, ledger: &Ledger) {
@@ -584,4 +743,264 @@ fn finish(mut a: Answer, at: Instant, error: Option<String>) {
     let rec = &mut a.rec;
     let _ = a.events.finish(|e| rec.on_event(e, at));
     a.rec.finish(error);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    const PORT: u16 = 30000;
+
+    const LO: [u8; 4] = [127, 0, 0, 1];
+
+    /// An IPv4 TCP segment between 127.0.0.1:`src` and 127.0.0.1:`dst`.
+    fn packet(src: u16, dst: u16, seq: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
+        packet4(LO, LO, src, dst, seq, flags, payload)
+    }
+
+    fn packet4(
+        sip: [u8; 4],
+        dip: [u8; 4],
+        src: u16,
+        dst: u16,
+        seq: u32,
+        flags: u8,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let mut p = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0];
+        p.extend_from_slice(&sip);
+        p.extend_from_slice(&dip);
+        p.extend_from_slice(&src.to_be_bytes());
+        p.extend_from_slice(&dst.to_be_bytes());
+        p.extend_from_slice(&seq.to_be_bytes());
+        p.extend_from_slice(&[0, 0, 0, 0, 5 << 4, flags, 0xff, 0xff, 0, 0, 0, 0]);
+        p.extend_from_slice(payload);
+        let len = p.len() as u16;
+        p[2..4].copy_from_slice(&len.to_be_bytes());
+        p
+    }
+
+    const SYN: u8 = 0x02;
+    const ACK: u8 = 0x10;
+    const FIN: u8 = 0x01;
+
+    /// The tap's connections fed segments by hand, its records in a requests log.
+    struct Wire {
+        conns: Connections,
+        log: std::path::PathBuf,
+        t: SystemTime,
+    }
+
+    impl Wire {
+        fn new(name: &str) -> Wire {
+            let log = std::env::temp_dir().join(format!(
+                "sglsup-tapunit-{name}-{}.jsonl",
+                std::process::id()
+            ));
+            let file = std::fs::File::create(&log).unwrap();
+            let metrics = ProxyMetrics::register(&mut Registry::default());
+            let stats = Arc::new(RequestStats::default());
+            let ledger = Ledger::new(metrics, stats, Some(file), None);
+            let tap = Arc::new(TapMetrics::default());
+            Wire {
+                conns: Connections::new(PORT, ledger, tap),
+                log,
+                t: SystemTime::now(),
+            }
+        }
+
+        fn raw(&mut self, ip: &[u8]) {
+            self.t += Duration::from_micros(100);
+            let p = Packet {
+                at: self.t,
+                ip,
+                truncated: false,
+            };
+            self.conns.packet(p, SystemTime::now(), Instant::now());
+        }
+
+        fn records(&self) -> Vec<Value> {
+            std::fs::read_to_string(&self.log)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect()
+        }
+
+        fn unread(&self) -> u64 {
+            self.conns.tap_metrics.unread_connections.get()
+        }
+    }
+
+    impl Drop for Wire {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+
+    /// One connection's two sequence spaces, as its client and server number them.
+    struct Flow {
+        port: u16,
+        c: u32,
+        s: u32,
+    }
+
+    impl Flow {
+        /// The handshake (SYN, SYN-ACK, ACK).
+        fn open(w: &mut Wire, port: u16, c: u32, s: u32) -> Flow {
+            w.raw(&packet(port, PORT, c, SYN, b""));
+            w.raw(&packet(PORT, port, s, SYN | ACK, b""));
+            w.raw(&packet(port, PORT, c.wrapping_add(1), ACK, b""));
+            Flow {
+                port,
+                c: c.wrapping_add(1),
+                s: s.wrapping_add(1),
+            }
+        }
+
+        fn client(&mut self, w: &mut Wire, flags: u8, data: &[u8]) {
+            w.raw(&packet(self.port, PORT, self.c, ACK | flags, data));
+            self.c = self
+                .c
+                .wrapping_add(data.len() as u32 + (flags & FIN) as u32);
+        }
+
+        fn server(&mut self, w: &mut Wire, flags: u8, data: &[u8]) {
+            w.raw(&packet(PORT, self.port, self.s, ACK | flags, data));
+            self.s = self
+                .s
+                .wrapping_add(data.len() as u32 + (flags & FIN) as u32);
+        }
+    }
+
+    const REQ: &[u8] = b"POST /generate HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}";
+    const OK: &[u8] =
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+
+    #[test]
+    fn a_plain_exchange_is_one_record() {
+        let mut w = Wire::new("plain");
+        let mut f = Flow::open(&mut w, 40000, u32::MAX - 10, 7);
+        f.client(&mut w, 0, REQ);
+        f.server(&mut w, 0, OK);
+        let r = w.records();
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r[0]["status"], 200);
+        assert!(r[0]["error"].is_null(), "{r:?}");
+    }
+
+    /// What every connection keeps: segments behind holes, heads in pieces, open requests.
+    fn kept(w: &Wire) -> usize {
+        w.conns.map.values().map(Conn::buffered).sum()
+    }
+
+    #[test]
+    fn segments_held_behind_holes_and_heads_in_pieces_are_bounded_across_connections() {
+        let mut w = Wire::new("held");
+        let seg = vec![b'x'; 60_000];
+        // Each connection loses one byte and leaves 7.8 MB behind the hole: under the bound of
+        // one direction, and 190 MB in all.
+        for i in 0..24 {
+            let mut f = Flow::open(&mut w, 41000 + i, 1000, 2000);
+            f.c += 1;
+            for _ in 0..130 {
+                f.client(&mut w, 0, &seg);
+            }
+        }
+        assert!(kept(&w) <= MAX_BUFFERED, "{} bytes held", kept(&w));
+        let unread = w.unread();
+        assert!(unread > 0);
+        // Heads that never end, 60 kB each: 72 MB for 1200 connections.
+        for i in 0..1200 {
+            let mut f = Flow::open(&mut w, 20000 + i, 1000, 2000);
+            f.client(&mut w, 0, b"POST /generate HTTP/1.1\r\nx: ");
+            f.client(&mut w, 0, &seg);
+        }
+        assert!(kept(&w) <= MAX_BUFFERED, "{} bytes held", kept(&w));
+        assert!(w.unread() > unread);
+        assert_eq!(kept(&w), w.conns.buffered, "the running count is exact");
+    }
+
+    #[test]
+    fn a_connection_given_up_for_a_hole_keeps_nothing_of_it() {
+        let mut w = Wire::new("hole");
+        let mut f = Flow::open(&mut w, 41000, 1000, 2000);
+        f.client(&mut w, 0, REQ);
+        f.s += 1; // the server's first byte is lost
+        f.server(&mut w, 0, OK);
+        assert!(kept(&w) > 0);
+        let now = Instant::now();
+        w.conns.forget_idle(now);
+        w.conns.forget_idle(now);
+        assert_eq!(w.unread(), 1);
+        assert_eq!(
+            kept(&w),
+            0,
+            "the held segments go with the connection's reading"
+        );
+        f.server(&mut w, 0, OK);
+        assert_eq!(kept(&w), 0, "and nothing more is held");
+        let r = w.records();
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0]["error"], LOST, "{r:?}");
+        // Its FINs still end it.
+        f.client(&mut w, FIN, b"");
+        f.server(&mut w, FIN, b"");
+        assert!(w.conns.map.is_empty());
+    }
+
+    #[test]
+    fn a_syn_flood_does_not_keep_the_tap_from_following_real_connections() {
+        let mut w = Wire::new("flood");
+        // A connection with a request open before the flood, answered after it.
+        let mut before = Flow::open(&mut w, 40000, 1, 2);
+        before.client(&mut w, 0, REQ);
+        // SYNs that are never followed by anything, from more ends than the tap follows.
+        for i in 0..MAX_CONNECTIONS + 5000 {
+            let ip = [127, 0, 1 + (i >> 16) as u8, 2];
+            w.raw(&packet4(ip, LO, i as u16, PORT, 9, SYN, b""));
+        }
+        assert!(w.conns.map.len() <= MAX_CONNECTIONS);
+        let mut during = Flow::open(&mut w, 40001, 1, 2);
+        during.client(&mut w, 0, REQ);
+        during.server(&mut w, 0, OK);
+        before.server(&mut w, 0, OK);
+        let r = w.records();
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert!(r.iter().all(|r| r["status"] == 200 && r["error"].is_null()));
+    }
+
+    #[test]
+    fn answers_whose_syn_ack_the_tap_missed_are_an_error_not_a_client_that_left() {
+        let mut w = Wire::new("synack");
+        w.raw(&packet(40000, PORT, 100, SYN, b""));
+        // The server's SYN-ACK is not in the ring.
+        let mut f = Flow {
+            port: 40000,
+            c: 101,
+            s: 501,
+        };
+        f.client(&mut w, 0, REQ);
+        f.server(&mut w, 0, OK);
+        f.client(&mut w, FIN, b"");
+        f.server(&mut w, FIN, b"");
+        let r = w.records();
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r[0]["error"], LOST, "{r:?}");
+        assert_eq!(w.unread(), 1);
+    }
+
+    #[test]
+    fn requests_pipelined_without_end_are_bounded_per_connection() {
+        let mut w = Wire::new("pipelined");
+        let mut f = Flow::open(&mut w, 40000, 1, 2);
+        let req: &[u8] = b"POST /generate HTTP/1.1\r\n\r\n";
+        for _ in 0..MAX_OPEN / 16 + 10 {
+            f.client(&mut w, 0, &req.repeat(16));
+        }
+        let open = w.conns.map.values().map(|c| c.open.len()).max();
+        assert!(open <= Some(MAX_OPEN), "{open:?}");
+        assert_eq!(w.unread(), 1);
+    }
 }

@@ -167,6 +167,17 @@ impl Stream {
     pub fn has_hole(&self) -> bool {
         !self.held.is_empty()
     }
+
+    /// Bytes held behind a hole.
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
+    }
+
+    /// The stream is not read any more: what was held behind a hole goes.
+    pub fn forget(&mut self) {
+        self.held = Vec::new();
+        self.held_bytes = 0;
+    }
 }
 
 #[cfg(test)]
