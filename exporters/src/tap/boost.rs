@@ -49,6 +49,7 @@ fn set_nice(n: libc::c_int) -> bool {
     unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, n) == 0 }
 }
 
+#[cfg(test)]
 fn nice_now() -> libc::c_int {
     // SAFETY: getpriority on this thread's own id (errno is not needed: -1 is a valid answer
     // only for a thread at -1, which this one never is).
