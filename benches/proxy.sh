@@ -12,7 +12,8 @@
 # URING_MIN_WAIT_US=N a third time with the kernel holding its wake-ups up to N us (Linux 6.12+).
 # TAP=1 then runs the load with no hop, ROUNDS pairs of a wave unwatched and one watched by the
 # supervisor's tap (`run --tap` attached to the server's port): what the tap costs the server and
-# itself, and whether it counted every token (TAP_PROBE=1: benches/packet_tap.c, a bare ring).
+# itself, and whether it counted every token (TAP_PROBE=1: benches/packet_tap.c, a bare ring;
+# TAP_WAVES=N: N waves per side of a pair, e.g. 200 one-stream requests for the TTFT p99).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x target/release/proxy-bench ] || cargo build --release --workspace --bins
@@ -75,20 +76,21 @@ if [ -n "${TAP:-}" ]; then
   }
   echo "no hop: the server's CPU per event written, unwatched then watched by the tap, pair by pair"
   for _ in $(seq "$ROUNDS"); do
-    target/release/proxy-bench "127.0.0.1:$server_port" "127.0.0.1:$server_port" "$STREAMS" "$TOKENS" 1 0 "$PATHQ" "$replay" 2>&1 |
-      grep -o 'E2E median [0-9.]* ms\|= [0-9.]* us per event written' | tr '\n' ' ' | sed 's/^/unwatched: /'; echo
+    target/release/proxy-bench "127.0.0.1:$server_port" "127.0.0.1:$server_port" "$STREAMS" "$TOKENS" "${TAP_WAVES:-1}" 0 "$PATHQ" "$replay" 2>&1 |
+      grep -o 'TTFT median [0-9.]* ms p99 [0-9.]* ms\|E2E median [0-9.]* ms\|= [0-9.]* us per event written' | tr '\n' ' ' | sed 's/^/unwatched: /'; echo
     rm -f "$work/tap.jsonl"
     tap_on
-    target/release/proxy-bench "127.0.0.1:$server_port" "127.0.0.1:$server_port" "$STREAMS" "$TOKENS" 1 "$tap" "$PATHQ" "$replay" 2>&1 |
-      grep -o 'E2E median [0-9.]* ms\|= [0-9.]* us per event\( written\)\?' | tr '\n' ' ' | sed 's/^/watched:   /'
+    target/release/proxy-bench "127.0.0.1:$server_port" "127.0.0.1:$server_port" "$STREAMS" "$TOKENS" "${TAP_WAVES:-1}" "$tap" "$PATHQ" "$replay" 2>&1 |
+      grep -o 'TTFT median [0-9.]* ms p99 [0-9.]* ms\|E2E median [0-9.]* ms\|= [0-9.]* us per event\( written\)\?' | tr '\n' ' ' | sed 's/^/watched:   /'
     kill -TERM $tap; wait $tap 2>/dev/null || true
     # what the tap measured of the watched wave: one record per stream, every token counted
     [ -z "${TAP_PROBE:-}" ] && python3 - "$work/tap.jsonl" "$STREAMS" "$TOKENS" <<'PY'
-import json, sys
+import collections, json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
 n, t = int(sys.argv[2]), int(sys.argv[3])
 exact = sum(1 for r in recs if r.get("completion_tokens") == t and not r.get("error"))
-print(f"| tap: {len(recs)} records of {n} streams, {exact} with all {t} tokens, {sum(1 for r in recs if r.get('error'))} errors", end="")
+why = collections.Counter(r["error"] for r in recs if r.get("error"))
+print(f"| tap: {len(recs)} records of {n} streams, {exact} with all {t} tokens, {sum(why.values())} errors {dict(why) if why else ''}", end="")
 PY
     echo
   done
