@@ -544,4 +544,105 @@ mod tests {
             assert_eq!(read(&pieces).1, Some(why), "{pieces:?}");
         }
     }
+
+    use crate::tap::tcp::tests::Rng;
+
+    /// A random keep-alive exchange: requests (bodies by length or chunks, HEAD among them) and
+    /// their answers (by length, chunks with extensions and trailers, 1xx before, 204/304).
+    fn exchange(rng: &mut Rng) -> (Vec<u8>, Vec<u8>) {
+        let (mut c, mut s) = (Vec::new(), Vec::new());
+        for _ in 0..1 + rng.below(4) {
+            let head = rng.below(5) == 0;
+            let method = if head { "HEAD" } else { "POST" };
+            match rng.below(3) {
+                0 => c.extend_from_slice(
+                    format!("{method} /generate HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc").as_bytes(),
+                ),
+                1 => c.extend_from_slice(
+                    format!("{method} /v1/completions?x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n2;e=1\r\nab\r\n0\r\nt: 1\r\n\r\n").as_bytes(),
+                ),
+                _ => c.extend_from_slice(format!("{method} /health HTTP/1.1\r\n\r\n").as_bytes()),
+            }
+            if rng.below(4) == 0 {
+                s.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            }
+            match (head, rng.below(4)) {
+                (true, _) => s.extend_from_slice(b"HTTP/1.1 200 OK\r\ncontent-length: 99\r\n\r\n"),
+                (_, 0) => s.extend_from_slice(b"HTTP/1.1 204 No Content\r\n\r\n"),
+                (_, 1) => {
+                    s.extend_from_slice(b"HTTP/1.1 304 Not Modified\r\ncontent-length: 5\r\n\r\n")
+                }
+                (_, 2) => s.extend_from_slice(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nbody"),
+                _ => s.extend_from_slice(SSE),
+            }
+        }
+        (c, s)
+    }
+
+    /// Cuts `b` into random pieces.
+    fn pieces<'b>(rng: &mut Rng, b: &'b [u8]) -> Vec<&'b [u8]> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < b.len() {
+            let most = if rng.below(2) == 0 { 8 } else { 200 };
+            let n = 1 + rng.below(most);
+            let end = (at + n).min(b.len());
+            out.push(&b[at..end]);
+            at = end;
+        }
+        out
+    }
+
+    #[test]
+    fn random_exchanges_read_the_same_however_cut_and_junk_never_panics() {
+        let mut rng = Rng(7);
+        for round in 0..3000 {
+            let (c, s) = exchange(&mut rng);
+            let (whole, lost) = read(&[(true, &c[..]), (false, &s[..])]);
+            assert_eq!(lost, None, "round {round}");
+            let ends = whole.iter().filter(|h| **h == Seen::End).count();
+            let requests = whole
+                .iter()
+                .filter(|h| matches!(h, Seen::Request(..)))
+                .count();
+            assert_eq!(ends, requests, "every request answered once, round {round}");
+            // The client's pieces all before the server's (answers follow requests), each cut
+            // anywhere.
+            let mut cut: Vec<(bool, &[u8])> = pieces(&mut rng, &c)
+                .into_iter()
+                .map(|p| (true, p))
+                .collect();
+            cut.extend(pieces(&mut rng, &s).into_iter().map(|p| (false, p)));
+            assert_eq!(read(&cut).0, whole, "round {round}");
+            // Bytes changed, dropped or added anywhere: a reading or a reason, never a panic,
+            // and no more kept than two heads.
+            let (mut c, mut s) = (c, s);
+            for _ in 0..1 + rng.below(6) {
+                let v = if rng.below(2) == 0 { &mut c } else { &mut s };
+                let i = rng.below(v.len());
+                match rng.below(3) {
+                    0 => v[i] = rng.next() as u8,
+                    1 => {
+                        v.remove(i);
+                    }
+                    _ => v.insert(i, b"\r\n:;0fF \t"[rng.below(9)]),
+                }
+            }
+            let mut x = Exchange::default();
+            let mut on = |_: Http<'_>| {};
+            let (pc, ps) = (pieces(&mut rng, &c), pieces(&mut rng, &s));
+            let (mut i, mut j) = (0, 0);
+            while i < pc.len() || j < ps.len() {
+                if j == ps.len() || (i < pc.len() && rng.below(2) == 0) {
+                    x.client_bytes(pc[i], &mut on);
+                    i += 1;
+                } else {
+                    x.server_bytes(ps[j], &mut on);
+                    j += 1;
+                }
+                assert!(x.buffered() <= 4 * MAX_HEAD);
+            }
+            x.server_closed(&mut on);
+        }
+    }
 }

@@ -432,20 +432,19 @@ impl Connections {
         let Some(conn) = self.map.get_mut(&key) else {
             return;
         };
-        let after = conn.buffered();
-        self.buffered = self.buffered.saturating_sub(before) + after;
         // What is kept is bounded across connections, not only per connection: the one that
         // grows past the bound is given up (and counted), the others read on.
+        let after = conn.buffered();
+        let total = self.buffered.saturating_sub(before) + after;
         let gone = gone.or(if conn.open.len() > MAX_OPEN {
             Some(TOO_MANY_OPEN)
-        } else if after > before && self.buffered > MAX_BUFFERED {
+        } else if after > before && total > MAX_BUFFERED {
             self.over_memory += 1;
             Some(FULL)
         } else {
             None
         });
         if let Some(why) = gone {
-            self.buffered = self.buffered.saturating_sub(conn.buffered());
             conn.give_up(&self.ledger, why);
             self.tap_metrics.unread_connections.inc();
         }
@@ -455,6 +454,8 @@ impl Connections {
         if to_server && ((client_was_open && conn.up.closed) || seg.rst) {
             conn.client_left(&self.ledger);
         }
+        // Counted once all of the above changed what it keeps.
+        self.buffered = self.buffered.saturating_sub(before) + conn.buffered();
         if seg.rst || (conn.up.closed && conn.down.closed) {
             if let Some(mut c) = self.remove(&key) {
                 let why = if seg.rst {
@@ -784,6 +785,7 @@ mod tests {
     const SYN: u8 = 0x02;
     const ACK: u8 = 0x10;
     const FIN: u8 = 0x01;
+    const RST: u8 = 0x04;
 
     /// The tap's connections fed segments by hand, its records in a requests log.
     struct Wire {
@@ -1002,5 +1004,212 @@ mod tests {
         let open = w.conns.map.values().map(|c| c.open.len()).max();
         assert!(open <= Some(MAX_OPEN), "{open:?}");
         assert_eq!(w.unread(), 1);
+    }
+
+    /// A segment of `f` sent later than the ones after it: its sequence number, then the flow
+    /// moves past it.
+    fn skip(seq: &mut u32, data: &[u8]) -> u32 {
+        let at = *seq;
+        *seq = seq.wrapping_add(data.len() as u32);
+        at
+    }
+
+    #[test]
+    fn edge_cases_of_tcp_and_http_each_give_the_right_record() {
+        let mut w = Wire::new("edges");
+        let status = |r: &Value| {
+            (
+                r["status"].as_u64().unwrap(),
+                r["error"].as_str().map(String::from),
+            )
+        };
+        // Both sequence spaces wrap inside the exchange; the server's FIN (with the answer's
+        // last bytes) comes before the segment in front of it.
+        let mut f = Flow::open(&mut w, 40000, u32::MAX - 20, u32::MAX - 30);
+        f.client(&mut w, 0, REQ);
+        let (a, b) = OK.split_at(40);
+        let first = skip(&mut f.s, a);
+        f.server(&mut w, FIN, b);
+        w.raw(&packet(PORT, 40000, first, ACK, a));
+        f.client(&mut w, FIN, b"");
+        let r = w.records();
+        assert_eq!(
+            r.iter().map(status).collect::<Vec<_>>(),
+            [(200, None)],
+            "{r:?}"
+        );
+        assert!(w.conns.map.is_empty(), "both FINs read: forgotten");
+        // A RST from the server in the middle of a chunked answer: an error record.
+        let mut f = Flow::open(&mut w, 40001, 5, 6);
+        f.client(&mut w, 0, REQ);
+        f.server(&mut w, 0, &SSE_ANSWER[..120]);
+        f.server(&mut w, RST, b"");
+        let r = w.records();
+        assert_eq!(
+            status(&r[1]).1.as_deref(),
+            Some("the connection was reset"),
+            "{r:?}"
+        );
+        // On one keep-alive connection: 100 Continue then the answer, a HEAD, a 204 and a 304,
+        // a chunked stream with extensions and trailers, a head in many pieces; another
+        // connection's exchange interleaved with it.
+        let mut f = Flow::open(&mut w, 40002, 1 << 31, 77);
+        let mut g = Flow::open(&mut w, 40003, 3, 4);
+        let expect = EXPECT_100;
+        f.client(&mut w, 0, expect.head);
+        g.client(&mut w, 0, REQ);
+        f.server(&mut w, 0, b"HTTP/1.1 100 Continue\r\n\r\n");
+        f.client(&mut w, 0, expect.body);
+        g.server(&mut w, 0, OK);
+        f.server(&mut w, 0, OK);
+        f.client(&mut w, 0, b"HEAD /generate HTTP/1.1\r\n\r\n");
+        f.server(&mut w, 0, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n");
+        f.client(&mut w, 0, REQ);
+        f.server(&mut w, 0, b"HTTP/1.1 204 No Content\r\n\r\n");
+        f.client(&mut w, 0, REQ);
+        f.server(
+            &mut w,
+            0,
+            b"HTTP/1.1 304 Not Modified\r\ncontent-length: 2\r\n\r\n",
+        );
+        for piece in REQ.chunks(3) {
+            f.client(&mut w, 0, piece);
+        }
+        for piece in SSE_ANSWER.chunks(17) {
+            f.server(&mut w, 0, piece);
+        }
+        f.client(&mut w, 0, REQ);
+        f.server(&mut w, 0, OK);
+        let r = w.records();
+        let got: Vec<_> = r[2..].iter().map(status).collect();
+        assert_eq!(
+            got,
+            [
+                (200, None),
+                (200, None),
+                (200, None),
+                (204, None),
+                (304, None),
+                (200, None),
+                (200, None)
+            ],
+            "{r:?}"
+        );
+        assert_eq!(r[7]["stream"], true);
+        assert_eq!(w.unread(), 0);
+    }
+
+    struct Expect100 {
+        head: &'static [u8],
+        body: &'static [u8],
+    }
+
+    const EXPECT_100: Expect100 = Expect100 {
+        head: b"POST /generate HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n",
+        body: b"{}",
+    };
+
+    const SSE_ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n14;ext=\"x\"\r\ndata: {\"text\":\"a\"}\n\n\r\n15\r\ndata: {\"text\":\"ab\"}\n\n\r\nE\r\ndata: [DONE]\n\n\r\n0\r\nx-trailer: 1\r\n\r\n";
+
+    /// A connection's segments: from the client or not, and their bytes.
+    type Segs = Vec<(bool, Vec<u8>)>;
+
+    /// Connections fed their exchange in random pieces, some lost, repeated, reordered, flagged
+    /// at random or replaced by junk: no panic, the running count of what is kept exact, never
+    /// more records than measured requests, and every one recorded once the tap stops.
+    #[test]
+    fn random_segments_on_many_connections_never_panic_and_keep_the_counts() {
+        let mut rng = crate::tap::tcp::tests::Rng(99);
+        let mut w = Wire::new("fuzz");
+        let mut measured = 0;
+        for round in 0..300 {
+            let mut flows: Vec<(Flow, Segs)> = Vec::new();
+            for k in 0..1 + rng.below(6) {
+                let port = 1000 + (round * 8 + k) as u16 % 20000;
+                let f = Flow::open(&mut w, port, rng.next() as u32, rng.next() as u32);
+                let mut segs = Vec::new();
+                for _ in 0..1 + rng.below(4) {
+                    let (req, ans) = match rng.below(3) {
+                        0 => (REQ, OK),
+                        1 => (REQ, SSE_ANSWER),
+                        _ => (&b"GET /health HTTP/1.1\r\n\r\n"[..], OK),
+                    };
+                    measured += (req == REQ) as usize;
+                    for piece in req.chunks(1 + rng.below(60)) {
+                        segs.push((true, piece.to_vec()));
+                    }
+                    for piece in ans.chunks(1 + rng.below(60)) {
+                        segs.push((false, piece.to_vec()));
+                    }
+                }
+                flows.push((f, segs));
+            }
+            // Interleaved across connections, each connection's segments perturbed.
+            let mut left: usize = flows.iter().map(|f| f.1.len()).sum();
+            let mut next = vec![0; flows.len()];
+            while left > 0 {
+                let i = rng.below(flows.len());
+                let (f, segs) = &mut flows[i];
+                let Some((to_server, data)) = segs.get(next[i]).cloned() else {
+                    continue;
+                };
+                next[i] += 1;
+                left -= 1;
+                let seq = if to_server { &mut f.c } else { &mut f.s };
+                let at = *seq;
+                *seq = seq.wrapping_add(data.len() as u32);
+                let (src, dst) = if to_server {
+                    (f.port, PORT)
+                } else {
+                    (PORT, f.port)
+                };
+                let mut flags = ACK;
+                let mut at = at;
+                let mut data = data;
+                match rng.below(60) {
+                    0 => continue, // lost
+                    1 => at = rng.next() as u32,
+                    2 => flags |= FIN,
+                    3 => flags |= RST,
+                    4 => flags |= SYN,
+                    5 => data = (0..rng.below(100)).map(|_| rng.next() as u8).collect(),
+                    6 => {
+                        let p = packet(src, dst, at, flags, &data);
+                        w.raw(&p); // repeated
+                    }
+                    7 => at = at.wrapping_sub(rng.below(50) as u32), // overlapping
+                    _ => {}
+                }
+                let mut p = packet(src, dst, at, flags, &data);
+                if rng.below(200) == 0 {
+                    p.truncate(rng.below(p.len()));
+                }
+                w.raw(&p);
+                if rng.below(500) == 0 {
+                    w.conns.forget_idle(Instant::now());
+                }
+                assert_eq!(kept(&w), w.conns.buffered, "round {round}");
+            }
+            for (mut f, _) in flows {
+                if rng.below(2) == 0 {
+                    f.client(&mut w, FIN, b"");
+                    f.server(&mut w, FIN, b"");
+                }
+            }
+        }
+        assert!(w.records().len() <= measured);
+        w.conns.close_all("stopped");
+        assert_eq!(w.conns.buffered, 0);
+        let r = w.records();
+        assert!(
+            r.len() <= measured,
+            "{} records for {measured} requests",
+            r.len()
+        );
+        assert!(
+            r.len() > measured / 4,
+            "{} records for {measured} requests",
+            r.len()
+        );
     }
 }

@@ -185,7 +185,7 @@ impl Stream {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn feed(s: &mut Stream, segs: &[(u32, &[u8], bool)]) -> (Vec<u8>, Result<(), Lost>) {
