@@ -1065,3 +1065,63 @@ fn two_hundred_fifty_six_concurrent_streams_through_the_tap_all_complete_with_ex
     assert_tap_saw_everything(&tap.metrics);
     tap.stop();
 }
+
+/// The resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// 2500 connections each leave a 60 kB request head unfinished: 150 MB the tap would keep
+/// (64 KiB per head, 65536 connections: 4 GiB). What it keeps across connections is bounded:
+/// the supervisor's memory grows by less than 100 MiB, the connections it gave up are counted,
+/// and a request sent meanwhile is measured.
+#[test]
+fn a_flood_of_unfinished_heads_keeps_the_supervisors_memory_bounded_and_counted() {
+    if !can_tap("a_flood_of_unfinished_heads...") {
+        return;
+    }
+    let tap = start_tapped("headflood", &[], &[]);
+    let pid = tap.run.child.id();
+    let before = rss_kib(pid);
+    let head = format!("POST /generate HTTP/1.1\r\nx: {}", "a".repeat(60_000));
+    let mut open = Vec::new();
+    for _ in 0..2500 {
+        let mut s = TcpStream::connect(&tap.server).unwrap();
+        s.write_all(head.as_bytes()).unwrap();
+        open.push(s);
+    }
+    let unread = || {
+        series(
+            &scrape(&tap.metrics),
+            "sglang_supervisor_tap_unread_connections_total",
+        )
+        .unwrap_or(0.0)
+    };
+    let end = Instant::now() + Duration::from_secs(10);
+    while unread() == 0.0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let grown = rss_kib(pid).saturating_sub(before);
+    assert!(grown < 100 << 10, "the supervisor grew by {grown} KiB");
+    assert!(unread() > 0.0, "the connections given up are counted");
+    let r = post(
+        &tap.server,
+        "/generate",
+        r#"{"text":"a","sampling_params":{"max_new_tokens":4}}"#,
+    );
+    assert!(r.status.contains("200"), "{}", r.status);
+    let recs = wait_records(&tap.log, 1);
+    assert!(
+        recs.iter()
+            .any(|r| r["status"] == 200 && r.get("error").is_none()),
+        "{recs:?}"
+    );
+    drop(open);
+    tap.stop();
+}
