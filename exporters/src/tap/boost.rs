@@ -67,7 +67,10 @@ mod tests {
             for _ in 0..BEHIND - 1 {
                 b.after_pass(true);
             }
-            assert!(!b.raised() && nice_now() == 0, "a few blocks waiting are not falling behind");
+            assert!(
+                !b.raised() && nice_now() == 0,
+                "a few blocks waiting are not falling behind"
+            );
             b.after_pass(true);
             if b.raised() {
                 assert_eq!(nice_now(), RAISED);
