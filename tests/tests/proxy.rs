@@ -79,16 +79,6 @@ fn dechunk(body: &str) -> String {
     String::from_utf8_lossy(&sglang_supervisor_tests::dechunked(body.as_bytes())).into_owned()
 }
 
-/// Events carrying output in a stream of `n` tokens where every `merge`th event holds two.
-fn output_events(n: u64, merge: u64) -> u64 {
-    let (mut done, mut events) = (0, 0);
-    while done < n {
-        events += 1;
-        done += if events % merge == 0 { 2 } else { 1 }.min(n - done);
-    }
-    events
-}
-
 #[test]
 fn every_endpoint_streamed_or_not_usage_asked_or_not_gets_exact_tokens_and_identical_bytes() {
     endpoint_matrix("proxy-matrix", &[]);
@@ -174,34 +164,16 @@ fn endpoint_matrix(name: &str, env: &[(&str, &str)]) {
     );
     let direct = format!("127.0.0.1:{}", run.port);
     let n = 10u64;
-    let gen = |stream: bool| {
-        format!(
-            r#"{{"text":"a b c d","sampling_params":{{"max_new_tokens":{n}}},"stream":{stream}}}"#
-        )
-    };
-    let cmpl =
-        |extra: &str| format!(r#"{{"model":"m","prompt":"a b c d","max_tokens":{n}{extra}}}"#);
-    let chat = |extra: &str| {
-        format!(
-            r#"{{"model":"m","messages":[{{"role":"user","content":"a b c d"}}],"max_tokens":{n}{extra}}}"#
-        )
-    };
-    let stream = r#","stream":true"#;
-    let usage = r#","stream":true,"stream_options":{"include_usage":true}"#;
-    let continuous =
-        r#","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}"#;
-    let cases = [
-        ("/generate", gen(true), true),
-        ("/generate", gen(false), false),
-        ("/v1/completions", cmpl(stream), true),
-        ("/v1/completions", cmpl(usage), true),
-        ("/v1/completions", cmpl(continuous), true),
-        ("/v1/completions", cmpl(""), false),
-        ("/v1/chat/completions", chat(stream), true),
-        ("/v1/chat/completions", chat(usage), true),
-        ("/v1/chat/completions", chat(""), false),
-    ];
-    for (i, (path, body, streamed)) in cases.iter().enumerate() {
+    for (
+        i,
+        Case {
+            path,
+            body,
+            streamed,
+            ..
+        },
+    ) in matrix(n).iter().enumerate()
+    {
         let via = post(&proxy, path, body);
         let straight = post(&direct, path, body);
         assert!(via.status.contains("200"), "{path} {body}: {}", via.status);

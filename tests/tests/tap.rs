@@ -158,72 +158,16 @@ fn assert_tap_saw_everything(metrics: &str) {
     }
 }
 
-/// Events carrying output in a stream of `n` tokens where every `merge`th event holds two.
-fn output_events(n: u64, merge: u64) -> u64 {
-    let (mut done, mut events) = (0, 0);
-    while done < n {
-        events += 1;
-        done += if events % merge == 0 { 2 } else { 1 }.min(n - done);
-    }
-    events
-}
-
 /// Tokens asked of every request of the matrix; the prompt has 4 words.
 const N: u64 = 10;
 /// The replay server's `--merge-every` for the matrix: every third event carries two tokens.
 const MERGE: u64 = 3;
 const MATRIX_REPLAY: &[&str] = &["--merge-every", "3", "--reasoning-tokens", "4"];
 
-/// One request of the endpoint matrix.
-struct Case {
-    path: &'static str,
-    body: String,
-    streamed: bool,
-    /// The server's answer carries token counts (not an OpenAI stream that did not ask).
-    counted: bool,
-}
-
-/// Every generation endpoint, streamed and not, usage asked for or not (the proxy's matrix).
-fn matrix() -> Vec<Case> {
-    let gen = |stream: bool| {
-        format!(
-            r#"{{"text":"a b c d","sampling_params":{{"max_new_tokens":{N}}},"stream":{stream}}}"#
-        )
-    };
-    let cmpl =
-        |extra: &str| format!(r#"{{"model":"m","prompt":"a b c d","max_tokens":{N}{extra}}}"#);
-    let chat = |extra: &str| {
-        format!(
-            r#"{{"model":"m","messages":[{{"role":"user","content":"a b c d"}}],"max_tokens":{N}{extra}}}"#
-        )
-    };
-    let stream = r#","stream":true"#;
-    let usage = r#","stream":true,"stream_options":{"include_usage":true}"#;
-    let continuous =
-        r#","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}"#;
-    let case = |path, body, streamed, counted| Case {
-        path,
-        body,
-        streamed,
-        counted,
-    };
-    vec![
-        case("/generate", gen(true), true, true),
-        case("/generate", gen(false), false, true),
-        case("/v1/completions", cmpl(stream), true, false),
-        case("/v1/completions", cmpl(usage), true, true),
-        case("/v1/completions", cmpl(continuous), true, true),
-        case("/v1/completions", cmpl(""), false, true),
-        case("/v1/chat/completions", chat(stream), true, false),
-        case("/v1/chat/completions", chat(usage), true, true),
-        case("/v1/chat/completions", chat(""), false, true),
-    ]
-}
-
 /// Each case sent to `addr` in turn, with the record each gave (sequential: the i-th record is
 /// the i-th request's).
 fn send_matrix(addr: &str, log: &Path) -> Vec<(Timed, Value)> {
-    matrix()
+    matrix(N)
         .iter()
         .enumerate()
         .map(|(i, c)| {
@@ -258,7 +202,7 @@ fn every_endpoint_hit_straight_on_the_servers_port_is_measured_as_bench_serving_
         return;
     }
     let tap = start_tapped("tap-matrix", &[], MATRIX_REPLAY);
-    for (c, (answer, rec)) in matrix().iter().zip(send_matrix(&tap.server, &tap.log)) {
+    for (c, (answer, rec)) in matrix(N).iter().zip(send_matrix(&tap.server, &tap.log)) {
         let what = format!("{} {}: {rec}", c.path, c.body);
         assert_eq!(rec["endpoint"], c.path, "{what}");
         assert_eq!(rec["status"], 200, "{what}");
@@ -336,7 +280,7 @@ fn the_tap_counts_the_same_tokens_and_gaps_as_the_proxy_for_the_same_requests() 
     );
     let by_tap = send_matrix(&tap.server, &tap.log);
     let by_proxy = send_matrix(&proxy, &proxy_log);
-    for ((c, (_, t)), (_, p)) in matrix().iter().zip(&by_tap).zip(&by_proxy) {
+    for ((c, (_, t)), (_, p)) in matrix(N).iter().zip(&by_tap).zip(&by_proxy) {
         let what = format!("{} {}:\n tap   {t}\n proxy {p}", c.path, c.body);
         for k in ["endpoint", "status", "stream"] {
             assert_eq!(t[k], p[k], "{k}: {what}");

@@ -125,25 +125,55 @@ impl Exchange {
     }
 
     /// Bytes the client sent, in order.
-    pub fn client_bytes(&mut self, mut data: &[u8], on: &mut impl FnMut(Http<'_>)) {
+    pub fn client_bytes(&mut self, data: &[u8], on: &mut impl FnMut(Http<'_>)) {
+        self.bytes(true, data, on);
+    }
+
+    /// Bytes the server sent, in order.
+    pub fn server_bytes(&mut self, data: &[u8], on: &mut impl FnMut(Http<'_>)) {
+        self.bytes(false, data, on);
+    }
+
+    /// One direction's bytes: heads gathered and read, bodies passed (a request's read past, an
+    /// answer's to `on`, then its end).
+    fn bytes(&mut self, from_client: bool, mut data: &[u8], on: &mut impl FnMut(Http<'_>)) {
         while !data.is_empty() && self.lost.is_none() {
-            match &mut self.client {
-                Side::Body(framing) => match skip_body(framing, data) {
-                    Ok((used, ended)) => {
-                        data = &data[used..];
-                        if ended {
-                            self.client = Side::Head(Vec::new());
+            let side = if from_client {
+                &mut self.client
+            } else {
+                &mut self.server
+            };
+            match side {
+                Side::Body(framing) => {
+                    let passed = if from_client {
+                        skip_body(framing, data)
+                    } else {
+                        pass_body(framing, data, on)
+                    };
+                    match passed {
+                        Ok((used, ended)) => {
+                            data = &data[used..];
+                            if ended {
+                                *side = Side::Head(Vec::new());
+                                if !from_client {
+                                    on(Http::End);
+                                }
+                            }
                         }
+                        Err(e) => self.lost = Some(e),
                     }
-                    Err(e) => self.lost = Some(e),
-                },
+                }
                 Side::Head(held) => match gather(held, data) {
                     Err(e) => self.lost = Some(e),
                     Ok(None) => return,
                     Ok(Some(used)) => {
                         let head = std::mem::take(held);
                         data = &data[used..];
-                        self.read_request(&head, on);
+                        if from_client {
+                            self.read_request(&head, on);
+                        } else {
+                            self.read_answer(&head, on);
+                        }
                     }
                 },
             }
@@ -173,33 +203,6 @@ impl Exchange {
             Some(Framing::Length(0)) => Side::Head(Vec::new()),
             Some(f) => Side::Body(f),
         };
-    }
-
-    /// Bytes the server sent, in order.
-    pub fn server_bytes(&mut self, mut data: &[u8], on: &mut impl FnMut(Http<'_>)) {
-        while !data.is_empty() && self.lost.is_none() {
-            match &mut self.server {
-                Side::Body(framing) => match pass_body(framing, data, on) {
-                    Ok((used, ended)) => {
-                        data = &data[used..];
-                        if ended {
-                            self.server = Side::Head(Vec::new());
-                            on(Http::End);
-                        }
-                    }
-                    Err(e) => self.lost = Some(e),
-                },
-                Side::Head(held) => match gather(held, data) {
-                    Err(e) => self.lost = Some(e),
-                    Ok(None) => return,
-                    Ok(Some(used)) => {
-                        let head = std::mem::take(held);
-                        data = &data[used..];
-                        self.read_answer(&head, on);
-                    }
-                },
-            }
-        }
     }
 
     fn read_answer(&mut self, head: &[u8], on: &mut impl FnMut(Http<'_>)) {

@@ -450,3 +450,60 @@ pub fn json_of(o: &std::process::Output) -> Value {
         )
     })
 }
+
+/// Events carrying output in a stream of `n` tokens where every `merge`th event holds two.
+pub fn output_events(n: u64, merge: u64) -> u64 {
+    let (mut done, mut events) = (0, 0);
+    while done < n {
+        events += 1;
+        done += if events % merge == 0 { 2 } else { 1 }.min(n - done);
+    }
+    events
+}
+
+/// One request of the endpoint matrix.
+pub struct Case {
+    pub path: &'static str,
+    pub body: String,
+    pub streamed: bool,
+    /// The server's answer carries token counts (not an OpenAI stream that did not ask).
+    pub counted: bool,
+}
+
+/// Every generation endpoint, streamed and not, usage asked for or not, `n` tokens each (the
+/// matrix the proxy and the tap are both held to).
+pub fn matrix(n: u64) -> Vec<Case> {
+    let gen = |stream: bool| {
+        format!(
+            r#"{{"text":"a b c d","sampling_params":{{"max_new_tokens":{n}}},"stream":{stream}}}"#
+        )
+    };
+    let cmpl =
+        |extra: &str| format!(r#"{{"model":"m","prompt":"a b c d","max_tokens":{n}{extra}}}"#);
+    let chat = |extra: &str| {
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"a b c d"}}],"max_tokens":{n}{extra}}}"#
+        )
+    };
+    let stream = r#","stream":true"#;
+    let usage = r#","stream":true,"stream_options":{"include_usage":true}"#;
+    let continuous =
+        r#","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}"#;
+    let case = |path, body, streamed, counted| Case {
+        path,
+        body,
+        streamed,
+        counted,
+    };
+    vec![
+        case("/generate", gen(true), true, true),
+        case("/generate", gen(false), false, true),
+        case("/v1/completions", cmpl(stream), true, false),
+        case("/v1/completions", cmpl(usage), true, true),
+        case("/v1/completions", cmpl(continuous), true, true),
+        case("/v1/completions", cmpl(""), false, true),
+        case("/v1/chat/completions", chat(stream), true, false),
+        case("/v1/chat/completions", chat(usage), true, true),
+        case("/v1/chat/completions", chat(""), false, true),
+    ]
+}
