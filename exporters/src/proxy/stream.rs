@@ -73,6 +73,10 @@ impl EventStream {
     /// Read a frame's events; returns what the client gets of it (the same bytes, without
     /// copying, unless an event is cut out or held back).
     pub fn pass(&mut self, data: Bytes, mut on_event: impl FnMut(EventInfo)) -> Bytes {
+        if !self.drop_usage {
+            self.read(&data, on_event);
+            return data;
+        }
         if self.unread {
             let Some(next) = self.unread_end(&data) else {
                 return data;
@@ -95,7 +99,7 @@ impl EventStream {
             while let Some((end, next)) = event_end(&data[pos..]) {
                 let info = scan_event(self.api, &data[pos..pos + end]);
                 on_event(info);
-                if self.drop_usage && info.usage_only {
+                if info.usage_only {
                     cut = Some((pos, pos + next));
                 }
                 pos += next;
@@ -104,9 +108,6 @@ impl EventStream {
                 self.carry.extend_from_slice(&data[pos..]);
                 self.scanned = 0;
             }
-            if !self.drop_usage {
-                return data;
-            }
             return match cut {
                 None => data.slice(..pos),
                 Some((a, b)) => join(&data[..a], &data[b..pos]),
@@ -114,13 +115,50 @@ impl EventStream {
         }
         // An event spans frames: read it from the carried bytes.
         self.carry.extend_from_slice(&data);
-        let (mut pos, mut from) = (0, self.scanned);
         let mut out = Vec::new();
+        self.read_carried(&mut on_event, Some(&mut out));
+        Bytes::from(out)
+    }
+
+    /// Read a frame's events when none is cut (the proxy when it asked the server for nothing,
+    /// the tap): nothing is copied but the start of an event the frame does not end.
+    pub fn read(&mut self, mut data: &[u8], mut on_event: impl FnMut(EventInfo)) {
+        if self.unread {
+            let Some(next) = self.unread_end(data) else {
+                return;
+            };
+            self.unread = false;
+            data = &data[next..];
+        }
+        if self.carry.is_empty() {
+            let mut pos = 0;
+            while let Some((end, next)) = event_end(&data[pos..]) {
+                on_event(scan_event(self.api, &data[pos..pos + end]));
+                pos += next;
+            }
+            if pos < data.len() {
+                self.carry.extend_from_slice(&data[pos..]);
+                self.scanned = 0;
+            }
+            return;
+        }
+        self.carry.extend_from_slice(data);
+        self.read_carried(&mut on_event, None);
+    }
+
+    /// The events that end in the carried bytes; `keep` gets what of them goes to the client
+    /// (all but the usage-only event), and the start of an event too large to hold.
+    fn read_carried(
+        &mut self,
+        on_event: &mut impl FnMut(EventInfo),
+        mut keep: Option<&mut Vec<u8>>,
+    ) {
+        let (mut pos, mut from) = (0, self.scanned);
         while let Some((end, next)) = event_end(&self.carry[from..]) {
             let (end, next) = (from + end, from + next);
             let info = scan_event(self.api, &self.carry[pos..end]);
             on_event(info);
-            if self.drop_usage && !info.usage_only {
+            if let Some(out) = keep.as_deref_mut().filter(|_| !info.usage_only) {
                 out.extend_from_slice(&self.carry[pos..next]);
             }
             (pos, from) = (next, next);
@@ -137,16 +175,9 @@ impl EventStream {
             self.scanned = 0;
             self.unread = true;
             self.edge = held[held.len() - 2..].to_vec();
-            if !self.drop_usage {
-                return data;
+            if let Some(out) = keep {
+                out.extend_from_slice(&held);
             }
-            out.extend_from_slice(&held);
-            return Bytes::from(out);
-        }
-        if self.drop_usage {
-            Bytes::from(out)
-        } else {
-            data
         }
     }
 
@@ -329,6 +360,43 @@ mod attack_tests {
         let all = format!("{TEXT}{nl}{nl}{TEXT}{nl}{nl}{USAGE}{nl}{nl}data: [DONE]{nl}{nl}");
         let client = format!("{TEXT}{nl}{nl}{TEXT}{nl}{nl}data: [DONE]{nl}{nl}");
         (all, client)
+    }
+
+    /// What `read` sees of frames (the tap's way, nothing returned).
+    fn read_all(api: Api, frames: &[&[u8]]) -> Vec<EventInfo> {
+        let mut s = EventStream::new(api, false);
+        let mut ev = Vec::new();
+        for f in frames {
+            s.read(f, |e| ev.push(e));
+        }
+        let _ = s.finish(|e| ev.push(e));
+        ev
+    }
+
+    #[test]
+    fn read_sees_the_events_pass_sees_however_the_frames_are_cut() {
+        let mut big = b"data: {\"text\":\"".to_vec();
+        big.extend(std::iter::repeat_n(b'a', MAX_EVENT + 5));
+        big.extend_from_slice(b"\",\"meta_info\":{\"completion_tokens\":7}}\n\ndata: [DONE]\n\n");
+        for nl in ["\n", "\r\n"] {
+            let (all, _) = stream(nl);
+            let b = all.as_bytes();
+            for at in 0..=b.len() {
+                let frames = [&b[..at], &b[at..]];
+                let (_, passed) = run(Api::Completions, false, &frames);
+                assert_eq!(read_all(Api::Completions, &frames), passed, "split at {at}");
+            }
+            let bytes: Vec<&[u8]> = b.chunks(1).collect();
+            assert_eq!(
+                read_all(Api::Completions, &bytes),
+                run(Api::Completions, false, &bytes).1
+            );
+        }
+        for size in [1 << 20, 4099, 3] {
+            let frames: Vec<&[u8]> = big.chunks(size).collect();
+            let (_, passed) = run(Api::Generate, false, &frames);
+            assert_eq!(read_all(Api::Generate, &frames), passed, "frames of {size}");
+        }
     }
 
     #[test]

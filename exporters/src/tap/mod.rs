@@ -19,7 +19,6 @@ pub mod tcp;
 use crate::proxy::{Api, EventStream, Held, Ledger, ProxyMetrics, Recorder, Sink, Started};
 use crate::report::{RequestStats, Settle};
 use http::{Exchange, Http};
-use hyper::body::Bytes;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use ring::{Interface, Packet, Ring};
@@ -314,7 +313,7 @@ struct Conn {
 
 struct Connections {
     port: u16,
-    map: HashMap<(End, End), Conn>,
+    map: HashMap<(End, End), Conn, tcp::KeyHasher>,
     /// What the connections keep ([`Conn::buffered`]), summed.
     buffered: usize,
     ledger: Arc<Ledger>,
@@ -332,7 +331,7 @@ impl Connections {
         let metrics = ledger.metrics().clone();
         Connections {
             port,
-            map: HashMap::new(),
+            map: HashMap::with_hasher(tcp::KeyHasher::new()),
             buffered: 0,
             ledger,
             metrics,
@@ -727,8 +726,7 @@ fn on_answer(
                 a.rec.on_frame(data, at.at);
                 if a.stream {
                     let rec = &mut a.rec;
-                    a.events
-                        .pass(Bytes::copy_from_slice(data), |e| rec.on_event(e, at.at));
+                    a.events.read(data, |e| rec.on_event(e, at.at));
                 }
             }
         }

@@ -10,6 +10,74 @@ pub struct End {
     pub port: u16,
 }
 
+/// Hashes a connection's ends for the tap's table, looked up once per segment: a multiply-rotate
+/// hash (rustc's FxHash) keyed per process. SipHash, the default, was 9 % of the tap's CPU
+/// (BENCHMARKS.md, "The tap"); the random key keeps ends chosen by a remote client from being
+/// made to collide ahead of time.
+#[derive(Clone)]
+pub struct KeyHasher(u64);
+
+impl KeyHasher {
+    pub fn new() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        KeyHasher(
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+                | 1,
+        )
+    }
+}
+
+impl Default for KeyHasher {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::hash::BuildHasher for KeyHasher {
+    type Hasher = Fx;
+    fn build_hasher(&self) -> Fx {
+        Fx(self.0)
+    }
+}
+
+pub struct Fx(u64);
+
+impl Fx {
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl std::hash::Hasher for Fx {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(b));
+        }
+    }
+    fn write_u8(&mut self, n: u8) {
+        self.add(n as u64);
+    }
+    fn write_u16(&mut self, n: u16) {
+        self.add(n as u64);
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.add(n as u64);
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// A TCP segment, read from an IPv4 or IPv6 packet.
 #[derive(Debug)]
 pub struct Segment<'a> {
