@@ -593,6 +593,9 @@ fn after_ready(args: &Args, workers: &[u32]) {
             // SAFETY: kill our own children.
             unsafe { libc::kill(w as i32, libc::SIGKILL) };
         }
+        // Exit holding the output lock: a line another thread has written to the terminal but not
+        // yet to the record would make the record shorter than the log (seen once under load).
+        let _quiet = out().lock().unwrap_or_else(|p| p.into_inner());
         std::process::exit(code.parse().unwrap_or(0));
     }
 }
