@@ -383,6 +383,13 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
                 (Some(proxy), None)
             }
             None => {
+                let loopback = ["127.", "localhost", "::1", "[::1]"];
+                if args.tap_interface == "lo" && !loopback.iter().any(|p| url.host.starts_with(p)) {
+                    tracing::warn!(
+                        "--tap copies loopback only, and the server is reached at {}: clients of that address come in on another interface (pass --tap-interface any)",
+                        url.host
+                    );
+                }
                 let tap = sglang_exporters::tap::start(sglang_exporters::tap::TapConfig {
                     port: tapped_port(args, &url)?,
                     iface: args.tap_interface.clone(),
