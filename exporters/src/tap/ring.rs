@@ -102,54 +102,155 @@ fn if_index(name: &str) -> io::Result<i32> {
     Ok(i as i32)
 }
 
-/// The classic BPF program: TCP over IPv4 (unfragmented) or IPv6 to or from `port`, and, when
-/// `lo_index` is given, not the sent copy of a loopback packet.
+/// One instruction of the filter, its jumps by label (`NEXT`: fall through), for [`assemble`].
+enum Asm {
+    Op(u16, u32),
+    Jump(u16, u32, &'static str, &'static str),
+    Label(&'static str),
+}
+
+const NEXT: &str = "";
+
+/// Resolves the labels: a classic BPF jump is a forward offset from the next instruction.
+fn assemble(prog: &[Asm]) -> Vec<libc::sock_filter> {
+    let mut at = std::collections::HashMap::new();
+    let mut n = 0usize;
+    for a in prog {
+        match a {
+            Asm::Label(l) => {
+                at.insert(*l, n);
+            }
+            _ => n += 1,
+        }
+    }
+    let mut out = Vec::with_capacity(n);
+    for a in prog {
+        let i = out.len();
+        let off = |l: &str| -> u8 {
+            let target = if l == NEXT { i + 1 } else { at[l] };
+            // A backward or too long jump is a bug in the program below, caught by its test.
+            u8::try_from(target - (i + 1)).unwrap_or(u8::MAX)
+        };
+        match a {
+            Asm::Label(_) => {}
+            Asm::Op(code, k) => out.push(libc::sock_filter {
+                code: *code,
+                jt: 0,
+                jf: 0,
+                k: *k,
+            }),
+            Asm::Jump(code, k, t, f) => out.push(libc::sock_filter {
+                code: *code,
+                jt: off(t),
+                jf: off(f),
+                k: *k,
+            }),
+        }
+    }
+    out
+}
+
+/// The classic BPF program: TCP over IPv4 (unfragmented) or IPv6 to or from `port` that carries
+/// bytes or a SYN, FIN or RST, and, when `lo_index` is given, not the sent copy of a loopback
+/// packet. Pure ACKs (about half of a stream's segments) are dropped before the kernel copies
+/// them: the tap has no use for them, and each copy is paid by the process that sent it.
 fn filter(port: u16, lo_index: Option<i32>) -> Vec<libc::sock_filter> {
-    const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
-    const LD_H_ABS: u16 = (libc::BPF_LD | libc::BPF_H | libc::BPF_ABS) as u16;
-    const LD_B_ABS: u16 = (libc::BPF_LD | libc::BPF_B | libc::BPF_ABS) as u16;
-    const LD_H_IND: u16 = (libc::BPF_LD | libc::BPF_H | libc::BPF_IND) as u16;
-    const LDX_MSH: u16 = (libc::BPF_LDX | libc::BPF_B | libc::BPF_MSH) as u16;
-    const JEQ: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
-    const JSET: u16 = (libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K) as u16;
-    const RET: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    use Asm::{Jump, Label, Op};
+    let c = |v: u32| v as u16;
+    let (ld_w, ld_h, ld_b) = (
+        c(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS),
+        c(libc::BPF_LD | libc::BPF_H | libc::BPF_ABS),
+        c(libc::BPF_LD | libc::BPF_B | libc::BPF_ABS),
+    );
+    let (ld_h_ind, ld_b_ind) = (
+        c(libc::BPF_LD | libc::BPF_H | libc::BPF_IND),
+        c(libc::BPF_LD | libc::BPF_B | libc::BPF_IND),
+    );
+    let ldx_msh = c(libc::BPF_LDX | libc::BPF_B | libc::BPF_MSH);
+    let (ld_mem, st, tax) = (
+        c(libc::BPF_LD | libc::BPF_MEM),
+        c(libc::BPF_ST),
+        c(libc::BPF_MISC | libc::BPF_TAX),
+    );
+    let (sub_x, rsh, and) = (
+        c(libc::BPF_ALU | libc::BPF_SUB | libc::BPF_X),
+        c(libc::BPF_ALU | libc::BPF_RSH | libc::BPF_K),
+        c(libc::BPF_ALU | libc::BPF_AND | libc::BPF_K),
+    );
+    let (jeq, jgt, jset) = (
+        c(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K),
+        c(libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K),
+        c(libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K),
+    );
+    let ret = c(libc::BPF_RET | libc::BPF_K);
     let ad = |k: libc::c_int| (libc::SKF_AD_OFF + k) as u32;
-    let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
     let port = port as u32;
+    // SYN, FIN or RST: a segment without bytes that still says something.
+    const FLAGS: u32 = 0x07;
     let mut p = Vec::new();
     if let Some(lo) = lo_index {
-        p.push(op(LD_W_ABS, 0, 0, ad(libc::SKF_AD_IFINDEX)));
-        p.push(op(JEQ, 0, 2, lo as u32));
-        p.push(op(LD_W_ABS, 0, 0, ad(libc::SKF_AD_PKTTYPE)));
-        // The sent copy: to the drop at the end (counted from the next instruction).
-        p.push(op(JEQ, 19, 0, libc::PACKET_OUTGOING as u32));
+        p.extend([
+            Op(ld_w, ad(libc::SKF_AD_IFINDEX)),
+            Jump(jeq, lo as u32, NEXT, "proto"),
+            Op(ld_w, ad(libc::SKF_AD_PKTTYPE)),
+            Jump(jeq, libc::PACKET_OUTGOING as u32, "drop", "proto"),
+        ]);
     }
-    // From here 20 instructions; jumps are counted from the next one, to the accept (18) and the
-    // drop (19) at the end.
-    let body = [
-        op(LD_W_ABS, 0, 0, ad(libc::SKF_AD_PROTOCOL)), // 0
-        op(JEQ, 1, 0, 0x0800),                         // 1: IPv4 -> 3
-        op(JEQ, 9, 16, 0x86dd),                        // 2: IPv6 -> 12, else drop
-        op(LD_B_ABS, 0, 0, 9),                         // 3: protocol
-        op(JEQ, 0, 14, 6),                             // 4: TCP, else drop
-        op(LD_H_ABS, 0, 0, 6),                         // 5: fragment offset
-        op(JSET, 12, 0, 0x1fff),                       // 6: a later fragment: drop
-        op(LDX_MSH, 0, 0, 0),                          // 7: x = IPv4 header length
-        op(LD_H_IND, 0, 0, 0),                         // 8: source port
-        op(JEQ, 8, 0, port),                           // 9: -> accept
-        op(LD_H_IND, 0, 0, 2),                         // 10: destination port
-        op(JEQ, 6, 7, port),                           // 11: accept, else drop
-        op(LD_B_ABS, 0, 0, 6),                         // 12: IPv6 next header
-        op(JEQ, 0, 5, 6),                              // 13: TCP, else drop
-        op(LD_H_ABS, 0, 0, 40),                        // 14: source port
-        op(JEQ, 2, 0, port),                           // 15: -> accept
-        op(LD_H_ABS, 0, 0, 42),                        // 16: destination port
-        op(JEQ, 0, 1, port),                           // 17: accept, else drop
-        op(RET, 0, 0, SNAPLEN),                        // 18: accept
-        op(RET, 0, 0, 0),                              // 19: drop
-    ];
-    p.extend_from_slice(&body);
-    p
+    p.extend([
+        Label("proto"),
+        Op(ld_w, ad(libc::SKF_AD_PROTOCOL)),
+        Jump(jeq, 0x0800, "v4", NEXT),
+        Jump(jeq, 0x86dd, "v6", "drop"),
+        Label("v4"),
+        Op(ld_b, 9),
+        Jump(jeq, 6, NEXT, "drop"),
+        // More fragments, or a fragment's offset: not a whole segment.
+        Op(ld_h, 6),
+        Jump(jset, 0x3fff, "drop", NEXT),
+        Op(ldx_msh, 0),
+        Op(ld_h_ind, 0),
+        Jump(jeq, port, "v4 bytes", NEXT),
+        Op(ld_h_ind, 2),
+        Jump(jeq, port, "v4 bytes", "drop"),
+        Label("v4 bytes"),
+        // payload = total length - IP header - TCP header
+        Op(ld_h, 2),
+        Op(sub_x, 0),
+        Op(st, 0),
+        Op(ld_b_ind, 12),
+        Op(rsh, 2),
+        Op(and, 0x3c),
+        Op(tax, 0),
+        Op(ld_mem, 0),
+        Op(sub_x, 0),
+        Jump(jgt, 0, "accept", NEXT),
+        Op(ldx_msh, 0),
+        Op(ld_b_ind, 13),
+        Jump(jset, FLAGS, "accept", "drop"),
+        Label("v6"),
+        Op(ld_b, 6),
+        Jump(jeq, 6, NEXT, "drop"),
+        Op(ld_h, 40),
+        Jump(jeq, port, "v6 bytes", NEXT),
+        Op(ld_h, 42),
+        Jump(jeq, port, "v6 bytes", "drop"),
+        Label("v6 bytes"),
+        // payload = payload length - TCP header
+        Op(ld_b, 52),
+        Op(rsh, 2),
+        Op(and, 0x3c),
+        Op(tax, 0),
+        Op(ld_h, 4),
+        Op(sub_x, 0),
+        Jump(jgt, 0, "accept", NEXT),
+        Op(ld_b, 53),
+        Jump(jset, FLAGS, "accept", "drop"),
+        Label("accept"),
+        Op(ret, SNAPLEN),
+        Label("drop"),
+        Op(ret, 0),
+    ]);
+    assemble(&p)
 }
 
 impl Ring {
@@ -397,49 +498,69 @@ impl Drop for Ring {
 mod tests {
     use super::*;
 
-    /// The jumps land where their comments say: every program is walked for IPv4 and IPv6 TCP
-    /// to or from the port (accepted), and other ports, UDP and fragments (dropped).
+    /// Every program is walked for IPv4 and IPv6 TCP to or from the port: segments with bytes or
+    /// a SYN, FIN or RST pass; pure ACKs, other ports, UDP and fragments are dropped.
     #[test]
-    fn the_filter_accepts_the_ports_tcp_and_drops_the_rest() {
+    fn the_filter_keeps_the_ports_segments_that_say_something_and_drops_the_rest() {
+        // A TCP header of `doff` words, its flags, then `payload` bytes.
+        let tcp = |sport: u16, dport: u16, doff: u8, flags: u8, payload: usize| {
+            let mut t = vec![0u8; doff as usize * 4];
+            t[0..2].copy_from_slice(&sport.to_be_bytes());
+            t[2..4].copy_from_slice(&dport.to_be_bytes());
+            t[12] = doff << 4;
+            t[13] = flags;
+            t.extend(std::iter::repeat_n(b'x', payload));
+            t
+        };
+        let v4 = |proto: u8, frag: u16, t: Vec<u8>| {
+            let mut b = vec![0u8; 20];
+            b[0] = 0x45;
+            b[2..4].copy_from_slice(&((20 + t.len()) as u16).to_be_bytes());
+            b[6..8].copy_from_slice(&frag.to_be_bytes());
+            b[9] = proto;
+            b.extend(t);
+            (0x0800u32, b)
+        };
+        let v6 = |nh: u8, t: Vec<u8>| {
+            let mut b = vec![0u8; 40];
+            b[0] = 0x60;
+            b[4..6].copy_from_slice(&(t.len() as u16).to_be_bytes());
+            b[6] = nh;
+            b.extend(t);
+            (0x86ddu32, b)
+        };
+        const ACK: u8 = 0x10;
         for lo in [None, Some(1)] {
             let p = filter(30000, lo);
-            let accept = p.len() - 2;
-            let drop = p.len() - 1;
+            assert_eq!(p[p.len() - 2].k, SNAPLEN);
+            assert_eq!(p[p.len() - 1].k, 0);
             for (i, ins) in p.iter().enumerate() {
                 if ins.code & 0x07 == libc::BPF_JMP as u16 {
                     for t in [ins.jt, ins.jf] {
                         assert!(i + 1 + (t as usize) < p.len(), "jump out at {i}");
+                        assert!(t < u8::MAX, "a jump too long at {i}");
                     }
                 }
             }
-            assert_eq!(p[accept].k, SNAPLEN);
-            assert_eq!(p[drop].k, 0);
-            let v4 = |proto: u8, sport: u16, dport: u16, frag: u16| {
-                let mut b = vec![0u8; 40];
-                b[0] = 0x45;
-                b[6..8].copy_from_slice(&frag.to_be_bytes());
-                b[9] = proto;
-                b[20..22].copy_from_slice(&sport.to_be_bytes());
-                b[22..24].copy_from_slice(&dport.to_be_bytes());
-                (0x0800u32, b)
-            };
-            let v6 = |nh: u8, sport: u16, dport: u16| {
-                let mut b = vec![0u8; 60];
-                b[0] = 0x60;
-                b[6] = nh;
-                b[40..42].copy_from_slice(&sport.to_be_bytes());
-                b[42..44].copy_from_slice(&dport.to_be_bytes());
-                (0x86ddu32, b)
-            };
             let cases = [
-                (v4(6, 5555, 30000, 0), true),
-                (v4(6, 30000, 5555, 0x4000), true),
-                (v4(6, 5555, 30001, 0), false),
-                (v4(17, 5555, 30000, 0), false),
-                (v4(6, 5555, 30000, 0x0010), false),
-                (v6(6, 5555, 30000), true),
-                (v6(6, 30000, 1), true),
-                (v6(17, 30000, 1), false),
+                (v4(6, 0, tcp(5555, 30000, 5, ACK | 0x08, 7)), true),
+                (v4(6, 0x4000, tcp(30000, 5555, 5, ACK, 1)), true),
+                (v4(6, 0, tcp(5555, 30000, 5, ACK, 0)), false),
+                (v4(6, 0, tcp(5555, 30000, 8, ACK, 0)), false),
+                (v4(6, 0, tcp(5555, 30000, 8, ACK, 1)), true),
+                (v4(6, 0, tcp(5555, 30000, 5, 0x02, 0)), true),
+                (v4(6, 0, tcp(30000, 5555, 5, 0x12, 0)), true),
+                (v4(6, 0, tcp(5555, 30000, 5, ACK | 0x01, 0)), true),
+                (v4(6, 0, tcp(5555, 30000, 5, 0x04, 0)), true),
+                (v4(6, 0, tcp(5555, 30001, 5, ACK, 7)), false),
+                (v4(17, 0, tcp(5555, 30000, 5, ACK, 7)), false),
+                (v4(6, 0x0010, tcp(5555, 30000, 5, ACK, 7)), false),
+                (v4(6, 0x2000, tcp(5555, 30000, 5, ACK, 7)), false),
+                (v6(6, tcp(5555, 30000, 5, ACK, 7)), true),
+                (v6(6, tcp(30000, 1, 5, 0x12, 0)), true),
+                (v6(6, tcp(30000, 1, 5, ACK, 0)), false),
+                (v6(6, tcp(30000, 1, 8, ACK, 3)), true),
+                (v6(17, tcp(30000, 1, 5, ACK, 7)), false),
             ];
             for ((proto, pkt), want) in cases {
                 assert_eq!(
@@ -458,6 +579,7 @@ mod tests {
     /// A tiny classic-BPF interpreter for the instructions `filter` uses.
     fn run(p: &[libc::sock_filter], proto: u32, pkt: &[u8], ifindex: u32, pkttype: u32) -> u32 {
         let (mut a, mut x, mut pc) = (0u32, 0u32, 0usize);
+        let mut mem = [0u32; 16];
         let h = |o: usize| u16::from_be_bytes([pkt[o], pkt[o + 1]]) as u32;
         loop {
             let i = &p[pc];
@@ -488,6 +610,20 @@ mod tests {
                 }
                 c if c == (libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K) as u16 => {
                     pc += if a & i.k != 0 { i.jt } else { i.jf } as usize
+                }
+                c if c == (libc::BPF_LD | libc::BPF_B | libc::BPF_IND) as u16 => {
+                    a = pkt[(x + i.k) as usize] as u32
+                }
+                c if c == (libc::BPF_LD | libc::BPF_MEM) as u16 => a = mem[i.k as usize],
+                c if c == libc::BPF_ST as u16 => mem[i.k as usize] = a,
+                c if c == (libc::BPF_MISC | libc::BPF_TAX) as u16 => x = a,
+                c if c == (libc::BPF_ALU | libc::BPF_SUB | libc::BPF_X) as u16 => {
+                    a = a.wrapping_sub(x)
+                }
+                c if c == (libc::BPF_ALU | libc::BPF_RSH | libc::BPF_K) as u16 => a >>= i.k,
+                c if c == (libc::BPF_ALU | libc::BPF_AND | libc::BPF_K) as u16 => a &= i.k,
+                c if c == (libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K) as u16 => {
+                    pc += if a > i.k { i.jt } else { i.jf } as usize
                 }
                 c if c == (libc::BPF_RET | libc::BPF_K) as u16 => return i.k,
                 c => panic!("opcode {c:#x}"),
