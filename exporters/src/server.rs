@@ -253,7 +253,14 @@ async fn close_window(
             .flatten(),
         None => None,
     };
-    let reqs = requests.and_then(|r| r.window_stop(gpus));
+    // Blocking: the tap's settle waits (milliseconds) for its ring to be read up to the close.
+    let reqs = match requests {
+        Some(r) => tokio::task::spawn_blocking(move || r.window_stop(gpus))
+            .await
+            .ok()
+            .flatten(),
+        None => None,
+    };
     let more: Vec<_> = parts.iter().filter_map(|p| p.stop()).collect();
     let name = power
         .as_ref()

@@ -6,7 +6,7 @@ use sglang_probes::sync::lock;
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 pub struct Ledger {
     metrics: Arc<ProxyMetrics>,
@@ -56,17 +56,24 @@ impl Ledger {
         }
     }
 
-    /// A measured request that ended before the server's answer began.
+    /// A measured request that ended before the server's answer began, now.
     pub fn failed(&self, s: Started, status: u16, why: String) {
+        self.failed_at(s, status, why, Instant::now());
+    }
+
+    /// A measured request that ended before the server's answer began, at `end` (the tap's
+    /// segments are read milliseconds after they pass: their own time is the end).
+    pub fn failed_at(&self, s: Started, status: u16, why: String, end: Instant) {
+        let ago = Instant::now().saturating_duration_since(end);
         let rec = RequestRecord {
-            ts: humantime::format_rfc3339_micros(SystemTime::now()).to_string(),
+            ts: humantime::format_rfc3339_micros(SystemTime::now() - ago).to_string(),
             start_unix: s.sent_unix,
             endpoint: s.endpoint.into(),
             status,
             stream: false,
             ttft_s: None,
             tpot_s: None,
-            e2e_s: s.sent.elapsed().as_secs_f64(),
+            e2e_s: end.saturating_duration_since(s.sent).as_secs_f64(),
             itl_s: Vec::new(),
             prompt_tokens: None,
             completion_tokens: None,

@@ -316,8 +316,13 @@ impl Recorder {
     }
 
     /// The response ended (`error`: how it did not end well).
-    pub fn finish(mut self, error: Option<String>) {
-        let end = self.last_frame.unwrap_or_else(Instant::now);
+    pub fn finish(self, error: Option<String>) {
+        self.finish_at(error, Instant::now());
+    }
+
+    /// The response ended at `end` unless a frame came later (the tap: a segment's own time).
+    pub fn finish_at(mut self, error: Option<String>, end: Instant) {
+        let end = self.last_frame.unwrap_or(end);
         let e2e = end.duration_since(self.sent).as_secs_f64();
         if !self.stream {
             self.read_body_counts();

@@ -12,6 +12,9 @@ const RAISED: libc::c_int = -10;
 pub(super) struct Boost {
     behind: u32,
     raised: bool,
+    /// The thread's nice value before it was raised, restored after (a supervisor started under
+    /// `nice 5` stays at 5).
+    before: libc::c_int,
 }
 
 impl Boost {
@@ -19,6 +22,7 @@ impl Boost {
         Boost {
             behind: 0,
             raised: false,
+            before: nice_now(),
         }
     }
 
@@ -26,13 +30,13 @@ impl Boost {
     pub(super) fn after_pass(&mut self, waiting: bool) {
         if waiting {
             self.behind = self.behind.saturating_add(1);
-            if self.behind >= BEHIND && !self.raised {
+            if self.behind >= BEHIND && !self.raised && self.before > RAISED {
                 self.raised = set_nice(RAISED);
             }
         } else {
             self.behind = 0;
             if self.raised {
-                self.raised = !set_nice(0);
+                self.raised = !set_nice(self.before);
             }
         }
     }
@@ -49,7 +53,6 @@ fn set_nice(n: libc::c_int) -> bool {
     unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, n) == 0 }
 }
 
-#[cfg(test)]
 fn nice_now() -> libc::c_int {
     // SAFETY: getpriority on this thread's own id (errno is not needed: -1 is a valid answer
     // only for a thread at -1, which this one never is).

@@ -46,8 +46,9 @@ const TOO_MANY_OPEN: &str = "more than 4096 requests were open on the connection
                              stopped reading it";
 /// Why a connection's open requests end when segments of it were lost.
 const LOST: &str = "the tap lost segments of this connection (its ring was full)";
-/// A connection silent this long with nothing open is forgotten.
-const IDLE: Duration = Duration::from_secs(600);
+/// A connection silent this long with nothing open is forgotten (a keep-alive connection reused
+/// after it is not measured; the table's size is bounded apart, by [`MAX_CONNECTIONS`]).
+const IDLE: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, thiserror::Error)]
 pub enum TapError {
@@ -181,8 +182,9 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
 }
 
 /// How long a block of segments may wait in the ring before the kernel hands it over
-/// ([`ring::BLOCK_TIMEOUT_MS`]), and a margin for the timer.
-const HANDOVER: Duration = Duration::from_millis(ring::BLOCK_TIMEOUT_MS as u64 + 2);
+/// ([`ring::BLOCK_TIMEOUT_MS`]), with room for a timer that ticks in jiffies (10 ms at HZ=100)
+/// and fires late on a busy host, and for a stamp taken before the segment reached the ring.
+const HANDOVER: Duration = Duration::from_millis(2 * ring::BLOCK_TIMEOUT_MS as u64 + 10);
 /// A window's close waits at most this long for the tap to have read up to it.
 const MAX_SETTLE: Duration = Duration::from_millis(200);
 
@@ -191,7 +193,13 @@ const MAX_SETTLE: Duration = Duration::from_millis(200);
 fn settle(read_through: &AtomicU64, end: f64) {
     let want = (end * 1e9) as u64;
     let deadline = Instant::now() + MAX_SETTLE;
-    while read_through.load(Ordering::Acquire) < want && Instant::now() < deadline {
+    while read_through.load(Ordering::Acquire) < want {
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                "tap: a window closed before the tap had read up to its end (its ring is behind); requests that ended in the window's last moments may be missing from it"
+            );
+            return;
+        }
         std::thread::sleep(Duration::from_millis(1));
     }
 }
@@ -213,13 +221,19 @@ impl Reader {
     fn run(mut self, mut ring: Ring, stop: &AtomicBool) {
         let mut last_check = Instant::now();
         let mut boost = boost::Boost::new();
+        let mut stop_seen: Option<Instant> = None;
         loop {
-            let stopping = stop.load(Ordering::SeqCst);
+            // After a stop, reading goes on until a pass finds nothing and a whole hand-over
+            // time has passed: the block being filled at the stop is handed over by then.
+            if stop_seen.is_none() && stop.load(Ordering::SeqCst) {
+                stop_seen = Some(Instant::now());
+            }
+            let stopping = stop_seen.is_some_and(|t| t.elapsed() >= HANDOVER);
             // The clocks are read once per block: a segment's monotonic time is derived from
             // its wall-clock stamp (the recorder's times are monotonic).
             let (now_wall, now) = (SystemTime::now(), Instant::now());
-            let wait = if stopping {
-                HANDOVER
+            let wait = if stop_seen.is_some() {
+                Duration::from_millis(ring::BLOCK_TIMEOUT_MS as u64)
             } else {
                 Duration::from_millis(20)
             };
@@ -234,7 +248,9 @@ impl Reader {
             boost.after_pass(waiting);
             if !waiting {
                 let upto = checked.checked_sub(HANDOVER).map_or(0, unix_nanos);
-                self.read_through.fetch_max(upto, Ordering::Release);
+                // Stored, not raised to the maximum: after the wall clock steps back, a
+                // watermark left ahead would let windows close without waiting.
+                self.read_through.store(upto, Ordering::Release);
             }
             match read {
                 Ok(true) => {}
@@ -592,10 +608,11 @@ impl Connections {
                     finish(a, at.at, why);
                 }
                 for s in open.drain(..).flatten() {
-                    ledger.failed(
+                    ledger.failed_at(
                         s,
                         502,
                         "the server closed the connection before answering".into(),
+                        at.at,
                     );
                 }
             }
@@ -628,7 +645,11 @@ impl Connections {
             c.hole_seen = hole;
         }
         self.map.retain(|_, c| {
-            let idle = now.saturating_duration_since(c.last_seen) > IDLE;
+            // A request may wait longer than any limit for its answer (a queued non-streamed
+            // generation), and keep-alive probes are pure ACKs the filter drops: only a
+            // connection with nothing open is forgotten for its silence.
+            let nothing_open = c.open.is_empty() && c.answer.is_none();
+            let idle = nothing_open && now.saturating_duration_since(c.last_seen) > IDLE;
             if idle {
                 *buffered = buffered.saturating_sub(c.buffered());
                 c.end_all(ledger, "the connection went silent");
@@ -671,7 +692,12 @@ impl Conn {
             finish(a, self.last_seen, Some("client disconnected".into()));
         }
         for s in self.open.drain(..).flatten() {
-            ledger.failed(s, 499, "client disconnected before the response".into());
+            ledger.failed_at(
+                s,
+                499,
+                "client disconnected before the response".into(),
+                self.last_seen,
+            );
         }
     }
 
@@ -681,7 +707,7 @@ impl Conn {
             finish(a, self.last_seen, Some(why.to_string()));
         }
         for s in self.open.drain(..).flatten() {
-            ledger.failed(s, 499, why.to_string());
+            ledger.failed_at(s, 499, why.to_string(), self.last_seen);
         }
     }
 }
@@ -741,7 +767,7 @@ fn on_answer(
 fn finish(mut a: Answer, at: Instant, error: Option<String>) {
     let rec = &mut a.rec;
     let _ = a.events.finish(|e| rec.on_event(e, at));
-    a.rec.finish(error);
+    a.rec.finish_at(error, at);
 }
 
 #[cfg(test)]

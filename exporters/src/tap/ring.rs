@@ -420,6 +420,9 @@ impl Ring {
                     Err(e)
                 };
             }
+            if pfd.revents & libc::POLLERR != 0 {
+                self.take_error();
+            }
             if !self.block_waiting() {
                 return Ok(false);
             }
@@ -457,6 +460,29 @@ impl Ring {
         }
         self.next = (self.next + 1) % self.blocks;
         Ok(true)
+    }
+
+    /// Reads and clears the socket's pending error (an interface that went down: ENETDOWN),
+    /// which `poll` would otherwise report at once forever, a spinning thread.
+    fn take_error(&self) {
+        let mut err: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: an int and its length.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ERROR,
+                (&mut err as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        if r == 0 && err != 0 {
+            tracing::warn!(
+                "tap: the packet socket reported: {} (the tap goes on reading)",
+                io::Error::from_raw_os_error(err)
+            );
+        }
     }
 
     /// Packets the kernel dropped (the ring was full) since the last call.
