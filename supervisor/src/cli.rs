@@ -461,7 +461,9 @@ pub struct RunArgs {
     pub tap: bool,
 
     /// With --tap: where the copy is taken: `lo` (clients on this machine), `any` (clients on
-    /// other hosts too), or an interface's name.
+    /// other hosts too), or an interface's name. With `any`, a port the host relays to a
+    /// container (docker-proxy) is seen on both sides of the relay: each request twice; name the
+    /// interface the clients come in on instead.
     #[arg(
         long,
         env = "SGLANG_SUPERVISOR_TAP_INTERFACE",

@@ -44,6 +44,8 @@ const FULL: &str = "the tap's memory for held segments and unfinished heads was 
 /// Why a connection's open requests end when too many were pipelined.
 const TOO_MANY_OPEN: &str = "more than 4096 requests were open on the connection at once; the tap \
                              stopped reading it";
+/// Checks (one a second) that a hole may stay at one place before it is taken for a loss.
+const HOLE_CHECKS: u32 = 3;
 /// Why a connection's open requests end when segments of it were lost.
 const LOST: &str = "the tap lost segments of this connection (its ring was full)";
 /// A connection silent this long with nothing open is forgotten (a keep-alive connection reused
@@ -321,8 +323,9 @@ struct Conn {
     last_seen: Instant,
     /// Not read any more (lost bytes, not HTTP): its packets are ignored until it closes.
     unread: bool,
-    /// Bytes were waiting behind a hole at the last check.
-    hole_seen: bool,
+    /// Where each direction waited behind a hole at the last check, and for how many checks
+    /// running it has waited at the same place.
+    hole: (Option<u32>, Option<u32>, u32),
     /// The client has sent bytes.
     used: bool,
 }
@@ -508,7 +511,7 @@ impl Connections {
                 head_began: None,
                 last_seen: at,
                 unread: false,
-                hole_seen: false,
+                hole: (None, None, 0),
                 used: false,
             },
         );
@@ -630,19 +633,30 @@ impl Connections {
         }
     }
 
-    /// Called about once a second: connections silent for [`IDLE`] are forgotten, and one whose
-    /// hole (a segment the ring had no room for) was already there a check ago stops being read.
+    /// Called about once a second: connections silent for [`IDLE`] with nothing open are
+    /// forgotten, and one whose hole (a segment the ring had no room for) has stayed at one place
+    /// for [`HOLE_CHECKS`] checks stops being read.
     fn forget_idle(&mut self, now: Instant) {
         let (ledger, tap_metrics) = (&self.ledger, &self.tap_metrics);
         let buffered = &mut self.buffered;
         for c in self.map.values_mut().filter(|c| !c.unread) {
-            let hole = c.up.has_hole() || c.down.has_hole();
-            if hole && c.hole_seen {
+            // A hole is a loss once the same place has waited three checks running (about 3
+            // s): a client on another host gets a lost segment sent again within its RTO, and
+            // two short holes in a row are no loss.
+            let at = (c.up.hole_at(), c.down.hole_at());
+            let checks = if at.0.is_none() && at.1.is_none() {
+                0
+            } else if (at.0, at.1) == (c.hole.0, c.hole.1) {
+                c.hole.2 + 1
+            } else {
+                1
+            };
+            c.hole = (at.0, at.1, checks);
+            if checks >= HOLE_CHECKS {
                 *buffered = buffered.saturating_sub(c.buffered());
                 tap_metrics.unread_connections.inc();
                 c.give_up(ledger, LOST);
             }
-            c.hole_seen = hole;
         }
         self.map.retain(|_, c| {
             // A request may wait longer than any limit for its answer (a queued non-streamed
@@ -957,7 +971,10 @@ mod tests {
         f.server(&mut w, 0, OK);
         assert!(kept(&w) > 0);
         let now = Instant::now();
-        w.conns.forget_idle(now);
+        for _ in 1..HOLE_CHECKS {
+            w.conns.forget_idle(now);
+        }
+        assert_eq!(w.unread(), 0, "a hole is not a loss until it has stayed a while");
         w.conns.forget_idle(now);
         assert_eq!(w.unread(), 1);
         assert_eq!(

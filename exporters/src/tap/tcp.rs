@@ -146,7 +146,7 @@ pub fn segment(ip: &[u8]) -> Option<Segment<'_>> {
 }
 
 /// Segments held ahead of a hole, at most: past it the hole is taken for a loss.
-const MAX_HELD: usize = 256;
+const MAX_HELD: usize = 4096;
 /// Bytes held ahead of a hole, at most.
 const MAX_HELD_BYTES: usize = 8 << 20;
 
@@ -238,6 +238,11 @@ impl Stream {
     /// Bytes wait behind a hole.
     pub fn has_hole(&self) -> bool {
         !self.held.is_empty()
+    }
+
+    /// Where the stream waits, when bytes wait behind a hole there.
+    pub fn hole_at(&self) -> Option<u32> {
+        self.next.filter(|_| self.has_hole())
     }
 
     /// Bytes held behind a hole.
