@@ -87,4 +87,19 @@ mod tests {
         .join()
         .unwrap();
     }
+
+    #[test]
+    fn a_thread_started_nicer_returns_to_its_own_nice_value() {
+        std::thread::spawn(|| {
+            assert!(set_nice(5));
+            let mut b = Boost::new();
+            for _ in 0..BEHIND {
+                b.after_pass(true);
+            }
+            b.after_pass(false);
+            assert_eq!(nice_now(), 5, "not left at 0 (higher than it started)");
+        })
+        .join()
+        .unwrap();
+    }
 }

@@ -930,6 +930,42 @@ mod tests {
         assert!(r[0]["error"].is_null(), "{r:?}");
     }
 
+    #[test]
+    fn a_connection_with_a_request_open_is_not_forgotten_for_its_silence() {
+        let mut w = Wire::new("silent");
+        let mut f = Flow::open(&mut w, 40100, 1, 2);
+        f.client(&mut w, 0, REQ);
+        let mut idle = Flow::open(&mut w, 40101, 1, 2);
+        idle.client(&mut w, 0, REQ);
+        idle.server(&mut w, 0, OK);
+        // Past the silence limit: the one waiting for its answer stays, the idle one goes.
+        w.conns
+            .forget_idle(Instant::now() + IDLE + Duration::from_secs(1));
+        assert_eq!(w.conns.map.len(), 1);
+        f.server(&mut w, 0, OK);
+        let r = w.records();
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert!(r.iter().all(|r| r["error"].is_null()), "{r:?}");
+    }
+
+    #[test]
+    fn a_request_ended_by_its_client_ends_at_its_segment_not_when_the_tap_read_it() {
+        let mut w = Wire::new("endtime");
+        // The segments are stamped 100 us apart, 5 s before the tap reads them (a ring behind).
+        w.t -= Duration::from_secs(5);
+        let mut f = Flow::open(&mut w, 40200, 1, 2);
+        f.client(&mut w, 0, REQ);
+        f.client(&mut w, FIN, b"");
+        let r = w.records();
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r[0]["status"], 499, "{r:?}");
+        let e2e = r[0]["e2e_s"].as_f64().unwrap();
+        assert!(
+            e2e < 0.001,
+            "e2e {e2e}: the FIN's own time, not the reading's"
+        );
+    }
+
     /// What every connection keeps: segments behind holes, heads in pieces, open requests.
     fn kept(w: &Wire) -> usize {
         w.conns.map.values().map(Conn::buffered).sum()
@@ -974,7 +1010,11 @@ mod tests {
         for _ in 1..HOLE_CHECKS {
             w.conns.forget_idle(now);
         }
-        assert_eq!(w.unread(), 0, "a hole is not a loss until it has stayed a while");
+        assert_eq!(
+            w.unread(),
+            0,
+            "a hole is not a loss until it has stayed a while"
+        );
         w.conns.forget_idle(now);
         assert_eq!(w.unread(), 1);
         assert_eq!(
