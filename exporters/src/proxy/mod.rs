@@ -21,7 +21,7 @@ mod upstream;
 pub use hyper::body::Bytes;
 pub use ledger::Ledger;
 pub use record::{ProxyMetrics, ReqLabels, RequestRecord, E2E_BUCKETS, LATENCY_BUCKETS};
-pub(crate) use record::{Recorder, Sink, Started};
+pub(crate) use record::{Recorder, Sink, Started, CLIENT_LEFT, CLIENT_LEFT_EARLY};
 pub(crate) use spin::Held;
 pub use sse::{event_end, scan_event, Api, EventInfo};
 pub use stream::EventStream;
@@ -310,7 +310,7 @@ struct Pending<'a> {
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if let Some(s) = self.started.take() {
-            let why = "client disconnected before the response".to_string();
+            let why = CLIENT_LEFT_EARLY.to_string();
             self.proxy.ledger.failed(s, 499, why);
         }
     }

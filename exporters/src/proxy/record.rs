@@ -165,6 +165,12 @@ pub struct RequestRecord {
     pub error: Option<String>,
 }
 
+/// The error of a request whose client left while its answer streamed (the proxy: the body was
+/// dropped; the tap: the client's FIN or RST).
+pub const CLIENT_LEFT: &str = "client disconnected";
+/// The error of a request whose client left before its answer began (status 499).
+pub const CLIENT_LEFT_EARLY: &str = "client disconnected before the response";
+
 /// Where a finished request goes: the series, the windows, the requests log.
 pub trait Sink: Send + Sync {
     fn finished(&self, r: RequestRecord);

@@ -332,7 +332,7 @@ impl Body for Measured {
 impl Drop for Measured {
     fn drop(&mut self) {
         // Dropped before the end: the client went away (dropping `inner` aborts the upstream).
-        self.finish(Some("client disconnected".into()));
+        self.finish(Some(super::CLIENT_LEFT.into()));
     }
 }
 

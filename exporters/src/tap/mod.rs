@@ -16,7 +16,10 @@ pub mod http;
 pub mod ring;
 pub mod tcp;
 
-use crate::proxy::{Api, EventStream, Held, Ledger, ProxyMetrics, Recorder, Sink, Started};
+use crate::proxy::{
+    Api, EventStream, Held, Ledger, ProxyMetrics, Recorder, Sink, Started, CLIENT_LEFT,
+    CLIENT_LEFT_EARLY,
+};
 use crate::report::{RequestStats, Settle};
 use http::{Exchange, Http};
 use prometheus_client::metrics::counter::Counter;
@@ -445,10 +448,7 @@ impl Connections {
             // read, and the requests would wait until the client left (a wrong 499).
             Some(LOST)
         } else {
-            self.read(&key, &seg, to_server, at)
-        };
-        let Some(conn) = self.map.get_mut(&key) else {
-            return;
+            conn.read(&seg, to_server, at, &self.ledger, &self.metrics)
         };
         // What is kept is bounded across connections, not only per connection: the one that
         // grows past the bound is given up (and counted), the others read on.
@@ -463,8 +463,7 @@ impl Connections {
             None
         });
         if let Some(why) = gone {
-            conn.give_up(&self.ledger, why);
-            self.tap_metrics.unread_connections.inc();
+            conn.give_up(&self.ledger, &self.tap_metrics.unread_connections, why);
         }
         // The client's FIN read in order, or its RST: it left, and what it left open ends now,
         // as the proxy records it. These waited for the server's next segment (its answer
@@ -557,16 +556,62 @@ impl Connections {
         }
     }
 
+    /// Called about once a second: connections silent for [`IDLE`] with nothing open are
+    /// forgotten, and one whose hole (a segment the ring had no room for) has stayed at one place
+    /// for [`HOLE_CHECKS`] checks stops being read.
+    fn forget_idle(&mut self, now: Instant) {
+        let (ledger, tap_metrics) = (&self.ledger, &self.tap_metrics);
+        let buffered = &mut self.buffered;
+        for c in self.map.values_mut().filter(|c| !c.unread) {
+            // A hole is a loss once the same place has waited three checks running (about 3
+            // s): a client on another host gets a lost segment sent again within its RTO, and
+            // two short holes in a row are no loss.
+            let at = (c.up.hole_at(), c.down.hole_at());
+            let checks = if at.0.is_none() && at.1.is_none() {
+                0
+            } else if (at.0, at.1) == (c.hole.0, c.hole.1) {
+                c.hole.2 + 1
+            } else {
+                1
+            };
+            c.hole = (at.0, at.1, checks);
+            if checks >= HOLE_CHECKS {
+                *buffered = buffered.saturating_sub(c.buffered());
+                c.give_up(ledger, &tap_metrics.unread_connections, LOST);
+            }
+        }
+        self.map.retain(|_, c| {
+            // A request may wait longer than any limit for its answer (a queued non-streamed
+            // generation), and keep-alive probes are pure ACKs the filter drops: only a
+            // connection with nothing open is forgotten for its silence.
+            let nothing_open = c.open.is_empty() && c.answer.is_none();
+            let idle = nothing_open && now.saturating_duration_since(c.last_seen) > IDLE;
+            if idle {
+                *buffered = buffered.saturating_sub(c.buffered());
+                c.end_all(ledger, "the connection went silent");
+            }
+            !idle
+        });
+    }
+
+    fn close_all(&mut self, why: &'static str) {
+        self.buffered = 0;
+        for (_, mut c) in self.map.drain() {
+            c.end_all(&self.ledger, why);
+        }
+    }
+}
+
+impl Conn {
     /// A segment's bytes into its connection; returns why the connection cannot be read further.
     fn read(
         &mut self,
-        key: &(End, End),
         seg: &Segment<'_>,
         to_server: bool,
         at: Stamp,
+        ledger: &Arc<Ledger>,
+        metrics: &Arc<ProxyMetrics>,
     ) -> Option<&'static str> {
-        let conn = self.map.get_mut(key)?;
-        let (ledger, metrics) = (&self.ledger, &self.metrics);
         let Conn {
             up,
             down,
@@ -576,7 +621,7 @@ impl Connections {
             head_began,
             used,
             ..
-        } = conn;
+        } = self;
         let read = if to_server {
             *used |= !seg.payload.is_empty();
             // A request's time is that of the segment its head began in.
@@ -633,54 +678,6 @@ impl Connections {
         }
     }
 
-    /// Called about once a second: connections silent for [`IDLE`] with nothing open are
-    /// forgotten, and one whose hole (a segment the ring had no room for) has stayed at one place
-    /// for [`HOLE_CHECKS`] checks stops being read.
-    fn forget_idle(&mut self, now: Instant) {
-        let (ledger, tap_metrics) = (&self.ledger, &self.tap_metrics);
-        let buffered = &mut self.buffered;
-        for c in self.map.values_mut().filter(|c| !c.unread) {
-            // A hole is a loss once the same place has waited three checks running (about 3
-            // s): a client on another host gets a lost segment sent again within its RTO, and
-            // two short holes in a row are no loss.
-            let at = (c.up.hole_at(), c.down.hole_at());
-            let checks = if at.0.is_none() && at.1.is_none() {
-                0
-            } else if (at.0, at.1) == (c.hole.0, c.hole.1) {
-                c.hole.2 + 1
-            } else {
-                1
-            };
-            c.hole = (at.0, at.1, checks);
-            if checks >= HOLE_CHECKS {
-                *buffered = buffered.saturating_sub(c.buffered());
-                tap_metrics.unread_connections.inc();
-                c.give_up(ledger, LOST);
-            }
-        }
-        self.map.retain(|_, c| {
-            // A request may wait longer than any limit for its answer (a queued non-streamed
-            // generation), and keep-alive probes are pure ACKs the filter drops: only a
-            // connection with nothing open is forgotten for its silence.
-            let nothing_open = c.open.is_empty() && c.answer.is_none();
-            let idle = nothing_open && now.saturating_duration_since(c.last_seen) > IDLE;
-            if idle {
-                *buffered = buffered.saturating_sub(c.buffered());
-                c.end_all(ledger, "the connection went silent");
-            }
-            !idle
-        });
-    }
-
-    fn close_all(&mut self, why: &'static str) {
-        self.buffered = 0;
-        for (_, mut c) in self.map.drain() {
-            c.end_all(&self.ledger, why);
-        }
-    }
-}
-
-impl Conn {
     /// What it keeps beyond its own size: segments behind holes, heads that came in pieces, and
     /// its open requests' entries.
     fn buffered(&self) -> usize {
@@ -690,8 +687,10 @@ impl Conn {
             + self.open.len() * std::mem::size_of::<Option<Started>>()
     }
 
-    /// It is not read any more: its open requests end as errors (`why`) and what it kept goes.
-    fn give_up(&mut self, ledger: &Ledger, why: &str) {
+    /// It is not read any more: its open requests end as errors (`why`), what it kept goes, and
+    /// it is counted in `tap_unread_connections_total`.
+    fn give_up(&mut self, ledger: &Ledger, unread: &Counter, why: &str) {
+        unread.inc();
         self.unread = true;
         self.up.forget();
         self.down.forget();
@@ -702,26 +701,22 @@ impl Conn {
     /// The client closed its side with requests open: it left (a FIN is a disconnect to the
     /// server too: uvicorn reads it so, and SGLang aborts the request), with the proxy's errors.
     fn client_left(&mut self, ledger: &Ledger) {
-        if let Some(a) = self.answer.take() {
-            finish(a, self.last_seen, Some("client disconnected".into()));
-        }
-        for s in self.open.drain(..).flatten() {
-            ledger.failed_at(
-                s,
-                499,
-                "client disconnected before the response".into(),
-                self.last_seen,
-            );
-        }
+        self.end_with(ledger, CLIENT_LEFT, CLIENT_LEFT_EARLY);
     }
 
     /// Every open request ends as an error (`why`), the one being answered too.
     fn end_all(&mut self, ledger: &Ledger, why: &str) {
+        self.end_with(ledger, why, why);
+    }
+
+    /// The answer being read ends with `answering`, the requests not yet answered with
+    /// `waiting` (status 499), at the connection's last segment.
+    fn end_with(&mut self, ledger: &Ledger, answering: &str, waiting: &str) {
         if let Some(a) = self.answer.take() {
-            finish(a, self.last_seen, Some(why.to_string()));
+            finish(a, self.last_seen, Some(answering.to_string()));
         }
         for s in self.open.drain(..).flatten() {
-            ledger.failed_at(s, 499, why.to_string(), self.last_seen);
+            ledger.failed_at(s, 499, waiting.to_string(), self.last_seen);
         }
     }
 }
