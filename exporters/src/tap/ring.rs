@@ -88,6 +88,25 @@ fn set<T>(
     check(r, what)
 }
 
+/// A socket option's value (`T`: a plain C struct or integer, all-zero valid).
+fn get<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int) -> io::Result<T> {
+    // SAFETY: `T` is a C value for which all-zero bytes are valid (the callers' types).
+    let mut v: T = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: a live value and its length.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&mut v as *mut T).cast(),
+            &mut len,
+        )
+    };
+    check(r, "reading a socket option")?;
+    Ok(v)
+}
+
 fn if_index(name: &str) -> io::Result<i32> {
     let c = std::ffi::CString::new(name)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name with a NUL"))?;
@@ -465,19 +484,7 @@ impl Ring {
     /// Reads and clears the socket's pending error (an interface that went down: ENETDOWN),
     /// which `poll` would otherwise report at once forever, a spinning thread.
     fn take_error(&self) {
-        let mut err: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: an int and its length.
-        let r = unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_ERROR,
-                (&mut err as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        if r == 0 && err != 0 {
+        if let Ok(err @ 1..) = get::<libc::c_int>(&self.fd, libc::SOL_SOCKET, libc::SO_ERROR) {
             tracing::warn!(
                 "tap: the packet socket reported: {} (the tap goes on reading)",
                 io::Error::from_raw_os_error(err)
@@ -487,24 +494,8 @@ impl Ring {
 
     /// Packets the kernel dropped (the ring was full) since the last call.
     pub fn drops(&self) -> u64 {
-        // SAFETY: an all-zero tpacket_stats_v3 is valid.
-        let mut st: libc::tpacket_stats_v3 = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::tpacket_stats_v3>() as libc::socklen_t;
-        // SAFETY: the value and its length.
-        let r = unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                libc::PACKET_STATISTICS,
-                (&mut st as *mut libc::tpacket_stats_v3).cast(),
-                &mut len,
-            )
-        };
-        if r < 0 {
-            0
-        } else {
-            st.tp_drops as u64
-        }
+        get::<libc::tpacket_stats_v3>(&self.fd, libc::SOL_PACKET, libc::PACKET_STATISTICS)
+            .map_or(0, |st| st.tp_drops as u64)
     }
 }
 
