@@ -76,7 +76,7 @@ pub fn parse(flag: &'static str, value: &str) -> Result<ListenAddr, ListenAddrEr
 }
 
 /// A host that is this machine's loopback or every interface (where a local server listens).
-fn local(host: &str) -> bool {
+pub(crate) fn local(host: &str) -> bool {
     let h = host.trim_start_matches('[').trim_end_matches(']');
     h.eq_ignore_ascii_case("localhost")
         || h.parse::<IpAddr>()

@@ -304,13 +304,11 @@ struct Services {
     trace_dir: Option<(PathBuf, bool)>,
 }
 
-/// The port `--tap` copies: the upstream's when one is named, else the server's.
-fn tapped_port(args: &RunArgs, url: &HttpUrl) -> Result<u16> {
+/// The address `--tap` copies: the upstream's when one is named, else the server's.
+fn tapped(args: &RunArgs, url: &HttpUrl) -> Result<HttpUrl> {
     match args.upstream.as_deref() {
-        Some(u) => Ok(HttpUrl::parse(u)
-            .map_err(|e| anyhow::anyhow!("--upstream {u:?}: {e}"))?
-            .port),
-        None => Ok(url.port),
+        Some(u) => HttpUrl::parse(u).map_err(|e| anyhow::anyhow!("--upstream {u:?}: {e}")),
+        None => Ok(url.clone()),
     }
 }
 
@@ -383,15 +381,15 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
                 (Some(proxy), None)
             }
             None => {
-                let loopback = ["127.", "localhost", "::1", "[::1]"];
-                if args.tap_interface == "lo" && !loopback.iter().any(|p| url.host.starts_with(p)) {
+                let target = tapped(args, &url)?;
+                if args.tap_interface == "lo" && !crate::listen_addr::local(&target.host) {
                     tracing::warn!(
                         "--tap copies loopback only, and the server is reached at {}: clients of that address come in on another interface (pass --tap-interface any)",
-                        url.host
+                        target.host
                     );
                 }
                 let tap = sglang_exporters::tap::start(sglang_exporters::tap::TapConfig {
-                    port: tapped_port(args, &url)?,
+                    port: target.port,
                     iface: args.tap_interface.clone(),
                     metrics: proxy_metrics,
                     stats,
