@@ -20,6 +20,7 @@ cd "$(dirname "$0")/.."
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 work=$(mktemp -d)
 . benches/free_port.sh
+. benches/tap_attach.sh
 port=$(free_port)
 target/release/sglang-supervisor run --no-tee --metrics-addr none --proxy-addr 127.0.0.1:0 --events "$work/ev.jsonl" \
   -- target/release/sglang-replay --port "$port" --speed 100 --token-gap-us "${4:-2000}" --merge-every 5 --step-us "${STEP_US:-0}" >/dev/null 2>&1 &
@@ -68,11 +69,7 @@ if [ -n "${TAP:-}" ]; then
   if [ -n "${TAP_PROBE:-}" ]; then cc -O2 -o "$work/packet_tap" benches/packet_tap.c; fi
   tap_on() {
     if [ -n "${TAP_PROBE:-}" ]; then "$work/packet_tap" "$server_port" "${TAP_RETIRE_MS:-1}" & tap=$!; return; fi
-    rm -f "$work/tap-ev.jsonl"
-    target/release/sglang-supervisor run --upstream "http://127.0.0.1:$server_port" --ready-on http --tap \
-      --metrics-addr none --gpu-backend none --no-preflight --no-tee --events "$work/tap-ev.jsonl" \
-      --requests-log "$work/tap.jsonl" -- sleep 100000 2> "$work/tap.err" & tap=$!
-    for _ in $(seq 200); do grep -q '"event":"ready"' "$work/tap-ev.jsonl" 2>/dev/null && break; sleep 0.05; done
+    tap_attach "$server_port" "$work"
   }
   echo "no hop: the server's CPU per event written, unwatched then watched by the tap, pair by pair"
   for _ in $(seq "$ROUNDS"); do

@@ -3,20 +3,18 @@
 # while a supervisor is attached to that port with `run --tap --upstream`; proxy-bench reads the
 # supervisor's CPU around its waves, and PERF=1 records a `perf` profile of it meanwhile.
 # usage: benches/tap_profile.sh [STREAMS=256] [TOKENS=256] [WAVES=3] [TOKEN_GAP_US=2000]
-# SUP=PATH runs another build of the supervisor (a before/after pair, side by side).
+# TAP_SUP=PATH runs another build of the supervisor (a before/after pair, side by side).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x target/release/proxy-bench ] || cargo build --release --workspace --bins
 work=$(mktemp -d)
 . benches/free_port.sh
+. benches/tap_attach.sh
 port=$(free_port)
 streams=${1:-256} tokens=${2:-256}
 target/release/sglang-replay --port "$port" --speed 100 --token-gap-us "${4:-2000}" --merge-every 5 >/dev/null 2>&1 &
 replay=$!
-"${SUP:-target/release/sglang-supervisor}" run --upstream "http://127.0.0.1:$port" --ready-on http --tap --metrics-addr none \
-  --gpu-backend none --no-preflight --no-tee --events "$work/ev.jsonl" --requests-log "$work/tap.jsonl" -- sleep 100000 2> "$work/tap.err" &
-tap=$!
-for _ in $(seq 200); do grep -q '"event":"ready"' "$work/ev.jsonl" 2>/dev/null && break; sleep 0.05; done
+tap_attach "$port" "$work"
 if [ -n "${PERF:-}" ]; then perf record -e cpu-clock -F 4999 -g -p "$tap" -o "$work/perf.data" 2>/dev/null & rec=$!; fi
 target/release/proxy-bench "127.0.0.1:$port" "127.0.0.1:$port" "$streams" "$tokens" "${3:-3}" "$tap" /generate "$replay" | grep 'supervisor CPU'
 if [ -n "${PERF:-}" ]; then kill -INT "$rec"; wait "$rec" || true; fi
