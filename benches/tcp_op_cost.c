@@ -3,7 +3,9 @@
  * never blocking. A hop does one such read and one such send per forwarded event, so their sum is
  * the least any relay can cost per event on this host, before any wake-up or system-call batching
  * (benches/epoll_relay.c, benches/uring_relay.c).
- *   cc -O2 -o tcp_op_cost benches/tcp_op_cost.c && ./tcp_op_cost [COUNT=200000] [EVENT_BYTES=200] */
+ * PORT puts the listener on 127.0.0.2:PORT (default: any free port on 127.0.0.1), where a tap
+ * attached to PORT sees every event (benches/tap_writer_cost.sh: what the tap adds to a writer).
+ *   cc -O2 -o tcp_op_cost benches/tcp_op_cost.c && ./tcp_op_cost [COUNT=200000] [EVENT_BYTES=200] [PORT] */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -21,14 +23,17 @@ static double now(clockid_t c) {
 
 int main(int argc, char **argv) {
     long count = argc > 1 ? atol(argv[1]) : 200000, bytes = argc > 2 ? atol(argv[2]) : 200;
-    if (count <= 0 || bytes <= 0 || bytes > 65536) {
-        fprintf(stderr, "usage: tcp_op_cost [COUNT=200000] [EVENT_BYTES=200 (1..65536)]\n");
+    long port = argc > 3 ? atol(argv[3]) : 0;
+    if (count <= 0 || bytes <= 0 || bytes > 65536 || port < 0 || port > 65535) {
+        fprintf(stderr, "usage: tcp_op_cost [COUNT=200000] [EVENT_BYTES=200 (1..65536)] [PORT (1..65535)]\n");
         return 2;
     }
     int one = 1, l = socket(AF_INET, SOCK_STREAM, 0), a = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_addr.s_addr = htonl(port ? INADDR_LOOPBACK + 1 : INADDR_LOOPBACK);
+    sa.sin_port = htons((unsigned short)port);
     socklen_t n = sizeof sa;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind(l, (struct sockaddr *)&sa, sizeof sa) || listen(l, 1) || getsockname(l, (struct sockaddr *)&sa, &n) ||
         connect(a, (struct sockaddr *)&sa, sizeof sa)) {
         perror("tcp_op_cost: loopback connection");
@@ -59,7 +64,7 @@ int main(int argc, char **argv) {
         clock_s += now(CLOCK_THREAD_CPUTIME_ID) - s0;
     }
     double both = t0 * 1e6 / count, send_us = (send_s - clock_s) * 1e6 / count;
-    printf("tcp_op_cost: %ld events of %ld bytes: send + recv %.2f us per event (CPU); send %.2f, recv %.2f\n",
-           count, bytes, both, send_us, both - send_us);
+    printf("tcp_op_cost: %ld events of %ld bytes%s: send + recv %.2f us per event (CPU); send %.2f, recv %.2f\n",
+           count, bytes, port ? " (port given)" : "", both, send_us, both - send_us);
     return 0;
 }

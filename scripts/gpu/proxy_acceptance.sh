@@ -152,7 +152,12 @@ tap_start() { # tap_start NAME [--tap]: a second supervisor attached to the serv
 }
 # the host's TCP counters that say whether connections waited on a full listen queue (SYNs
 # dropped and sent again a second later) or were resent: "name=value ..."
-tcpstat() { awk '/^(Tcp|TcpExt):/ { if (!h[$1]++) { for (i = 2; i <= NF; i++) n[$1, i] = $i } else { for (i = 2; i <= NF; i++) if (n[$1, i] ~ /^(ListenOverflows|ListenDrops|TCPSynRetrans|TCPTimeouts|RetransSegs|ActiveOpens|PassiveOpens|TCPReqQFullDrop|TCPReqQFullDoCookies)$/) printf "%s=%s ", n[$1, i], $i } }' /proc/net/netstat /proc/net/snmp; }
+tcpstat() { awk '/^(Tcp|TcpExt):/ { if (!h[$1]++) { for (i = 2; i <= NF; i++) n[$1, i] = $i } else { for (i = 2; i <= NF; i++) if (n[$1, i] ~ /^(ListenOverflows|ListenDrops|TCPSynRetrans|TCPTimeouts|RetransSegs|ActiveOpens|PassiveOpens|TCPReqQFullDrop|TCPReqQFullDoCookies|TCPLossProbes|TCPFastRetrans|TCPBacklogDrop|TCPRcvQDrop)$/) printf "%s=%s ", n[$1, i], $i } }' /proc/net/netstat /proc/net/snmp
+  # and the kernel's per-CPU receive backlogs (loopback's too): packets dropped as a backlog was
+  # full (netdev_max_backlog), and passes cut short with work left (hex, summed over CPUs)
+  local d=0 q=0 _c drop sq _r
+  while read -r _c drop sq _r; do d=$((d + 16#$drop)); q=$((q + 16#$sq)); done < /proc/net/softnet_stat
+  printf "BacklogDrops=%d SoftirqSqueezed=%d " "$d" "$q"; }
 stop_sup() { kill -TERM "$SUP"; wait "$SUP"; say "supervisor exit $?"; }
 bench() { # bench PORT BACKEND CONC PROMPTS OUTFILE [RANGE]
   # CLIENT_STAMPS=1: each request's send time and its head's return, from inside the client

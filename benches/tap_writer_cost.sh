@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# What `run --tap` adds to the server's own sends: the kernel copies each segment of the tapped
+# port into the tap's ring in the writer's path (on loopback, in the softirq the send runs), which
+# is the one cost the tap puts on a server that is never slowed by the tap's thread. Measured with
+# benches/tcp_op_cost.c (one thread sends EVENT_BYTES on loopback TCP and reads them back, never
+# blocking): bare and with a supervisor tapping its port, in ABBA order, ROUNDS pairs, each run
+# pinned to CPU WRITER_CPU and the tap to TAP_CPU. Prints each run and the median of the pairs'
+# differences (tapped - bare, µs per event of send + recv).
+#   usage: benches/tap_writer_cost.sh [ROUNDS=5] [COUNT=200000] [EVENT_BYTES=200]
+#   (repo root, after cargo build --release; TAP_SUP=PATH runs another build of the supervisor)
+set -euo pipefail
+ROUNDS=${1:-5} COUNT=${2:-200000} BYTES=${3:-200}
+WRITER_CPU=${WRITER_CPU:-0} TAP_CPU=${TAP_CPU:-1}
+cd "$(dirname "$0")/.."
+. benches/tap_attach.sh
+W=$(mktemp -d)
+trap 'kill $http ${tap:-} 2>/dev/null; rm -rf "$W"' EXIT
+cc -O2 -o "$W/tcp_op_cost" benches/tcp_op_cost.c
+# The tap is attached to PORT, which needs a server answering /health for its readiness: a file
+# server on 127.0.0.1:PORT; tcp_op_cost listens on 127.0.0.2:PORT, a segment the same filter keeps.
+PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+mkdir "$W/www" && echo ok > "$W/www/health"
+python3 -m http.server "$PORT" --bind 127.0.0.1 --directory "$W/www" >/dev/null 2>&1 &
+http=$!
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.05; done
+
+one() {  # one run: prints send + recv µs per event
+  taskset -c "$WRITER_CPU" "$W/tcp_op_cost" "$COUNT" "$BYTES" "$PORT" | tee -a "$W/runs" |
+    sed -E 's/.*send \+ recv ([0-9.]+) us.*/\1/'
+}
+tapped() {
+  tap_attach "$PORT" "$W"
+  grep -q '"event":"ready"' "$W/tap-ev.jsonl" || { echo "tap_writer_cost: the tap did not get ready: $(tail -3 "$W/tap.err")" >&2; exit 1; }
+  taskset -a -p -c "$TAP_CPU" "$tap" >/dev/null
+  one
+  kill -INT "$tap"; wait "$tap" || true; tap=
+}
+diffs=()
+for r in $(seq "$ROUNDS"); do
+  if (( r % 2 )); then b=$(one); t=$(tapped); else t=$(tapped); b=$(one); fi
+  d=$(awk -v t="$t" -v b="$b" 'BEGIN{printf "%.3f", t - b}')
+  diffs+=("$d")
+  echo "round $r: bare $b us, tapped $t us per event of $BYTES bytes: tap adds $d us"
+done
+printf '%s\n' "${diffs[@]}" | sort -g | awk -v n="$ROUNDS" '{a[NR]=$1} END{m=(n%2)?a[(n+1)/2]:(a[n/2]+a[n/2+1])/2;
+  printf "tap_writer_cost: median added %.3f us per event (send + recv in the writer), range %.3f to %.3f, %d pairs\n", m, a[1], a[n], n}'
