@@ -271,18 +271,25 @@ impl Reader {
             }
             if last_check.elapsed() >= Duration::from_secs(1) {
                 last_check = Instant::now();
-                let drops = ring.drops();
-                if drops > 0 {
-                    tracing::warn!("tap: the ring had no room for {drops} segments (raise SGLANG_SUPERVISOR_TAP_RING_MB)");
-                    self.tap_metrics.dropped_packets.inc_by(drops);
-                }
+                self.count_drops(&ring);
                 self.conns.forget_idle(Instant::now());
                 self.conns.warn_given_up();
             }
         }
+        // The last second's drops too: a run's end is where a lagging ring overflows.
+        self.count_drops(&ring);
         self.read_through.store(u64::MAX, Ordering::Release);
         self.conns
             .close_all("the tap stopped while the request was open");
+    }
+
+    /// Segments the kernel had no room for since the last count (the count resets as it is read).
+    fn count_drops(&self, ring: &Ring) {
+        let drops = ring.drops();
+        if drops > 0 {
+            tracing::warn!("tap: the ring had no room for {drops} segments (raise SGLANG_SUPERVISOR_TAP_RING_MB)");
+            self.tap_metrics.dropped_packets.inc_by(drops);
+        }
     }
 }
 
@@ -468,8 +475,14 @@ impl Connections {
         // The client's FIN read in order, or its RST: it left, and what it left open ends now,
         // as the proxy records it. These waited for the server's next segment (its answer
         // drawing the client's RST, or its close: a 502 "server closed") and were stamped then.
+        // With a hole in either direction, the client did not leave early: it had every byte,
+        // and each passed the tap before it reached the client, so the ring lost one.
         if to_server && ((client_was_open && conn.up.closed) || seg.rst) {
-            conn.client_left(&self.ledger);
+            if conn.has_hole() {
+                conn.give_up(&self.ledger, &self.tap_metrics.unread_connections, LOST);
+            } else {
+                conn.client_left(&self.ledger);
+            }
         }
         // Counted once all of the above changed what it keeps.
         self.buffered = self.buffered.saturating_sub(before) + conn.buffered();
@@ -594,10 +607,12 @@ impl Connections {
         });
     }
 
+    /// Every connection's open requests end (`why`; LOST for one with a hole, which would
+    /// never have been read through).
     fn close_all(&mut self, why: &'static str) {
         self.buffered = 0;
         for (_, mut c) in self.map.drain() {
-            c.end_all(&self.ledger, why);
+            c.end_all(&self.ledger, if c.has_hole() { LOST } else { why });
         }
     }
 }
@@ -676,6 +691,11 @@ impl Conn {
             None | Some(http::Unreadable::ServerClosed) => None,
             Some(_) => Some("the connection's bytes are not HTTP/1.1 the tap can read"),
         }
+    }
+
+    /// Bytes are missing before some it holds, in either direction.
+    fn has_hole(&self) -> bool {
+        self.up.has_hole() || self.down.has_hole()
     }
 
     /// What it keeps beyond its own size: segments behind holes, heads that came in pieces, and
@@ -1026,6 +1046,44 @@ mod tests {
         f.client(&mut w, FIN, b"");
         f.server(&mut w, FIN, b"");
         assert!(w.conns.map.is_empty());
+    }
+
+    #[test]
+    fn a_client_that_leaves_with_a_hole_behind_it_is_a_loss_not_a_disconnect() {
+        let mut w = Wire::new("hole-fin");
+        let mut f = Flow::open(&mut w, 41000, 1000, 2000);
+        f.client(&mut w, 0, REQ);
+        f.s += 1; // the server's first byte is not in the ring
+        f.server(&mut w, 0, OK);
+        // The client read the whole answer (it passed the tap first) and closed.
+        f.client(&mut w, FIN, b"");
+        let r = w.records();
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r[0]["error"], LOST, "{r:?}");
+        assert_eq!(
+            w.unread(),
+            1,
+            "counted as a connection the tap could not read"
+        );
+    }
+
+    #[test]
+    fn requests_open_behind_a_hole_when_the_tap_stops_are_a_loss() {
+        let mut w = Wire::new("hole-stop");
+        let mut holed = Flow::open(&mut w, 41000, 1000, 2000);
+        holed.client(&mut w, 0, REQ);
+        holed.s += 1;
+        holed.server(&mut w, 0, OK);
+        let mut waiting = Flow::open(&mut w, 41001, 1000, 2000);
+        waiting.client(&mut w, 0, REQ);
+        w.conns.close_all("stopped");
+        let mut errors: Vec<String> = w
+            .records()
+            .iter()
+            .map(|r| r["error"].as_str().unwrap_or_default().to_string())
+            .collect();
+        errors.sort();
+        assert_eq!(errors, vec!["stopped".to_string(), LOST.to_string()]);
     }
 
     #[test]
