@@ -250,7 +250,7 @@ impl Reader {
             // the wait never ends idle, and each window close waited its whole limit.
             let checked = SystemTime::now();
             let waiting = ring.block_waiting();
-            boost.after_pass(waiting);
+            boost.after_pass(waiting, Instant::now());
             if !waiting {
                 let upto = checked.checked_sub(HANDOVER).map_or(0, unix_nanos);
                 // Stored, not raised to the maximum: after the wall clock steps back, a
