@@ -25,7 +25,7 @@ const RT_PRIORITY: libc::c_int = 1;
 const HOLD: Duration = Duration::from_secs(1);
 
 /// Where the thread stands; every change is made in [`Boost::after_pass`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Level {
     Normal,
     Nice,
@@ -44,6 +44,8 @@ pub(super) struct Boost {
     /// Whether the thread started under the normal policy: one started real time (`chrt`) is
     /// left as it was.
     normal_policy: bool,
+    /// Whether a refused raise was reported (once a run).
+    refusal_told: bool,
 }
 
 impl Boost {
@@ -55,6 +57,7 @@ impl Boost {
             before: nice_now(),
             // SAFETY: sched_getscheduler on this thread's own id.
             normal_policy: unsafe { libc::sched_getscheduler(libc::gettid()) } == libc::SCHED_OTHER,
+            refusal_told: false,
         }
     }
 
@@ -78,6 +81,12 @@ impl Boost {
         };
         if want != self.level {
             self.level = self.change_to(want);
+            if self.level < want && !self.refusal_told {
+                self.refusal_told = true;
+                tracing::warn!(
+                    "tap: behind the ring, and its thread's priority could not be raised to {want:?} (it needs CAP_SYS_NICE): segments may be lost on a busy host"
+                );
+            }
         }
     }
 
