@@ -90,7 +90,7 @@ why = collections.Counter(r["error"] for r in recs if r.get("error"))
 print(f"| tap: {len(recs)} records of {n} streams, {exact} with all {t} tokens, {sum(why.values())} errors {dict(why) if why else ''}", end="")
 PY
     # and what it said of itself: lost segments, a window closed early (the first two warnings)
-    [ -z "${TAP_PROBE:-}" ] && grep -m2 -o 'WARN.*' "$work/tap.err" | sed 's/^/ | /' | tr -d '\n'
+    [ -z "${TAP_PROBE:-}" ] && grep -m2 -o 'WARN.*' "$work/tap.err" | sed 's/^/ | /' | tr -d '\n' || true
     echo
   done
   kill $replay; wait $replay 2>/dev/null || true
