@@ -1049,6 +1049,14 @@ mod tests {
     }
 
     #[test]
+    fn the_too_many_open_reason_names_the_bound_in_force() {
+        assert!(
+            TOO_MANY_OPEN.starts_with(&format!("more than {MAX_OPEN} requests")),
+            "{TOO_MANY_OPEN}"
+        );
+    }
+
+    #[test]
     fn a_client_that_leaves_with_a_hole_behind_it_is_a_loss_not_a_disconnect() {
         let mut w = Wire::new("hole-fin");
         let mut f = Flow::open(&mut w, 41000, 1000, 2000);
