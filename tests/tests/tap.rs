@@ -10,6 +10,8 @@ use sglang_supervisor_tests::{http, post_timed, Timed};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(60);
@@ -1068,4 +1070,40 @@ fn a_flood_of_unfinished_heads_keeps_the_supervisors_memory_bounded_and_counted(
     );
     drop(open);
     tap.stop();
+}
+
+/// A client that connects to `addr` every 2 ms and hangs up until `stop` (or 30 s): a load
+/// generator retrying, whose SYNs (and, once the server is gone, the RSTs) keep coming.
+fn retrying_client(addr: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u32> {
+    std::thread::spawn(move || {
+        let (mut tries, until) = (0, Instant::now() + Duration::from_secs(30));
+        while !stop.load(Ordering::SeqCst) && Instant::now() < until {
+            let _ = TcpStream::connect(&addr);
+            tries += 1;
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        tries
+    })
+}
+
+#[test]
+fn a_client_that_keeps_retrying_does_not_hold_the_stop_up() {
+    if !can_tap("a_client_that_keeps_retrying...") {
+        return;
+    }
+    let tap = start_tapped("tap-stop-busy", &[], &[]);
+    // Before the fix the stop read the ring until a pass found nothing: 30 s here.
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = retrying_client(tap.server.clone(), stop.clone());
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    tap.stop();
+    let took = t.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    let tries = client.join().unwrap();
+    assert!(tries > 50, "the client kept trying: {tries} connects");
+    assert!(
+        took < Duration::from_secs(5),
+        "the stop took {took:?} while a client kept connecting"
+    );
 }

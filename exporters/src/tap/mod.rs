@@ -192,6 +192,8 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
 const HANDOVER: Duration = Duration::from_millis(2 * ring::BLOCK_TIMEOUT_MS as u64 + 10);
 /// A window's close waits at most this long for the tap to have read up to it.
 const MAX_SETTLE: Duration = Duration::from_millis(200);
+/// A stop reads a ring that is behind for this long at most, past [`HANDOVER`].
+const MAX_DRAIN: Duration = Duration::from_secs(1);
 
 /// Waits until the tap has read every segment stamped before `end` (unix seconds), or gives up
 /// after [`MAX_SETTLE`] (a ring that never empties).
@@ -228,12 +230,17 @@ impl Reader {
         let mut boost = boost::Boost::new();
         let mut stop_seen: Option<Instant> = None;
         loop {
-            // After a stop, reading goes on until a pass finds nothing and a whole hand-over
-            // time has passed: the block being filled at the stop is handed over by then.
+            // After a stop, reading goes on until a whole hand-over time has passed (the block
+            // being filled at the stop is handed over by then) and no block waits: everything
+            // that passed before the stop is read. Not until a pass finds nothing: a client
+            // writing every few milliseconds (or retrying a dead server) keeps blocks coming,
+            // and the stop waited for it to end (20 s in review). A ring far behind is read
+            // for [`MAX_DRAIN`] at most.
             if stop_seen.is_none() && stop.load(Ordering::SeqCst) {
                 stop_seen = Some(Instant::now());
             }
             let stopping = stop_seen.is_some_and(|t| t.elapsed() >= HANDOVER);
+            let drained_too_long = stop_seen.is_some_and(|t| t.elapsed() >= HANDOVER + MAX_DRAIN);
             // The clocks are read once per block: a segment's monotonic time is derived from
             // its wall-clock stamp (the recorder's times are monotonic).
             let (now_wall, now) = (SystemTime::now(), Instant::now());
@@ -257,17 +264,18 @@ impl Reader {
                 // watermark left ahead would let windows close without waiting.
                 self.read_through.store(upto, Ordering::Release);
             }
-            match read {
-                Ok(true) => {}
-                Ok(false) => {
-                    if stopping {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    tracing::error!("tap: reading the ring: {e}; the tap stops");
-                    break;
-                }
+            if let Err(e) = read {
+                tracing::error!("tap: reading the ring: {e}; the tap stops");
+                break;
+            }
+            if stopping && !waiting {
+                break;
+            }
+            if drained_too_long {
+                tracing::warn!(
+                    "tap: stopped with blocks of segments still unread after {MAX_DRAIN:?} (its ring was behind); requests in them end as errors"
+                );
+                break;
             }
             if last_check.elapsed() >= Duration::from_secs(1) {
                 last_check = Instant::now();
