@@ -51,6 +51,9 @@ const TOO_MANY_OPEN: &str = "more than 4096 requests were open on the connection
 const HOLE_CHECKS: u32 = 3;
 /// Why a connection's open requests end when segments of it were lost.
 const LOST: &str = "the tap lost segments of this connection (its ring was full)";
+/// Why, when bytes never came and the ring dropped nothing while the connection was open (lost
+/// before the tap: a receive backlog's drop, or on the wire with `--tap-interface any`).
+const MISSED: &str = "bytes of this connection never passed the tap (its ring dropped none)";
 /// A connection silent this long with nothing open is forgotten (a keep-alive connection reused
 /// after it is not measured; the table's size is bounded apart, by [`MAX_CONNECTIONS`]).
 const IDLE: Duration = Duration::from_secs(3600);
@@ -167,12 +170,21 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
     let read_through = Arc::new(AtomicU64::new(0));
     let seen = read_through.clone();
     stats.settle_with(Settle(Box::new(move |end| settle(&seen, end))));
-    let ring = Ring::open(port, &Interface::parse(&iface), ring_blocks())
-        .map_err(|error| TapError::Open { port, iface, error })?;
+    let open = || -> std::io::Result<_> {
+        let ring = Ring::open(port, &Interface::parse(&iface), ring_blocks())?;
+        let drops = ring.drop_counter()?;
+        Ok((ring, drops))
+    };
+    let (ring, drops) = open().map_err(|error| TapError::Open { port, iface, error })?;
     let stop = Arc::new(AtomicBool::new(false));
     let halt = stop.clone();
     let reader = Reader {
-        conns: Connections::new(port, ledger, tap_metrics.clone()),
+        conns: Connections::new(
+            port,
+            ledger,
+            tap_metrics.clone(),
+            RingDrops::new(Box::new(drops)),
+        ),
         tap_metrics,
         read_through,
     };
@@ -279,21 +291,21 @@ impl Reader {
             }
             if last_check.elapsed() >= Duration::from_secs(1) {
                 last_check = Instant::now();
-                self.count_drops(&ring);
+                self.count_drops();
                 self.conns.forget_idle(Instant::now());
                 self.conns.warn_given_up();
             }
         }
         // The last second's drops too: a run's end is where a lagging ring overflows.
-        self.count_drops(&ring);
+        self.count_drops();
         self.read_through.store(u64::MAX, Ordering::Release);
         self.conns
             .close_all("the tap stopped while the request was open");
     }
 
     /// Segments the kernel had no room for since the last count (the count resets as it is read).
-    fn count_drops(&self, ring: &Ring) {
-        let drops = ring.drops();
+    fn count_drops(&mut self) {
+        let drops = self.conns.drops.untold();
         if drops > 0 {
             tracing::warn!("tap: the ring had no room for {drops} segments (raise SGLANG_SUPERVISOR_TAP_RING_MB)");
             self.tap_metrics.dropped_packets.inc_by(drops);
@@ -346,6 +358,40 @@ struct Conn {
     hole: (Option<u32>, Option<u32>, u32),
     /// The client has sent bytes.
     used: bool,
+    /// The ring's drop total when the connection opened: whether a hole in it can be the
+    /// ring's doing.
+    drops_at_open: u64,
+}
+
+/// The ring's dropped segments. The kernel resets its count as it is read, so this one reader
+/// keeps the total: read where a hole must be told from a client leaving, and once a second for
+/// the warning and the metric.
+struct RingDrops {
+    read: Box<dyn FnMut() -> u64 + Send>,
+    total: u64,
+    told: u64,
+}
+
+impl RingDrops {
+    fn new(read: Box<dyn FnMut() -> u64 + Send>) -> Self {
+        RingDrops {
+            read,
+            total: 0,
+            told: 0,
+        }
+    }
+
+    /// Every drop so far (one system call).
+    fn total(&mut self) -> u64 {
+        self.total += (self.read)();
+        self.total
+    }
+
+    /// The drops since the last call, for the warning.
+    fn untold(&mut self) -> u64 {
+        let total = self.total();
+        total - std::mem::replace(&mut self.told, total)
+    }
 }
 
 struct Connections {
@@ -361,10 +407,11 @@ struct Connections {
     over_memory: u64,
     evicted: u64,
     refused: u64,
+    drops: RingDrops,
 }
 
 impl Connections {
-    fn new(port: u16, ledger: Arc<Ledger>, tap_metrics: Arc<TapMetrics>) -> Self {
+    fn new(port: u16, ledger: Arc<Ledger>, tap_metrics: Arc<TapMetrics>, drops: RingDrops) -> Self {
         let metrics = ledger.metrics().clone();
         Connections {
             port,
@@ -376,6 +423,7 @@ impl Connections {
             over_memory: 0,
             evicted: 0,
             refused: 0,
+            drops,
         }
     }
 
@@ -445,7 +493,9 @@ impl Connections {
                 &mut conn.down
             };
             side.closed |= seg.fin;
-            if seg.rst || (conn.up.closed && conn.down.closed) {
+            // Either side's close will do: a FIN held behind the hole was forgotten with it,
+            // and the connection waited an hour for a second one.
+            if seg.rst || conn.up.closed || conn.down.closed {
                 self.remove(&key);
             }
             return;
@@ -483,10 +533,12 @@ impl Connections {
         // The client's FIN read in order, or its RST: it left, and what it left open ends now,
         // as the proxy records it. These waited for the server's next segment (its answer
         // drawing the client's RST, or its close: a 502 "server closed") and were stamped then.
-        // With a hole in either direction, the client did not leave early: it had every byte,
-        // and each passed the tap before it reached the client, so the ring lost one.
+        // With a hole, and the ring dropping segments while the connection was open, the
+        // client did not leave early: it had every byte, each of which passed the tap first.
+        // A hole the ring did not make (a reordered segment, a receive backlog's drop that the
+        // client has too) is no such evidence: the client left.
         if to_server && ((client_was_open && conn.up.closed) || seg.rst) {
-            if conn.has_hole() {
+            if conn.has_hole() && conn.has_open() && self.drops.total() > conn.drops_at_open {
                 conn.give_up(&self.ledger, &self.tap_metrics.unread_connections, LOST);
             } else {
                 conn.client_left(&self.ledger);
@@ -533,6 +585,7 @@ impl Connections {
                 unread: false,
                 hole: (None, None, 0),
                 used: false,
+                drops_at_open: self.drops.total,
             },
         );
     }
@@ -581,6 +634,7 @@ impl Connections {
     /// forgotten, and one whose hole (a segment the ring had no room for) has stayed at one place
     /// for [`HOLE_CHECKS`] checks stops being read.
     fn forget_idle(&mut self, now: Instant) {
+        let drops = self.drops.total();
         let (ledger, tap_metrics) = (&self.ledger, &self.tap_metrics);
         let buffered = &mut self.buffered;
         for c in self.map.values_mut().filter(|c| !c.unread) {
@@ -598,7 +652,12 @@ impl Connections {
             c.hole = (at.0, at.1, checks);
             if checks >= HOLE_CHECKS {
                 *buffered = buffered.saturating_sub(c.buffered());
-                c.give_up(ledger, &tap_metrics.unread_connections, LOST);
+                let why = if drops > c.drops_at_open {
+                    LOST
+                } else {
+                    MISSED
+                };
+                c.give_up(ledger, &tap_metrics.unread_connections, why);
             }
         }
         self.map.retain(|_, c| {
@@ -615,12 +674,17 @@ impl Connections {
         });
     }
 
-    /// Every connection's open requests end (`why`; LOST for one with a hole, which would
-    /// never have been read through).
+    /// Every connection's open requests end (`why`; lost segments for one with a hole that
+    /// the ring may have made, which would never have been read through).
     fn close_all(&mut self, why: &'static str) {
         self.buffered = 0;
+        let drops = self.drops.total();
         for (_, mut c) in self.map.drain() {
-            c.end_all(&self.ledger, if c.has_hole() { LOST } else { why });
+            if c.has_hole() && c.has_open() && drops > c.drops_at_open {
+                c.give_up(&self.ledger, &self.tap_metrics.unread_connections, LOST);
+            } else {
+                c.end_all(&self.ledger, why);
+            }
         }
     }
 }
@@ -704,6 +768,11 @@ impl Conn {
     /// Bytes are missing before some it holds, in either direction.
     fn has_hole(&self) -> bool {
         self.up.has_hole() || self.down.has_hole()
+    }
+
+    /// A request is open on it (answered or waiting).
+    fn has_open(&self) -> bool {
+        self.answer.is_some() || !self.open.is_empty()
     }
 
     /// What it keeps beyond its own size: segments behind holes, heads that came in pieces, and
@@ -851,6 +920,8 @@ mod tests {
     /// The tap's connections fed segments by hand, its records in a requests log.
     struct Wire {
         conns: Connections,
+        /// Segments the ring "dropped": what the kernel's count would say next.
+        dropped: Arc<AtomicU64>,
         log: std::path::PathBuf,
         t: SystemTime,
     }
@@ -866,8 +937,12 @@ mod tests {
             let stats = Arc::new(RequestStats::default());
             let ledger = Ledger::new(metrics, stats, Some(file), None);
             let tap = Arc::new(TapMetrics::default());
+            let dropped = Arc::new(AtomicU64::new(0));
+            let count = dropped.clone();
+            let drops = RingDrops::new(Box::new(move || count.swap(0, Ordering::SeqCst)));
             Wire {
-                conns: Connections::new(PORT, ledger, tap),
+                conns: Connections::new(PORT, ledger, tap, drops),
+                dropped,
                 log,
                 t: SystemTime::now(),
             }
@@ -1026,7 +1101,8 @@ mod tests {
         let mut w = Wire::new("hole");
         let mut f = Flow::open(&mut w, 41000, 1000, 2000);
         f.client(&mut w, 0, REQ);
-        f.s += 1; // the server's first byte is lost
+        f.s += 1; // the server's first byte is lost: the ring had no room for it
+        w.dropped.store(1, Ordering::SeqCst);
         f.server(&mut w, 0, OK);
         assert!(kept(&w) > 0);
         let now = Instant::now();
@@ -1069,7 +1145,8 @@ mod tests {
         let mut w = Wire::new("hole-fin");
         let mut f = Flow::open(&mut w, 41000, 1000, 2000);
         f.client(&mut w, 0, REQ);
-        f.s += 1; // the server's first byte is not in the ring
+        f.s += 1; // the server's first byte is not in the ring, which had no room for it
+        w.dropped.store(1, Ordering::SeqCst);
         f.server(&mut w, 0, OK);
         // The client read the whole answer (it passed the tap first) and closed.
         f.client(&mut w, FIN, b"");
@@ -1084,11 +1161,44 @@ mod tests {
     }
 
     #[test]
+    fn a_hole_the_ring_did_not_make_is_a_client_that_left_or_bytes_missed_never_a_full_ring() {
+        let mut w = Wire::new("hole-not-ring");
+        // A segment late (reordered across CPUs) when the client resets mid-answer: it left.
+        let mut f = Flow::open(&mut w, 41000, 1000, 2000);
+        f.client(&mut w, 0, REQ);
+        f.s += 1;
+        f.server(&mut w, 0, OK);
+        f.client(&mut w, RST, b"");
+        let r = w.records();
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(
+            (r[0]["status"].as_u64(), r[0]["error"].as_str()),
+            (Some(499), Some(CLIENT_LEFT_EARLY)),
+            "{r:?}"
+        );
+        assert_eq!(w.unread(), 0);
+        // A hole that stays with nothing dropped by the ring: bytes missed before the tap.
+        let mut g = Flow::open(&mut w, 41001, 1000, 2000);
+        g.client(&mut w, 0, REQ);
+        g.s += 1;
+        g.server(&mut w, 0, OK);
+        let now = Instant::now();
+        for _ in 0..HOLE_CHECKS {
+            w.conns.forget_idle(now);
+        }
+        let r = w.records();
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert_eq!(r[1]["error"], MISSED, "{r:?}");
+        assert_eq!(w.unread(), 1);
+    }
+
+    #[test]
     fn requests_open_behind_a_hole_when_the_tap_stops_are_a_loss() {
         let mut w = Wire::new("hole-stop");
         let mut holed = Flow::open(&mut w, 41000, 1000, 2000);
         holed.client(&mut w, 0, REQ);
         holed.s += 1;
+        w.dropped.store(1, Ordering::SeqCst);
         holed.server(&mut w, 0, OK);
         let mut waiting = Flow::open(&mut w, 41001, 1000, 2000);
         waiting.client(&mut w, 0, REQ);
@@ -1100,6 +1210,7 @@ mod tests {
             .collect();
         errors.sort();
         assert_eq!(errors, vec!["stopped".to_string(), LOST.to_string()]);
+        assert_eq!(w.unread(), 1, "the lost one is counted as unread");
     }
 
     #[test]

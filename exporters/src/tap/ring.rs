@@ -492,10 +492,14 @@ impl Ring {
         }
     }
 
-    /// Packets the kernel dropped (the ring was full) since the last call.
-    pub fn drops(&self) -> u64 {
-        get::<libc::tpacket_stats_v3>(&self.fd, libc::SOL_PACKET, libc::PACKET_STATISTICS)
-            .map_or(0, |st| st.tp_drops as u64)
+    /// A reader of the packets the kernel dropped (the ring was full), each call those since
+    /// the last, usable while the ring is being read (a second descriptor of the socket).
+    pub fn drop_counter(&self) -> io::Result<impl FnMut() -> u64 + Send + 'static> {
+        let fd = self.fd.try_clone()?;
+        Ok(move || {
+            get::<libc::tpacket_stats_v3>(&fd, libc::SOL_PACKET, libc::PACKET_STATISTICS)
+                .map_or(0, |st| st.tp_drops as u64)
+        })
     }
 }
 
