@@ -269,7 +269,11 @@ impl Reader {
             // the wait never ends idle, and each window close waited its whole limit.
             let checked = SystemTime::now();
             let waiting = ring.block_waiting();
-            boost.after_pass(waiting, Instant::now());
+            let queued = [boost::BEHIND_RT, boost::BEHIND]
+                .into_iter()
+                .find(|&n| ring.blocks_waiting(n))
+                .unwrap_or(waiting as usize);
+            boost.after_pass(queued, Instant::now());
             if !waiting {
                 let upto = checked.checked_sub(HANDOVER).map_or(0, unix_nanos);
                 // Stored, not raised to the maximum: after the wall clock steps back, a

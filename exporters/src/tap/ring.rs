@@ -403,6 +403,12 @@ impl Ring {
         self.handed_over(self.next)
     }
 
+    /// Whether at least `n` blocks wait to be read: the kernel hands blocks over in order, so
+    /// the `n`th from the next one tells.
+    pub fn blocks_waiting(&self, n: usize) -> bool {
+        n == 0 || (n <= self.blocks && self.handed_over((self.next + n - 1) % self.blocks))
+    }
+
     /// Whether block `i` is the reader's: its status is written by the kernel, read volatile
     /// with acquire ordering before the rest of the block.
     fn handed_over(&self, i: usize) -> bool {
@@ -518,6 +524,49 @@ impl Drop for Ring {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A real ring on loopback (skipped without CAP_NET_RAW): 8 blocks, more than eight
+    /// blocks' worth sent and nothing read.
+    #[test]
+    fn blocks_waiting_counts_the_blocks_handed_over_and_the_drop_counter_the_overflow() {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let mut ring = match Ring::open(port, &Interface::Loopback, 8) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("SKIPPED: no packet ring here ({e})");
+                return;
+            }
+        };
+        let mut drops = ring.drop_counter().unwrap();
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut b = vec![0u8; 1 << 16];
+            while s.read(&mut b).is_ok_and(|n| n > 0) {}
+        });
+        let chunk = vec![b'x'; 60_000];
+        for _ in 0..60 {
+            c.write_all(&chunk).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            ring.blocks_waiting(1) && ring.blocks_waiting(8),
+            "the ring is full"
+        );
+        assert!(!ring.blocks_waiting(9), "never more than the ring holds");
+        assert!(drops() > 0, "what did not fit is counted");
+        assert_eq!(drops(), 0, "each count is of the drops since the last");
+        let mut read = 0;
+        while ring.next_block(Duration::ZERO, |_| {}).unwrap() {
+            read += 1;
+        }
+        assert!(read >= 8, "{read} blocks read");
+        assert!(!ring.blocks_waiting(1));
+        drop(c);
+        reader.join().unwrap();
+    }
 
     /// Every program is walked for IPv4 and IPv6 TCP to or from the port: segments with bytes or
     /// a SYN, FIN or RST pass; pure ACKs, other ports, UDP and fragments are dropped.
