@@ -1,6 +1,8 @@
 //! TCP segments read from their IP packets, and each direction's bytes put back in order.
-//! Loopback neither loses nor reorders a connection's segments; the ring can lose them when it
-//! is full, and a hole that is not filled soon is then said as such, never read across.
+//! Loopback seldom loses or reorders a connection's segments (a full receive backlog drops
+//! them, and a sender that moves between CPUs can have two in different backlogs), and TCP sends
+//! them again; the ring loses them when it is full. Segments are held behind a hole until it
+//! fills, and one that is not filled soon is said as such, never read across.
 use std::net::IpAddr;
 
 /// One side of a connection.
