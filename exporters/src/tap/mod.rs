@@ -268,7 +268,14 @@ impl Reader {
             // after an idle wait: while other streams run a block comes every few milliseconds,
             // the wait never ends idle, and each window close waited its whole limit.
             let checked = SystemTime::now();
+            // The drop count read before the check, kept when it finds the ring read up: every
+            // drop in it came before any segment still unread, so a connection whose SYN is read
+            // later cannot have its own drops in its baseline.
+            let drops = self.conns.drops.total();
             let waiting = ring.block_waiting();
+            if !waiting {
+                self.conns.drops.settled = drops;
+            }
             let queued = [boost::BEHIND_RT, boost::BEHIND]
                 .into_iter()
                 .find(|&n| ring.blocks_waiting(n))
@@ -300,11 +307,12 @@ impl Reader {
                 self.conns.warn_given_up();
             }
         }
-        // The last second's drops too: a run's end is where a lagging ring overflows.
-        self.count_drops();
         self.read_through.store(u64::MAX, Ordering::Release);
         self.conns
             .close_all("the tap stopped while the request was open");
+        // The last second's drops too (a run's end is where a lagging ring overflows), those
+        // read by the close included.
+        self.count_drops();
     }
 
     /// Segments the kernel had no room for since the last count (the count resets as it is read).
@@ -374,6 +382,10 @@ struct RingDrops {
     read: Box<dyn FnMut() -> u64 + Send>,
     total: u64,
     told: u64,
+    /// The total at the last moment the ring was read up: a new connection's baseline
+    /// (`drops_at_open`). The running total would not do: a ring behind drops a connection's
+    /// segments before its SYN is read.
+    settled: u64,
 }
 
 impl RingDrops {
@@ -382,6 +394,7 @@ impl RingDrops {
             read,
             total: 0,
             told: 0,
+            settled: 0,
         }
     }
 
@@ -513,9 +526,13 @@ impl Connections {
         let gone = if p.truncated {
             Some("the tap could not copy a whole segment")
         } else if !to_server && !conn.down.started() && !seg.payload.is_empty() {
-            // An answer after a handshake whose SYN-ACK the ring had no room for: it cannot be
-            // read, and the requests would wait until the client left (a wrong 499).
-            Some(LOST)
+            // An answer after a handshake whose SYN-ACK the ring had no room for (or never saw):
+            // it cannot be read, and the requests would wait until the client left (a wrong 499).
+            Some(if self.drops.total() > conn.drops_at_open {
+                LOST
+            } else {
+                MISSED
+            })
         } else {
             conn.read(&seg, to_server, at, &self.ledger, &self.metrics)
         };
@@ -589,7 +606,7 @@ impl Connections {
                 unread: false,
                 hole: (None, None, 0),
                 used: false,
-                drops_at_open: self.drops.total,
+                drops_at_open: self.drops.settled,
             },
         );
     }
@@ -1167,6 +1184,11 @@ mod tests {
     #[test]
     fn a_hole_the_ring_did_not_make_is_a_client_that_left_or_bytes_missed_never_a_full_ring() {
         let mut w = Wire::new("hole-not-ring");
+        // The ring dropped segments earlier, then was read up (as the reader marks it): those
+        // drops are no evidence against connections opened after.
+        w.dropped.store(7, Ordering::SeqCst);
+        let read_up = w.conns.drops.total();
+        w.conns.drops.settled = read_up;
         // A segment late (reordered across CPUs) when the client resets mid-answer: it left.
         let mut f = Flow::open(&mut w, 41000, 1000, 2000);
         f.client(&mut w, 0, REQ);
@@ -1194,6 +1216,45 @@ mod tests {
         assert_eq!(r.len(), 2, "{r:?}");
         assert_eq!(r[1]["error"], MISSED, "{r:?}");
         assert_eq!(w.unread(), 1);
+    }
+
+    /// The ring is a whole ring behind (when it drops): a connection's answer is dropped while
+    /// its SYN still waits unread, and the drop count is read (the once-a-second check, another
+    /// connection's close) before the SYN is reached. Found by the second review.
+    #[test]
+    fn a_drop_read_before_a_lagging_reader_reaches_the_syn_still_counts_against_the_ring() {
+        type CountRead = fn(&mut Wire);
+        let reads: [(&str, CountRead); 3] = [
+            ("the warning's count", |w| {
+                w.conns.drops.untold();
+            }),
+            ("the hole check", |w| w.conns.forget_idle(Instant::now())),
+            ("another close", |w| {
+                w.conns.drops.total();
+            }),
+        ];
+        for (read, count) in reads {
+            for end in ["client's FIN", "hole checks", "stop"] {
+                let mut w = Wire::new("lagging");
+                w.dropped.store(1, Ordering::SeqCst);
+                count(&mut w);
+                let mut f = Flow::open(&mut w, 41000, 1000, 2000);
+                f.client(&mut w, 0, REQ);
+                f.s += 1;
+                f.server(&mut w, 0, OK);
+                match end {
+                    "client's FIN" => f.client(&mut w, FIN, b""),
+                    "hole checks" => {
+                        (0..HOLE_CHECKS).for_each(|_| w.conns.forget_idle(Instant::now()))
+                    }
+                    _ => w.conns.close_all("stopped"),
+                }
+                let r = w.records();
+                assert_eq!(r.len(), 1, "{read}, {end}: {r:?}");
+                assert_eq!(r[0]["error"], LOST, "{read}, {end}: {r:?}");
+                assert_eq!(w.unread(), 1, "{read}, {end}");
+            }
+        }
     }
 
     #[test]
@@ -1242,7 +1303,8 @@ mod tests {
     fn answers_whose_syn_ack_the_tap_missed_are_an_error_not_a_client_that_left() {
         let mut w = Wire::new("synack");
         w.raw(&packet(40000, PORT, 100, SYN, b""));
-        // The server's SYN-ACK is not in the ring.
+        // The server's SYN-ACK is not in the ring, which had no room for it.
+        w.dropped.store(1, Ordering::SeqCst);
         let mut f = Flow {
             port: 40000,
             c: 101,
