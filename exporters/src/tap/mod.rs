@@ -239,7 +239,7 @@ struct Reader {
 impl Reader {
     fn run(mut self, mut ring: Ring, stop: &AtomicBool) {
         let mut last_check = Instant::now();
-        let mut boost = boost::Boost::new();
+        let mut boost = boost::Boost::new(ring.blocks());
         let mut stop_seen: Option<Instant> = None;
         loop {
             // After a stop, reading goes on until a whole hand-over time has passed (the block
@@ -276,7 +276,7 @@ impl Reader {
             if !waiting {
                 self.conns.drops.settled = drops;
             }
-            let queued = [boost::BEHIND_RT, boost::BEHIND]
+            let queued = [boost.rt_at, boost.nice_at]
                 .into_iter()
                 .find(|&n| ring.blocks_waiting(n))
                 .unwrap_or(waiting as usize);
@@ -302,7 +302,7 @@ impl Reader {
             }
             if last_check.elapsed() >= Duration::from_secs(1) {
                 last_check = Instant::now();
-                self.count_drops();
+                boost.after_check(self.count_drops() > 0, last_check);
                 self.conns.forget_idle(Instant::now());
                 self.conns.warn_given_up();
             }
@@ -316,12 +316,13 @@ impl Reader {
     }
 
     /// Segments the kernel had no room for since the last count (the count resets as it is read).
-    fn count_drops(&mut self) {
+    fn count_drops(&mut self) -> u64 {
         let drops = self.conns.drops.untold();
         if drops > 0 {
             tracing::warn!("tap: the ring had no room for {drops} segments (raise SGLANG_SUPERVISOR_TAP_RING_MB)");
             self.tap_metrics.dropped_packets.inc_by(drops);
         }
+        drops
     }
 }
 

@@ -403,6 +403,11 @@ impl Ring {
         self.handed_over(self.next)
     }
 
+    /// How many blocks the ring has.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
     /// Whether at least `n` blocks wait to be read: the kernel hands blocks over in order, so
     /// the `n`th from the next one tells.
     pub fn blocks_waiting(&self, n: usize) -> bool {
