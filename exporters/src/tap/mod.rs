@@ -204,7 +204,7 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
 const HANDOVER: Duration = Duration::from_millis(2 * ring::BLOCK_TIMEOUT_MS as u64 + 10);
 /// A window's close waits at most this long for the tap to have read up to it.
 const MAX_SETTLE: Duration = Duration::from_millis(200);
-/// A stop reads a ring that is behind for this long at most, past [`HANDOVER`].
+/// A stop reads a ring that is behind for this long at most.
 const MAX_DRAIN: Duration = Duration::from_secs(1);
 
 /// Waits until the tap has read every segment stamped before `end` (unix seconds), or gives up
@@ -240,19 +240,19 @@ impl Reader {
     fn run(mut self, mut ring: Ring, stop: &AtomicBool) {
         let mut last_check = Instant::now();
         let mut boost = boost::Boost::new(ring.blocks());
-        let mut stop_seen: Option<Instant> = None;
+        // At a stop: when it was seen, and the count of blocks read by which everything that
+        // passed before it is read (those waiting then, and the one being filled if a packet is
+        // in it). Not until a pass finds nothing: a client writing every few milliseconds (or
+        // retrying a dead server) keeps blocks coming, and the stop waited for it to end (30 s
+        // in review); nor a fixed hand-over time, which a late kernel timer overruns. A ring
+        // far behind, or a block the kernel never hands over, is waited for [`MAX_DRAIN`].
+        let mut stop_seen: Option<(Instant, u64)> = None;
         loop {
-            // After a stop, reading goes on until a whole hand-over time has passed (the block
-            // being filled at the stop is handed over by then) and no block waits: everything
-            // that passed before the stop is read. Not until a pass finds nothing: a client
-            // writing every few milliseconds (or retrying a dead server) keeps blocks coming,
-            // and the stop waited for it to end (20 s in review). A ring far behind is read
-            // for [`MAX_DRAIN`] at most.
             if stop_seen.is_none() && stop.load(Ordering::SeqCst) {
-                stop_seen = Some(Instant::now());
+                let upto = ring.blocks_read() + ring.blocks_holding_the_past() as u64;
+                stop_seen = Some((Instant::now(), upto));
             }
-            let stopping = stop_seen.is_some_and(|t| t.elapsed() >= HANDOVER);
-            let drained_too_long = stop_seen.is_some_and(|t| t.elapsed() >= HANDOVER + MAX_DRAIN);
+            let drained_too_long = stop_seen.is_some_and(|(t, _)| t.elapsed() >= MAX_DRAIN);
             // The clocks are read once per block: a segment's monotonic time is derived from
             // its wall-clock stamp (the recorder's times are monotonic).
             let (now_wall, now) = (SystemTime::now(), Instant::now());
@@ -291,7 +291,7 @@ impl Reader {
                 tracing::error!("tap: reading the ring: {e}; the tap stops");
                 break;
             }
-            if stopping && !waiting {
+            if stop_seen.is_some_and(|(_, upto)| ring.blocks_read() >= upto) {
                 break;
             }
             if drained_too_long {

@@ -52,6 +52,8 @@ pub struct Ring {
     map: *mut u8,
     blocks: usize,
     next: usize,
+    /// Blocks read since the ring was opened.
+    read: u64,
     lo_index: i32,
     /// Sent copies on loopback come too (Any/Named): skip them, the received copy follows.
     skip_lo_sent: bool,
@@ -373,6 +375,7 @@ impl Ring {
             map: map.cast(),
             blocks,
             next: 0,
+            read: 0,
             lo_index,
             skip_lo_sent,
         };
@@ -489,7 +492,31 @@ impl Ring {
             std::ptr::write_volatile(&mut (*desc).hdr.bh1.block_status, libc::TP_STATUS_KERNEL);
         }
         self.next = (self.next + 1) % self.blocks;
+        self.read += 1;
         Ok(true)
+    }
+
+    /// Blocks read since the ring was opened.
+    pub fn blocks_read(&self) -> u64 {
+        self.read
+    }
+
+    /// How many more blocks hold what has passed so far: those handed over and not yet read,
+    /// and the one the kernel is filling if a packet is in it (its count is written as each
+    /// packet lands, before the hand-over). Read once at a stop, so that it waits for exactly
+    /// those, however late the kernel's timer hands the last one over.
+    pub fn blocks_holding_the_past(&self) -> usize {
+        let waiting = (0..self.blocks)
+            .take_while(|&k| self.handed_over((self.next + k) % self.blocks))
+            .count();
+        if waiting == self.blocks {
+            return waiting;
+        }
+        let filling = self.block((self.next + waiting) % self.blocks);
+        // SAFETY: the block header lies in the mapping; the kernel may be writing the count,
+        // which is read as a hint (volatile).
+        let packets = unsafe { std::ptr::read_volatile(&(*filling).hdr.bh1.num_pkts) };
+        waiting + usize::from(packets > 0)
     }
 
     /// Reads and clears the socket's pending error (an interface that went down: ENETDOWN),
@@ -571,6 +598,36 @@ mod tests {
         assert!(!ring.blocks_waiting(1));
         drop(c);
         reader.join().unwrap();
+    }
+
+    /// What a stop waits for: a segment that just passed is in exactly one block, handed over
+    /// or still being filled, whenever the kernel's timer fires.
+    #[test]
+    fn a_segment_just_sent_is_in_one_block_holding_the_past_until_that_block_is_read() {
+        use std::io::Write;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let mut ring = match Ring::open(port, &Interface::Loopback, 4) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("SKIPPED: no packet ring here ({e})");
+                return;
+            }
+        };
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let _s = l.accept().unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        while ring.next_block(Duration::ZERO, |_| {}).unwrap() {}
+        assert_eq!(ring.blocks_holding_the_past(), 0, "read up");
+        c.write_all(b"x").unwrap();
+        assert_eq!(ring.blocks_holding_the_past(), 1);
+        let before = ring.blocks_read();
+        let mut seen = 0;
+        while ring.blocks_read() == before {
+            ring.next_block(Duration::from_millis(50), |_| seen += 1)
+                .unwrap();
+        }
+        assert_eq!((seen, ring.blocks_holding_the_past()), (1, 0));
     }
 
     /// Every program is walked for IPv4 and IPv6 TCP to or from the port: segments with bytes or
