@@ -1019,6 +1019,19 @@ mod tests {
             }
         }
 
+        /// A connection whose request's answer waits behind a hole: the server's first byte
+        /// never reached the tap (`ring_dropped`: because the ring had no room for it).
+        fn holed(w: &mut Wire, port: u16, ring_dropped: bool) -> Flow {
+            let mut f = Flow::open(w, port, 1000, 2000);
+            f.client(w, 0, REQ);
+            f.s += 1;
+            if ring_dropped {
+                w.dropped.fetch_add(1, Ordering::SeqCst);
+            }
+            f.server(w, 0, OK);
+            f
+        }
+
         fn client(&mut self, w: &mut Wire, flags: u8, data: &[u8]) {
             w.raw(&packet(self.port, PORT, self.c, ACK | flags, data));
             self.c = self
@@ -1121,11 +1134,7 @@ mod tests {
     #[test]
     fn a_connection_given_up_for_a_hole_keeps_nothing_of_it() {
         let mut w = Wire::new("hole");
-        let mut f = Flow::open(&mut w, 41000, 1000, 2000);
-        f.client(&mut w, 0, REQ);
-        f.s += 1; // the server's first byte is lost: the ring had no room for it
-        w.dropped.store(1, Ordering::SeqCst);
-        f.server(&mut w, 0, OK);
+        let mut f = Flow::holed(&mut w, 41000, true);
         assert!(kept(&w) > 0);
         let now = Instant::now();
         for _ in 1..HOLE_CHECKS {
@@ -1165,11 +1174,7 @@ mod tests {
     #[test]
     fn a_client_that_leaves_with_a_hole_behind_it_is_a_loss_not_a_disconnect() {
         let mut w = Wire::new("hole-fin");
-        let mut f = Flow::open(&mut w, 41000, 1000, 2000);
-        f.client(&mut w, 0, REQ);
-        f.s += 1; // the server's first byte is not in the ring, which had no room for it
-        w.dropped.store(1, Ordering::SeqCst);
-        f.server(&mut w, 0, OK);
+        let mut f = Flow::holed(&mut w, 41000, true);
         // The client read the whole answer (it passed the tap first) and closed.
         f.client(&mut w, FIN, b"");
         let r = w.records();
@@ -1191,10 +1196,7 @@ mod tests {
         let read_up = w.conns.drops.total();
         w.conns.drops.settled = read_up;
         // A segment late (reordered across CPUs) when the client resets mid-answer: it left.
-        let mut f = Flow::open(&mut w, 41000, 1000, 2000);
-        f.client(&mut w, 0, REQ);
-        f.s += 1;
-        f.server(&mut w, 0, OK);
+        let mut f = Flow::holed(&mut w, 41000, false);
         f.client(&mut w, RST, b"");
         let r = w.records();
         assert_eq!(r.len(), 1, "{r:?}");
@@ -1205,10 +1207,7 @@ mod tests {
         );
         assert_eq!(w.unread(), 0);
         // A hole that stays with nothing dropped by the ring: bytes missed before the tap.
-        let mut g = Flow::open(&mut w, 41001, 1000, 2000);
-        g.client(&mut w, 0, REQ);
-        g.s += 1;
-        g.server(&mut w, 0, OK);
+        Flow::holed(&mut w, 41001, false);
         let now = Instant::now();
         for _ in 0..HOLE_CHECKS {
             w.conns.forget_idle(now);
@@ -1239,10 +1238,7 @@ mod tests {
                 let mut w = Wire::new("lagging");
                 w.dropped.store(1, Ordering::SeqCst);
                 count(&mut w);
-                let mut f = Flow::open(&mut w, 41000, 1000, 2000);
-                f.client(&mut w, 0, REQ);
-                f.s += 1;
-                f.server(&mut w, 0, OK);
+                let mut f = Flow::holed(&mut w, 41000, false);
                 match end {
                     "client's FIN" => f.client(&mut w, FIN, b""),
                     "hole checks" => {
@@ -1261,11 +1257,7 @@ mod tests {
     #[test]
     fn requests_open_behind_a_hole_when_the_tap_stops_are_a_loss() {
         let mut w = Wire::new("hole-stop");
-        let mut holed = Flow::open(&mut w, 41000, 1000, 2000);
-        holed.client(&mut w, 0, REQ);
-        holed.s += 1;
-        w.dropped.store(1, Ordering::SeqCst);
-        holed.server(&mut w, 0, OK);
+        Flow::holed(&mut w, 41000, true);
         let mut waiting = Flow::open(&mut w, 41001, 1000, 2000);
         waiting.client(&mut w, 0, REQ);
         w.conns.close_all("stopped");

@@ -557,19 +557,27 @@ impl Drop for Ring {
 mod tests {
     use super::*;
 
+    /// A listener on a free loopback port and a ring of `blocks` blocks on it; None (said)
+    /// where no packet ring can be opened (no CAP_NET_RAW).
+    fn ring_on_a_port(blocks: usize) -> Option<(std::net::TcpListener, u16, Ring)> {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        match Ring::open(port, &Interface::Loopback, blocks) {
+            Ok(ring) => Some((l, port, ring)),
+            Err(e) => {
+                eprintln!("SKIPPED: no packet ring here ({e})");
+                None
+            }
+        }
+    }
+
     /// A real ring on loopback (skipped without CAP_NET_RAW): 8 blocks, more than eight
     /// blocks' worth sent and nothing read.
     #[test]
     fn blocks_waiting_counts_the_blocks_handed_over_and_the_drop_counter_the_overflow() {
         use std::io::{Read, Write};
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        let mut ring = match Ring::open(port, &Interface::Loopback, 8) {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("SKIPPED: no packet ring here ({e})");
-                return;
-            }
+        let Some((l, port, mut ring)) = ring_on_a_port(8) else {
+            return;
         };
         let mut drops = ring.drop_counter().unwrap();
         let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -605,14 +613,8 @@ mod tests {
     #[test]
     fn a_segment_just_sent_is_in_one_block_holding_the_past_until_that_block_is_read() {
         use std::io::Write;
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        let mut ring = match Ring::open(port, &Interface::Loopback, 4) {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("SKIPPED: no packet ring here ({e})");
-                return;
-            }
+        let Some((l, port, mut ring)) = ring_on_a_port(4) else {
+            return;
         };
         let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let _s = l.accept().unwrap();
