@@ -135,12 +135,28 @@ impl Drop for TapHandle {
 /// fast server's streams at 100 MB/s, and at least 2 s of a slow one's, blocks being handed over
 /// every [`ring::BLOCK_TIMEOUT_MS`] at the latest).
 fn ring_blocks() -> usize {
-    let mb = std::env::var("SGLANG_SUPERVISOR_TAP_RING_MB")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|&n: &usize| (1..=4096).contains(&n))
-        .unwrap_or(32);
+    let set = std::env::var("SGLANG_SUPERVISOR_TAP_RING_MB").ok();
+    let mb = ring_mb(set.as_deref()).unwrap_or_else(|why| {
+        tracing::warn!("tap: {why}; the ring is {DEFAULT_RING_MB} MiB");
+        DEFAULT_RING_MB
+    });
     mb * ring::BLOCKS_PER_MB
+}
+
+const DEFAULT_RING_MB: usize = 32;
+
+/// The ring's size in MiB from `SGLANG_SUPERVISOR_TAP_RING_MB` (unset: the default), or why the
+/// value cannot be used.
+fn ring_mb(set: Option<&str>) -> Result<usize, String> {
+    let Some(v) = set else {
+        return Ok(DEFAULT_RING_MB);
+    };
+    match v.trim().parse::<usize>() {
+        Ok(n) if (1..=4096).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "SGLANG_SUPERVISOR_TAP_RING_MB={v:?} is not a size in MiB from 1 to 4096"
+        )),
+    }
 }
 
 /// Where the tap is ready to measure (`--tap`): the server's port, the interface, and where
@@ -1161,6 +1177,19 @@ mod tests {
         f.client(&mut w, FIN, b"");
         f.server(&mut w, FIN, b"");
         assert!(w.conns.map.is_empty());
+    }
+
+    #[test]
+    fn the_ring_size_is_read_in_mib_and_a_bad_value_is_named_not_ignored() {
+        assert_eq!(ring_mb(None), Ok(DEFAULT_RING_MB));
+        assert_eq!(ring_mb(Some(" 128 ")), Ok(128));
+        for bad in ["0", "4097", "32MB", "", "-1"] {
+            let why = ring_mb(Some(bad)).unwrap_err();
+            assert!(
+                why.contains(&format!("{bad:?}")) && why.contains("1 to 4096"),
+                "{why}"
+            );
+        }
     }
 
     #[test]
