@@ -1107,3 +1107,44 @@ fn a_client_that_keeps_retrying_does_not_hold_the_stop_up() {
         "the stop took {took:?} while a client kept connecting"
     );
 }
+
+/// The stop reads the last answer's segments and no more: the run's summary counts it, with no
+/// "still unread" warning, well within the stop's one-second limit (third review: no test held
+/// a stop to that). Five times, each a fresh run.
+#[test]
+fn a_stop_right_after_the_last_answer_counts_it_and_takes_no_second() {
+    if !can_tap("a_stop_right_after_the_last_answer...") {
+        return;
+    }
+    for i in 0..5 {
+        let name = format!("tap-quick-stop{i}");
+        let err = std::env::temp_dir().join(format!("sglsup-{name}-{}.err", std::process::id()));
+        let log = log_path(&name);
+        let log_s = log.to_str().unwrap().to_string();
+        let mut run = Run::start(
+            &name,
+            Opts {
+                supervisor: &["--tap", "--requests-log", log_s.as_str()],
+                replay: &["--speed", "50"],
+                stderr: std::fs::File::create(&err).unwrap().into(),
+                ..Default::default()
+            },
+        );
+        run.wait_event("ready", T);
+        let server = format!("127.0.0.1:{}", run.port);
+        let body = r#"{"text":"a b c","sampling_params":{"max_new_tokens":20},"stream":true}"#;
+        assert!(post(&server, "/generate", body).status.contains("200"));
+        let t = Instant::now();
+        run.stop_by_sigterm();
+        let took = t.elapsed();
+        let summary = run.events_named("requests_summary").pop().unwrap();
+        let stderr = std::fs::read_to_string(&err).unwrap();
+        let _ = (std::fs::remove_file(&err), std::fs::remove_file(&log));
+        assert_eq!(summary["completed"], 1, "run {i}: {summary}\n{stderr}");
+        assert!(!stderr.contains("still unread"), "run {i}: {stderr}");
+        assert!(
+            took < Duration::from_millis(900),
+            "run {i}: the stop took {took:?}\n{stderr}"
+        );
+    }
+}

@@ -284,13 +284,16 @@ impl Reader {
             // after an idle wait: while other streams run a block comes every few milliseconds,
             // the wait never ends idle, and each window close waited its whole limit.
             let checked = SystemTime::now();
-            // The drop count read before the check, kept when it finds the ring read up: every
-            // drop in it came before any segment still unread, so a connection whose SYN is read
-            // later cannot have its own drops in its baseline.
-            let drops = self.conns.drops.total();
             let waiting = ring.block_waiting();
+            // With the ring read up, the drop count, kept if the ring is still read up after it:
+            // every drop in it came before any segment still unread, so a connection whose SYN
+            // is read later cannot have its own drops in its baseline. Not read on busy passes
+            // (a system call that takes the lock the kernel takes for every packet).
             if !waiting {
-                self.conns.drops.settled = drops;
+                let drops = self.conns.drops.total();
+                if !ring.block_waiting() {
+                    self.conns.drops.settled = drops;
+                }
             }
             let queued = [boost.rt_at, boost.nice_at]
                 .into_iter()
