@@ -94,20 +94,7 @@ impl EventStream {
         }
         if self.carry.is_empty() {
             // The common case: the frame holds whole events.
-            let mut pos = 0;
-            let mut cut = None;
-            while let Some((end, next)) = event_end(&data[pos..]) {
-                let info = scan_event(self.api, &data[pos..pos + end]);
-                on_event(info);
-                if info.usage_only {
-                    cut = Some((pos, pos + next));
-                }
-                pos += next;
-            }
-            if pos < data.len() {
-                self.carry.extend_from_slice(&data[pos..]);
-                self.scanned = 0;
-            }
+            let (pos, cut) = self.read_whole(&data, &mut on_event);
             return match cut {
                 None => data.slice(..pos),
                 Some((a, b)) => join(&data[..a], &data[b..pos]),
@@ -131,19 +118,34 @@ impl EventStream {
             data = &data[next..];
         }
         if self.carry.is_empty() {
-            let mut pos = 0;
-            while let Some((end, next)) = event_end(&data[pos..]) {
-                on_event(scan_event(self.api, &data[pos..pos + end]));
-                pos += next;
-            }
-            if pos < data.len() {
-                self.carry.extend_from_slice(&data[pos..]);
-                self.scanned = 0;
-            }
+            self.read_whole(data, &mut on_event);
             return;
         }
         self.carry.extend_from_slice(data);
         self.read_carried(&mut on_event, None);
+    }
+
+    /// The events of a frame read with nothing carried, in place; the unended rest is carried.
+    /// Returns where the last whole event ends, and where the usage-only event lies if one came.
+    fn read_whole(
+        &mut self,
+        data: &[u8],
+        on_event: &mut impl FnMut(EventInfo),
+    ) -> (usize, Option<(usize, usize)>) {
+        let (mut pos, mut usage) = (0, None);
+        while let Some((end, next)) = event_end(&data[pos..]) {
+            let info = scan_event(self.api, &data[pos..pos + end]);
+            on_event(info);
+            if info.usage_only {
+                usage = Some((pos, pos + next));
+            }
+            pos += next;
+        }
+        if pos < data.len() {
+            self.carry.extend_from_slice(&data[pos..]);
+            self.scanned = 0;
+        }
+        (pos, usage)
     }
 
     /// The events that end in the carried bytes; `keep` gets what of them goes to the client
