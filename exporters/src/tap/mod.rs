@@ -195,13 +195,7 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
     let stop = Arc::new(AtomicBool::new(false));
     let halt = stop.clone();
     let reader = Reader {
-        conns: Connections::new(
-            port,
-            ledger,
-            tap_metrics.clone(),
-            RingDrops::new(Box::new(drops)),
-        ),
-        tap_metrics,
+        conns: Connections::new(port, ledger, tap_metrics, RingDrops::new(Box::new(drops))),
         read_through,
     };
     let thread = std::thread::Builder::new()
@@ -247,7 +241,6 @@ fn unix_nanos(t: SystemTime) -> u64 {
 /// The tap's thread: the ring read block by block into the connections.
 struct Reader {
     conns: Connections,
-    tap_metrics: Arc<TapMetrics>,
     /// Every segment stamped before this (unix ns) has been read.
     read_through: Arc<AtomicU64>,
 }
@@ -279,33 +272,7 @@ impl Reader {
             };
             let conns = &mut self.conns;
             let read = ring.next_block(wait, |p| conns.packet(p, now_wall, now));
-            // No block waiting: every block handed over is read, and the one being filled holds
-            // only what came in the last hand-over time. Checked after every block, not only
-            // after an idle wait: while other streams run a block comes every few milliseconds,
-            // the wait never ends idle, and each window close waited its whole limit.
-            let checked = SystemTime::now();
-            let waiting = ring.block_waiting();
-            // With the ring read up, the drop count, kept if the ring is still read up after it:
-            // every drop in it came before any segment still unread, so a connection whose SYN
-            // is read later cannot have its own drops in its baseline. Not read on busy passes
-            // (a system call that takes the lock the kernel takes for every packet).
-            if !waiting {
-                let drops = self.conns.drops.total();
-                if !ring.block_waiting() {
-                    self.conns.drops.settled = drops;
-                }
-            }
-            let queued = [boost.rt_at, boost.nice_at]
-                .into_iter()
-                .find(|&n| ring.blocks_waiting(n))
-                .unwrap_or(waiting as usize);
-            boost.after_pass(queued, Instant::now());
-            if !waiting {
-                let upto = checked.checked_sub(HANDOVER).map_or(0, unix_nanos);
-                // Stored, not raised to the maximum: after the wall clock steps back, a
-                // watermark left ahead would let windows close without waiting.
-                self.read_through.store(upto, Ordering::Release);
-            }
+            self.after_pass(&ring, &mut boost);
             if let Err(e) = read {
                 tracing::error!("tap: reading the ring: {e}; the tap stops");
                 break;
@@ -334,12 +301,43 @@ impl Reader {
         self.count_drops();
     }
 
+    /// What each pass leaves to check: whether the ring is read up (the window watermark and
+    /// the drop baseline move only then) and how many blocks wait (the thread's priority).
+    fn after_pass(&mut self, ring: &Ring, boost: &mut boost::Boost) {
+        // No block waiting: every block handed over is read, and the one being filled holds
+        // only what came in the last hand-over time. Checked after every block, not only
+        // after an idle wait: while other streams run a block comes every few milliseconds,
+        // the wait never ends idle, and each window close waited its whole limit.
+        let checked = SystemTime::now();
+        let waiting = ring.block_waiting();
+        let queued = [boost.rt_at, boost.nice_at]
+            .into_iter()
+            .find(|&n| ring.blocks_waiting(n))
+            .unwrap_or(waiting as usize);
+        boost.after_pass(queued, Instant::now());
+        if waiting {
+            return;
+        }
+        // Stored, not raised to the maximum: after the wall clock steps back, a watermark left
+        // ahead would let windows close without waiting.
+        let upto = checked.checked_sub(HANDOVER).map_or(0, unix_nanos);
+        self.read_through.store(upto, Ordering::Release);
+        // The drop count, kept if the ring is still read up after it: every drop in it came
+        // before any segment still unread, so a connection whose SYN is read later cannot have
+        // its own drops in its baseline. Not read on busy passes (a system call that takes the
+        // lock the kernel takes for every packet).
+        let drops = self.conns.drops.total();
+        if !ring.block_waiting() {
+            self.conns.drops.settled = drops;
+        }
+    }
+
     /// Segments the kernel had no room for since the last count (the count resets as it is read).
     fn count_drops(&mut self) -> u64 {
         let drops = self.conns.drops.untold();
         if drops > 0 {
             tracing::warn!("tap: the ring had no room for {drops} segments (raise SGLANG_SUPERVISOR_TAP_RING_MB)");
-            self.tap_metrics.dropped_packets.inc_by(drops);
+            self.conns.tap_metrics.dropped_packets.inc_by(drops);
         }
         drops
     }
