@@ -546,11 +546,7 @@ impl Connections {
         } else if !to_server && !conn.down.started() && !seg.payload.is_empty() {
             // An answer after a handshake whose SYN-ACK the ring had no room for (or never saw):
             // it cannot be read, and the requests would wait until the client left (a wrong 499).
-            Some(if self.drops.total() > conn.drops_at_open {
-                LOST
-            } else {
-                MISSED
-            })
+            Some(conn.why_missing(self.drops.total()))
         } else {
             conn.read(&seg, to_server, at, &self.ledger, &self.metrics)
         };
@@ -577,7 +573,7 @@ impl Connections {
         // A hole the ring did not make (a reordered segment, a receive backlog's drop that the
         // client has too) is no such evidence: the client left.
         if to_server && ((client_was_open && conn.up.closed) || seg.rst) {
-            if conn.has_hole() && conn.has_open() && self.drops.total() > conn.drops_at_open {
+            if conn.lost_to_the_ring(self.drops.total()) {
                 conn.give_up(&self.ledger, &self.tap_metrics.unread_connections, LOST);
             } else {
                 conn.client_left(&self.ledger);
@@ -640,11 +636,7 @@ impl Connections {
             .map
             .iter()
             .filter(|(_, c)| {
-                c.unread
-                    || (c.open.is_empty()
-                        && c.answer.is_none()
-                        && c.buffered() == 0
-                        && !c.http.answering())
+                c.unread || (!c.has_open() && c.buffered() == 0 && !c.http.answering())
             })
             .map(|(k, c)| {
                 let rank = if c.unread { 0 } else { 1 + c.used as u8 };
@@ -691,20 +683,18 @@ impl Connections {
             c.hole = (at.0, at.1, checks);
             if checks >= HOLE_CHECKS {
                 *buffered = buffered.saturating_sub(c.buffered());
-                let why = if drops > c.drops_at_open {
-                    LOST
-                } else {
-                    MISSED
-                };
-                c.give_up(ledger, &tap_metrics.unread_connections, why);
+                c.give_up(
+                    ledger,
+                    &tap_metrics.unread_connections,
+                    c.why_missing(drops),
+                );
             }
         }
         self.map.retain(|_, c| {
             // A request may wait longer than any limit for its answer (a queued non-streamed
             // generation), and keep-alive probes are pure ACKs the filter drops: only a
             // connection with nothing open is forgotten for its silence.
-            let nothing_open = c.open.is_empty() && c.answer.is_none();
-            let idle = nothing_open && now.saturating_duration_since(c.last_seen) > IDLE;
+            let idle = !c.has_open() && now.saturating_duration_since(c.last_seen) > IDLE;
             if idle {
                 *buffered = buffered.saturating_sub(c.buffered());
                 c.end_all(ledger, "the connection went silent");
@@ -719,7 +709,7 @@ impl Connections {
         self.buffered = 0;
         let drops = self.drops.total();
         for (_, mut c) in self.map.drain() {
-            if c.has_hole() && c.has_open() && drops > c.drops_at_open {
+            if c.lost_to_the_ring(drops) {
                 c.give_up(&self.ledger, &self.tap_metrics.unread_connections, LOST);
             } else {
                 c.end_all(&self.ledger, why);
@@ -812,6 +802,27 @@ impl Conn {
     /// A request is open on it (answered or waiting).
     fn has_open(&self) -> bool {
         self.answer.is_some() || !self.open.is_empty()
+    }
+
+    /// Whether the ring dropped segments since the connection's baseline (`drops`: its total
+    /// now): only then can a hole in it be the ring's doing.
+    fn ring_dropped(&self, drops: u64) -> bool {
+        drops > self.drops_at_open
+    }
+
+    /// Why bytes it waits for never came.
+    fn why_missing(&self, drops: u64) -> &'static str {
+        if self.ring_dropped(drops) {
+            LOST
+        } else {
+            MISSED
+        }
+    }
+
+    /// Its open requests wait behind a hole the ring made: when its client leaves, or the tap
+    /// stops, they end as lost segments.
+    fn lost_to_the_ring(&self, drops: u64) -> bool {
+        self.has_hole() && self.has_open() && self.ring_dropped(drops)
     }
 
     /// What it keeps beyond its own size: segments behind holes, heads that came in pieces, and
