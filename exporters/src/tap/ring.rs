@@ -593,15 +593,14 @@ mod tests {
         }
     }
 
-    /// A real ring on loopback (skipped without CAP_NET_RAW): 8 blocks, more than eight
-    /// blocks' worth sent and nothing read.
-    #[test]
-    fn blocks_waiting_counts_the_blocks_handed_over_and_the_drop_counter_the_overflow() {
+    /// 3.6 MB sent on a connection to `port` (read at the other end), more than 16 blocks of
+    /// 128 KiB in 64 KB segments, and time for the ring to hold what it can: the client and the
+    /// thread that reads, to be closed and joined.
+    fn overflow(
+        l: &std::net::TcpListener,
+        port: u16,
+    ) -> (std::net::TcpStream, std::thread::JoinHandle<()>) {
         use std::io::{Read, Write};
-        let Some((l, port, mut ring)) = ring_on_a_port(8) else {
-            return;
-        };
-        let mut drops = ring.drop_counter().unwrap();
         let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let (mut s, _) = l.accept().unwrap();
         let reader = std::thread::spawn(move || {
@@ -613,6 +612,18 @@ mod tests {
             c.write_all(&chunk).unwrap();
         }
         std::thread::sleep(Duration::from_millis(100));
+        (c, reader)
+    }
+
+    /// A real ring on loopback (skipped without CAP_NET_RAW): 8 blocks, more than eight
+    /// blocks' worth sent and nothing read.
+    #[test]
+    fn blocks_waiting_counts_the_blocks_handed_over_and_the_drop_counter_the_overflow() {
+        let Some((l, port, mut ring)) = ring_on_a_port(8) else {
+            return;
+        };
+        let mut drops = ring.drop_counter().unwrap();
+        let (c, reader) = overflow(&l, port);
         assert!(
             ring.blocks_waiting(1) && ring.blocks_waiting(8),
             "the ring is full"
@@ -659,21 +670,10 @@ mod tests {
     /// review (the stop waited its whole second and warned).
     #[test]
     fn a_block_given_back_after_an_overflow_is_not_taken_for_one_being_filled() {
-        use std::io::{Read, Write};
         let Some((l, port, mut ring)) = ring_on_a_port(8) else {
             return;
         };
-        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        let (mut s, _) = l.accept().unwrap();
-        let reader = std::thread::spawn(move || {
-            let mut b = vec![0u8; 1 << 16];
-            while s.read(&mut b).is_ok_and(|n| n > 0) {}
-        });
-        let chunk = vec![b'x'; 60_000];
-        for _ in 0..60 {
-            c.write_all(&chunk).unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(100));
+        let (c, reader) = overflow(&l, port);
         assert_eq!(ring.blocks_holding_the_past(), 8, "full");
         assert!(ring.next_block(Duration::ZERO, |_| {}).unwrap());
         assert_eq!(
