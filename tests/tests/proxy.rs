@@ -438,10 +438,7 @@ fn a_client_that_leaves_mid_stream_aborts_the_request() {
     {
         let mut s = TcpStream::connect(&proxy).unwrap();
         let body = r#"{"text":"x","sampling_params":{"max_new_tokens":2000},"stream":true}"#;
-        let req = format!(
-            "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
+        let req = post_request("/generate", body);
         s.write_all(req.as_bytes()).unwrap();
         let mut buf = [0u8; 1024];
         let _ = s.read(&mut buf).unwrap();

@@ -232,10 +232,7 @@ fn a_client_that_leaves_before_the_response_is_recorded_with_an_error() {
     {
         let mut s = TcpStream::connect(&proxy).unwrap();
         let body = r#"{"text":"x","sampling_params":{"max_new_tokens":1000}}"#;
-        let req = format!(
-            "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
+        let req = post_request("/generate", body);
         s.write_all(req.as_bytes()).unwrap();
         std::thread::sleep(Duration::from_millis(300));
     } // gone before the first response byte
@@ -251,10 +248,7 @@ fn a_client_that_never_reads_does_not_stall_the_others() {
     let (run, proxy, _, log) = start_with("atk-slow-reader", &[]);
     let mut s = TcpStream::connect(&proxy).unwrap();
     let body = r#"{"text":"x","sampling_params":{"max_new_tokens":4096},"stream":true}"#;
-    let req = format!(
-        "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let req = post_request("/generate", body);
     s.write_all(req.as_bytes()).unwrap(); // and never read
     std::thread::sleep(Duration::from_millis(300));
     let t0 = Instant::now();
@@ -386,10 +380,7 @@ fn pipelined_requests_are_answered_in_order_with_the_usage_event_cut() {
     let mut w = s.try_clone().unwrap();
     let mut all = String::new();
     for (path, body) in reqs {
-        all.push_str(&format!(
-            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        ));
+        all.push_str(&post_request(path, body));
     }
     w.write_all(all.as_bytes()).unwrap(); // all at once, before reading
     let mut r = BufReader::new(s);

@@ -401,10 +401,7 @@ fn a_window_closed_while_another_stream_runs_closes_in_milliseconds_with_every_r
         std::thread::spawn(move || {
             let mut s = TcpStream::connect(&server).unwrap();
             let body = r#"{"text":"x","sampling_params":{"max_new_tokens":5000},"stream":true}"#;
-            let req = format!(
-                "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
+            let req = post_request("/generate", body);
             s.write_all(req.as_bytes()).unwrap();
             let mut buf = [0u8; 8192];
             while !done.load(std::sync::atomic::Ordering::SeqCst) {
@@ -460,10 +457,7 @@ fn a_client_that_leaves_mid_stream_or_before_the_answer_gives_a_record_with_an_e
         // Not streamed: 500 tokens' time before any answer; the client leaves after 50 ms.
         let mut s = TcpStream::connect(&tap.server).unwrap();
         let body = r#"{"text":"x","sampling_params":{"max_new_tokens":500}}"#;
-        let req = format!(
-            "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
+        let req = post_request("/generate", body);
         s.write_all(req.as_bytes()).unwrap();
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -484,10 +478,7 @@ fn a_client_that_leaves_mid_stream_or_before_the_answer_gives_a_record_with_an_e
     {
         let mut s = TcpStream::connect(&tap.server).unwrap();
         let body = r#"{"text":"x","sampling_params":{"max_new_tokens":2000},"stream":true}"#;
-        let req = format!(
-            "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
+        let req = post_request("/generate", body);
         s.write_all(req.as_bytes()).unwrap();
         let mut got = Vec::new();
         let mut buf = [0u8; 4096];
@@ -709,10 +700,7 @@ impl Drop for Outside {
 fn keep_alive_stream(s: &mut TcpStream, n: u64) -> String {
     let body =
         format!(r#"{{"text":"a b","sampling_params":{{"max_new_tokens":{n}}},"stream":true}}"#);
-    let req = format!(
-        "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let req = post_request("/generate", &body);
     s.write_all(req.as_bytes()).unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 8192];
