@@ -34,6 +34,12 @@
 #        bench_serving's own (scripts/gpu/tap_vs_bench.py: tokens as multisets, TTFT/E2E pairs).
 #        SIDES="attached tap": the control arm started and stopped the same way, without --tap, so
 #        the tap is the only difference (its /health probe at start, say, is in both).
+#        SIDES="keyed": one run straight to the server while the tap is started and stopped beside
+#        it in turns of KEY_MS to 1.5 x KEY_MS ms (2000); the client stamps every event
+#        (scripts/gpu/clientstamps, BENCH_CHUNKS) and scripts/gpu/keyed.py holds each on-turn
+#        against the off-turns on either side: events/s, gaps between events (TPOT), TTFT, as
+#        on/off ratios with 95 % intervals, per run and pooled. Give it PROMPTS=8192 or more: at
+#        c=256 the default 1024 make a run of about three on-turns.
 #        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
 #        (scripts/gpu/pysample: S/pysample/RUN.folded; with PYSAMPLE_MODE=profile, cProfile: RUN.prof.txt).
 #   S's knobs: DEADLINE_S=N starts no round that would end past N seconds from the script's start
@@ -150,6 +156,23 @@ tap_start() { # tap_start NAME [--tap]: a second supervisor attached to the serv
   for _ in $(seq 300); do grep -q '"event":"ready"' "$P/$1-events.jsonl" 2>/dev/null && return 0; sleep 0.05; done
   say "tap $1: not ready"; tail -5 "$P/$1.err"; kill -KILL "$TAPSUP"; return 1
 }
+keyer() { # keyer NAME STOPFILE: the tap (tap_start NAME-K --tap) on for a turn, then off for a turn,
+  # until STOPFILE exists; each on-turn's "START END" (its process's start and exit, so its start-up
+  # and its final read count as on) goes to $P/NAME.keys. A turn lasts KEY_MS (2000) to 1.5 x KEY_MS
+  # ms at random: the requests of a fixed-length benchmark end in waves, and a fixed period could
+  # beat with them.
+  local k=0 t0
+  turn() { local ms=$(( ${KEY_MS:-2000} + RANDOM % (${KEY_MS:-2000} / 2) )); sleep "$((ms / 1000)).$(printf %03d $((ms % 1000)))"; }
+  while [ ! -e "$2" ]; do
+    t0=$(date +%s.%N)
+    tap_start "$1-$k" --tap || break
+    turn
+    kill -TERM "$TAPSUP"; wait "$TAPSUP"
+    echo "$t0 $(date +%s.%N)" >> "$P/$1.keys"
+    k=$((k + 1))
+    [ -e "$2" ] || turn
+  done
+}
 # the host's TCP counters that say whether connections waited on a full listen queue (SYNs
 # dropped and sent again a second later) or were resent: "name=value ..."
 tcpstat() { awk '/^(Tcp|TcpExt):/ { if (!h[$1]++) { for (i = 2; i <= NF; i++) n[$1, i] = $i } else { for (i = 2; i <= NF; i++) if (n[$1, i] ~ /^(ListenOverflows|ListenDrops|TCPSynRetrans|TCPTimeouts|RetransSegs|ActiveOpens|PassiveOpens|TCPReqQFullDrop|TCPReqQFullDoCookies|TCPLossProbes|TCPFastRetrans|TCPBacklogDrop|TCPRcvQDrop)$/) printf "%s=%s ", n[$1, i], $i } }' /proc/net/netstat /proc/net/snmp
@@ -162,9 +185,10 @@ stop_sup() { kill -TERM "$SUP"; wait "$SUP"; say "supervisor exit $?"; }
 bench() { # bench PORT BACKEND CONC PROMPTS OUTFILE [RANGE]
   # CLIENT_STAMPS=1: each request's send time and its head's return, from inside the client
   # BARRIER="DIR N": hold the warm-up's answer until N benchmarks have theirs (split arm)
+  # CHUNKS=1: when each event of each request came in (OUTFILE.chunks, OUTFILE.begun; keyed arm)
   local stamps=()
-  if [ -n "${CLIENT_STAMPS:-}${BARRIER:-}" ]; then
-    stamps=(env "PYTHONPATH=$HERE/scripts/gpu/clientstamps:$PYTHONPATH" ${CLIENT_STAMPS:+"BENCH_STAMPS=$5.stamps"} ${BARRIER:+"BENCH_BARRIER=$BARRIER"})
+  if [ -n "${CLIENT_STAMPS:-}${BARRIER:-}${CHUNKS:-}" ]; then
+    stamps=(env "PYTHONPATH=$HERE/scripts/gpu/clientstamps:$PYTHONPATH" ${CLIENT_STAMPS:+"BENCH_STAMPS=$5.stamps"} ${BARRIER:+"BENCH_BARRIER=$BARRIER"} ${CHUNKS:+"BENCH_CHUNKS=$5"})
   fi
   "${CLIENT_PREFIX[@]}" "${stamps[@]}" timeout 300 python3 -m sglang.bench_serving --backend "$2" --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" \
     --tokenizer "$B/tiny-llama" --dataset-name "${DATASET:-random}" --dataset-path "$B/tiny-llama/sharegpt_mini.json" \
@@ -326,7 +350,16 @@ PY
           post "http://$MET/-/window/start?name=c$conc-$side-$i" > /dev/null
           [ -n "${PYSAMPLE:-}" ] && echo "start c$conc-$side-$i" > "$P/pysample/m" && mv "$P/pysample/m" "$P/pysample/mark"
           t_run=$SECONDS; w_run=$(date +%s.%N)
-          if [ "$side" = split ] || [ "$side" = aa ] || [ "$side" = sx ]; then
+          if [ "$side" = keyed ]; then
+            # one run straight to the server, the tap keyed on and off beside it every few seconds:
+            # each on-turn against the off-turns around it (scripts/gpu/keyed.py), so a drift
+            # between runs, which sequential pairs cannot tell from the tap, cancels
+            halves=(keyed); stopf=$P/keyed-c$conc-$i.stop
+            keyer "tap-keyed-c$conc-$i" "$stopf" & keyer_pid=$!
+            CHUNKS=1 DATASET=random-ids bench "$PORT" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-keyed-$i.jsonl"
+            touch "$stopf"; wait "$keyer_pid"
+            python3 "$HERE/scripts/gpu/keyed.py" "$conc" "$P/c$conc-keyed-$i.jsonl" "$P/tap-keyed-c$conc-$i.keys"
+          elif [ "$side" = split ] || [ "$side" = aa ] || [ "$side" = sx ]; then
             # half the streams straight, half through the proxy, at once, against the same server:
             # both halves see the same batches and the same host, so a drift of either cancels
             # within the run; the seeds (their prompts) change sides every round. "aa" is the
@@ -440,6 +473,11 @@ for conc, sides in sorted(runs.items()):
                   f"{arm}/{base} of medians {st.median(pv) / st.median(dv):.4f}, median of round ratios {st.median(ratios):.4f}, "
                   f"geometric mean of round ratios {gm:.4f}, {ci} ({len(logs)} pairs)")
 PY
+    for conc in ${CONCS:-256 512}; do  # the keyed runs of each concurrency, their turns pooled
+      keyed=(); for k in "$P"/tap-keyed-c"$conc"-*.keys; do
+        [ -f "$k" ] || continue; i=${k##*-}; keyed+=("$P/c$conc-keyed-${i%.keys}.jsonl" "$k"); done
+      [ ${#keyed[@]} -gt 2 ] && python3 "$HERE/scripts/gpu/keyed.py" "$conc" "${keyed[@]}"
+    done
     [ -n "${PYSAMPLE:-}" ] && { sleep 0.3; python3 "$HERE/scripts/gpu/pysample/compare.py" "$P/pysample" 40; }
     # with the server's request log on (SERVER_EXTRA, see above): where each run's requests waited
     grep -q "Receive: obj=" "$P/server.log" 2>/dev/null && python3 "$HERE/scripts/gpu/arrivals.py" "$P/server.log" "$P/runs.tsv"

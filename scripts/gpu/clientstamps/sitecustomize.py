@@ -22,7 +22,8 @@ import time
 
 _path = os.environ.get("BENCH_STAMPS")
 _barrier = os.environ.get("BENCH_BARRIER", "").split()
-if _path or _barrier:
+_chunks = os.environ.get("BENCH_CHUNKS")
+if _path or _barrier or _chunks:
     try:
         import aiohttp
     except ImportError:
@@ -67,6 +68,54 @@ if _path or _barrier:
             aiohttp.ClientSession.__aexit__ = _held
             # a process that ends before its warm-up (a failed start) releases the others at once
             atexit.register(_arrive)
+
+        if _chunks:
+            # BENCH_CHUNKS=FILE: when each SSE event of each request arrived, for an analysis by
+            # time slice (scripts/gpu/keyed.py). FILE.chunks holds (time, request number) as two
+            # float64 each, in arrival order; FILE.begun "NUMBER BEGUN_UNIX" for each request, its
+            # call into aiohttp. A request's number is given at its first event; an event is a
+            # line that starts "data:" (bench_serving reads the same lines), and its "[DONE]"
+            # frees the reader's id for reuse.
+            from array import array
+
+            _times = array("d")
+            _begun = {}  # id(reader) -> call time, until its first event
+            _number = {}  # id(reader) -> request number, until its [DONE]
+            _begins = []
+            _readline = aiohttp.StreamReader.readline
+            _request_for_chunks = aiohttp.ClientSession._request
+
+            async def _begin(self, *args, **kwargs):
+                sent = time.time()
+                response = await _request_for_chunks(self, *args, **kwargs)
+                _begun[id(response.content)] = sent
+                return response
+
+            async def _timed_readline(self):
+                line = await _readline(self)
+                if line[:5] == b"data:":
+                    now = time.time()
+                    key = id(self)
+                    n = _number.get(key)
+                    if n is None:
+                        n = _number[key] = len(_begins)
+                        _begins.append(_begun.pop(key, now))
+                    if line[5:].strip() == b"[DONE]":
+                        del _number[key]
+                    else:
+                        _times.append(now)
+                        _times.append(n)
+                return line
+
+            aiohttp.ClientSession._request = _begin
+            aiohttp.StreamReader.readline = _timed_readline
+
+            @atexit.register
+            def _write_chunks():
+                with open(_chunks + ".chunks", "wb") as f:
+                    _times.tofile(f)
+                with open(_chunks + ".begun", "w") as f:
+                    f.writelines(f"{n} {t:.6f}\n" for n, t in enumerate(_begins))
 
         if _path:
 

@@ -1,0 +1,152 @@
+"""The tap keyed on and off within one benchmark run: what the client saw in its on-turns against
+the off-turns beside them (scripts/gpu/proxy_acceptance.sh, SIDES=keyed).
+
+  usage: keyed.py CONC RUN KEYS [RUN KEYS ...]
+    RUN   the prefix of a client's event stamps (RUN.chunks, RUN.begun: scripts/gpu/clientstamps,
+          BENCH_CHUNKS=RUN)
+    KEYS  one line per on-turn: "START END" (Unix seconds), from the tap's start to its exit
+
+Run-to-run drift of a server (the H100 host's ran 50 % apart between runs of one arm) does not
+reach a comparison made within seconds: each on-turn is held against the mean of the off-turns
+before and after it. Only turns with the run at full concurrency count (in flight at the turn's
+start, middle and end at least 90 % of CONC): the ramp up and the drain are left out.
+
+Per turn, as the client saw it: events per second (SGLang's native stream sends one event per
+decode step of a request: its tokens), the median and the mean gap between a request's events
+(the mean is the TPOT of the slice), and the median TTFT of the requests begun in it. Per run and
+over all runs: the geometric mean of the on/off ratios with a 95 % interval (Student's t).
+"""
+import bisect
+import math
+import statistics as st
+import sys
+from array import array
+
+# Student's t, 97.5th percentile, for 1..30 degrees of freedom (past 30: 1.96)
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+        2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+METRICS = [("events/s", "rate"), ("median gap ms", "gap_p50"), ("mean gap (TPOT) ms", "gap_mean"),
+           ("median TTFT ms", "ttft_p50")]
+
+
+def load(run):
+    stamps = array("d")
+    with open(run + ".chunks", "rb") as f:
+        stamps.frombytes(f.read())
+    times, numbers = stamps[0::2], [int(n) for n in stamps[1::2]]
+    begun = {}
+    with open(run + ".begun") as f:
+        for line in f:
+            n, t = line.split()
+            begun[int(n)] = float(t)
+    return times, numbers, begun
+
+
+def turns(keys_file):
+    """[(start, end, on)]: each on-turn and the off-turn after it (the last one's end unknown)."""
+    ons = []
+    with open(keys_file) as f:
+        for line in f:
+            a, b = map(float, line.split())
+            ons.append((a, b))
+    out = []
+    for k, (a, b) in enumerate(ons):
+        out.append((a, b, True))
+        if k + 1 < len(ons):
+            out.append((b, ons[k + 1][0], False))
+    return out
+
+
+def per_turn(conc, run, keys_file):
+    times, numbers, begun = load(run)
+    first, last, prev = {}, {}, {}
+    gaps = []  # (time of the later event, gap)
+    for t, n in zip(times, numbers):
+        if n in prev:
+            gaps.append((t, t - prev[n]))
+        else:
+            first[n] = t
+        prev[n] = t
+        last[n] = t
+    starts = sorted(begun[n] for n in first if n in begun)
+    ends = sorted(last.values())
+
+    def in_flight(x):
+        return bisect.bisect_right(starts, x) - bisect.bisect_right(ends, x)
+
+    event_times = sorted(times)
+    gaps.sort()
+    gap_times = [g[0] for g in gaps]
+    ttfts = sorted((begun[n], first[n] - begun[n]) for n in first if n in begun)
+    ttft_times = [x[0] for x in ttfts]
+    rows = []
+    for a, b, on in turns(keys_file):
+        if min(in_flight(a), in_flight((a + b) / 2), in_flight(b)) < 0.9 * conc:
+            rows.append(None)
+            continue
+        events = bisect.bisect_left(event_times, b) - bisect.bisect_left(event_times, a)
+        g = [x[1] for x in gaps[bisect.bisect_left(gap_times, a):bisect.bisect_left(gap_times, b)]]
+        tt = [x[1] for x in ttfts[bisect.bisect_left(ttft_times, a):bisect.bisect_left(ttft_times, b)]]
+        rows.append({"on": on, "span": b - a, "rate": events / (b - a),
+                     "gap_p50": st.median(g) * 1e3 if g else None,
+                     "gap_mean": st.fmean(g) * 1e3 if g else None,
+                     "ttft_p50": st.median(tt) * 1e3 if tt else None})
+    return rows
+
+
+def ratios(rows, key):
+    """Each kept on-turn against the mean of the kept off-turns on either side of it."""
+    out = []
+    for k, r in enumerate(rows):
+        if not r or not r["on"] or r[key] is None:
+            continue
+        beside = [rows[j][key] for j in (k - 1, k + 1)
+                  if 0 <= j < len(rows) and rows[j] and rows[j][key] is not None]
+        if beside:
+            out.append(r[key] / st.fmean(beside))
+    return out
+
+
+def verdict(rs):
+    if not rs:
+        return "no on-turn at full concurrency"
+    logs = [math.log(r) for r in rs]
+    gm = math.exp(st.fmean(logs))
+    if len(logs) < 2:
+        return f"{gm:.4f} (one turn: no interval)"
+    t = T975[min(len(logs) - 1, len(T975)) - 1] if len(logs) <= 31 else 1.96
+    half = t * st.stdev(logs) / math.sqrt(len(logs))
+    lo, hi = math.exp(st.fmean(logs) - half), math.exp(st.fmean(logs) + half)
+    return f"{gm:.4f}, 95 % interval {lo:.4f}..{hi:.4f}, {len(rs)} on-turns"
+
+
+def main(argv):
+    if len(argv) < 3 or len(argv) % 2 != 1:
+        sys.exit(__doc__)
+    conc = int(argv[0])
+    every = {key: [] for _, key in METRICS}
+    for run, keys_file in zip(argv[1::2], argv[2::2]):
+        try:
+            rows = per_turn(conc, run, keys_file)
+        except (OSError, ValueError) as e:
+            print(f"keyed {run}: not read ({e})")
+            continue
+        kept = [r for r in rows if r]
+        on = [r for r in kept if r["on"]]
+        off = [r for r in kept if not r["on"]]
+        print(f"keyed {run}: {len(rows)} turns, {len(on)} on and {len(off)} off at full concurrency"
+              f" (median on {st.median([r['span'] for r in on]) if on else 0:.2f} s, off"
+              f" {st.median([r['span'] for r in off]) if off else 0:.2f} s)")
+        for label, key in METRICS:
+            rs = ratios(rows, key)
+            every[key] += rs
+            med = lambda side: st.median([r[key] for r in side if r[key] is not None] or [float("nan")])
+            print(f"    {label}: on median {med(on):.3f}, off median {med(off):.3f}; on/off {verdict(rs)}")
+    if len(argv) > 3:
+        for label, key in METRICS:
+            print(f"keyed, all runs at c={conc}, {label}: on/off {verdict(every[key])}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
