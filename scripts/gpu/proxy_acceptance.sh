@@ -39,7 +39,9 @@
 #        (scripts/gpu/clientstamps, BENCH_CHUNKS) and scripts/gpu/keyed.py holds each on-turn
 #        against the off-turns on either side: events/s, gaps between events (TPOT), TTFT, as
 #        on/off ratios with 95 % intervals, per run and pooled. Give it PROMPTS=8192 or more: at
-#        c=256 the default 1024 make a run of about three on-turns.
+#        c=256 the default 1024 make a run of about three on-turns. SIDES="keyed keyedctl" adds
+#        its control: the same supervisor keyed in turns without --tap (what the method reads when
+#        nothing is measured).
 #        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
 #        (scripts/gpu/pysample: S/pysample/RUN.folded; with PYSAMPLE_MODE=profile, cProfile: RUN.prof.txt).
 #   S's knobs: DEADLINE_S=N starts no round that would end past N seconds from the script's start
@@ -156,7 +158,7 @@ tap_start() { # tap_start NAME [--tap]: a second supervisor attached to the serv
   for _ in $(seq 300); do grep -q '"event":"ready"' "$P/$1-events.jsonl" 2>/dev/null && return 0; sleep 0.05; done
   say "tap $1: not ready"; tail -5 "$P/$1.err"; kill -KILL "$TAPSUP"; return 1
 }
-keyer() { # keyer NAME STOPFILE: the tap (tap_start NAME-K --tap) on for a turn, then off for a turn,
+keyer() { # keyer NAME STOPFILE [--tap]: the tap (tap_start NAME-K --tap) on for a turn, then off for a turn,
   # until STOPFILE exists; each on-turn's "START END" (its process's start and exit, so its start-up
   # and its final read count as on) goes to $P/NAME.keys. A turn lasts KEY_MS (2000) to 1.5 x KEY_MS
   # ms at random: the requests of a fixed-length benchmark end in waves, and a fixed period could
@@ -165,7 +167,7 @@ keyer() { # keyer NAME STOPFILE: the tap (tap_start NAME-K --tap) on for a turn,
   turn() { local ms=$(( ${KEY_MS:-2000} + RANDOM % (${KEY_MS:-2000} / 2) )); sleep "$((ms / 1000)).$(printf %03d $((ms % 1000)))"; }
   while [ ! -e "$2" ]; do
     t0=$(date +%s.%N)
-    tap_start "$1-$k" --tap || break
+    tap_start "$1-$k" "${3:-}" || break
     turn
     kill -TERM "$TAPSUP"; wait "$TAPSUP"
     echo "$t0 $(date +%s.%N)" >> "$P/$1.keys"
@@ -350,15 +352,16 @@ PY
           post "http://$MET/-/window/start?name=c$conc-$side-$i" > /dev/null
           [ -n "${PYSAMPLE:-}" ] && echo "start c$conc-$side-$i" > "$P/pysample/m" && mv "$P/pysample/m" "$P/pysample/mark"
           t_run=$SECONDS; w_run=$(date +%s.%N)
-          if [ "$side" = keyed ]; then
+          if [ "$side" = keyed ] || [ "$side" = keyedctl ]; then
             # one run straight to the server, the tap keyed on and off beside it every few seconds:
             # each on-turn against the off-turns around it (scripts/gpu/keyed.py), so a drift
-            # between runs, which sequential pairs cannot tell from the tap, cancels
-            halves=(keyed); stopf=$P/keyed-c$conc-$i.stop
-            keyer "tap-keyed-c$conc-$i" "$stopf" & keyer_pid=$!
-            CHUNKS=1 DATASET=random-ids bench "$PORT" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-keyed-$i.jsonl"
+            # between runs, which sequential pairs cannot tell from the tap, cancels. keyedctl is
+            # its control: the same supervisor started and stopped in turns, without --tap.
+            halves=("$side"); stopf=$P/$side-c$conc-$i.stop
+            keyer "tap-$side-c$conc-$i" "$stopf" $([ "$side" = keyed ] && echo --tap) & keyer_pid=$!
+            CHUNKS=1 DATASET=random-ids bench "$PORT" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
             touch "$stopf"; wait "$keyer_pid"
-            python3 "$HERE/scripts/gpu/keyed.py" "$conc" "$P/c$conc-keyed-$i.jsonl" "$P/tap-keyed-c$conc-$i.keys"
+            python3 "$HERE/scripts/gpu/keyed.py" "$conc" "$P/c$conc-$side-$i.jsonl" "$P/tap-$side-c$conc-$i.keys"
           elif [ "$side" = split ] || [ "$side" = aa ] || [ "$side" = sx ]; then
             # half the streams straight, half through the proxy, at once, against the same server:
             # both halves see the same batches and the same host, so a drift of either cancels
@@ -473,11 +476,11 @@ for conc, sides in sorted(runs.items()):
                   f"{arm}/{base} of medians {st.median(pv) / st.median(dv):.4f}, median of round ratios {st.median(ratios):.4f}, "
                   f"geometric mean of round ratios {gm:.4f}, {ci} ({len(logs)} pairs)")
 PY
-    for conc in ${CONCS:-256 512}; do  # the keyed runs of each concurrency, their turns pooled
-      keyed=(); for k in "$P"/tap-keyed-c"$conc"-*.keys; do
-        [ -f "$k" ] || continue; i=${k##*-}; keyed+=("$P/c$conc-keyed-${i%.keys}.jsonl" "$k"); done
-      [ ${#keyed[@]} -gt 2 ] && python3 "$HERE/scripts/gpu/keyed.py" "$conc" "${keyed[@]}"
-    done
+    for conc in ${CONCS:-256 512}; do for side in keyed keyedctl; do  # keyed runs' turns pooled
+      keyed=(); for k in "$P"/tap-$side-c"$conc"-*.keys; do
+        [ -f "$k" ] || continue; i=${k##*-}; keyed+=("$P/c$conc-$side-${i%.keys}.jsonl" "$k"); done
+      [ ${#keyed[@]} -gt 2 ] && { echo "$side:"; python3 "$HERE/scripts/gpu/keyed.py" "$conc" "${keyed[@]}"; }
+    done; done
     [ -n "${PYSAMPLE:-}" ] && { sleep 0.3; python3 "$HERE/scripts/gpu/pysample/compare.py" "$P/pysample" 40; }
     # with the server's request log on (SERVER_EXTRA, see above): where each run's requests waited
     grep -q "Receive: obj=" "$P/server.log" 2>/dev/null && python3 "$HERE/scripts/gpu/arrivals.py" "$P/server.log" "$P/runs.tsv"
