@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 target=${1:-all}; secs=${2:-60}
-targets=$([ "$target" = all ] && echo log_line server_args recipe sse run_json flag_schema || echo "$target")
+targets=$([ "$target" = all ] && echo log_line server_args recipe sse run_json flag_schema body_counts || echo "$target")
 # cargo-fuzz passes unstable flags; the toolchain here is stable.
 export RUSTC_BOOTSTRAP=1
 for t in $targets; do

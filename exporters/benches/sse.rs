@@ -6,7 +6,7 @@
 //! to 256 tokens (its text and ids repeated, every other byte as recorded).
 //! `cargo bench -p sglang-exporters --bench sse`
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use sglang_exporters::proxy::{event_end, Api, Bytes, EventStream};
+use sglang_exporters::proxy::{event_end, Api, BodyCounts, Bytes, EventStream};
 
 const FIXTURES: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -112,5 +112,48 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
+/// A whole (non-streamed) answer's counts: read as its frames pass, against what the previous
+/// design paid (a copy of the body, then one JSON parse of it). The recorded `/generate` answer,
+/// and the same with its text and ids repeated to about 4 MB (an answer with logprobs is that
+/// large), in 64 KiB frames.
+fn whole_answers(c: &mut Criterion) {
+    let small = std::fs::read(format!("{FIXTURES}/default-generate.body")).unwrap_or_default();
+    let text = r#"{"text":""#.to_string() + &" vu at jinuraipupe".repeat(100_000);
+    let ids = (0..300_000)
+        .map(|i| (100 + i).to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let big = format!(
+        r#"{text}","output_ids":[{ids}],"meta_info":{{"prompt_tokens":3,"completion_tokens":300000}}}}"#
+    );
+    for (name, body) in [
+        ("default-generate (whole)", small),
+        ("4 MB answer", big.into_bytes()),
+    ] {
+        let mut g = c.benchmark_group(name);
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        g.bench_function("BodyCounts::feed", |b| {
+            b.iter(|| {
+                let mut counts = BodyCounts::default();
+                for frame in body.chunks(65536) {
+                    counts.feed(frame);
+                }
+                counts.finish()
+            })
+        });
+        g.bench_function("copy + serde_json (previous design)", |b| {
+            b.iter(|| {
+                let mut kept = Vec::new();
+                for frame in body.chunks(65536) {
+                    kept.extend_from_slice(frame);
+                }
+                let v = serde_json::from_slice::<serde_json::Value>(&kept).ok()?;
+                v["meta_info"]["completion_tokens"].as_u64()
+            })
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench, whole_answers);
 criterion_main!(benches);

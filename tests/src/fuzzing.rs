@@ -2,7 +2,7 @@
 //! them in CI for a fixed budget (tests/tests/fuzz.rs). The same harnesses are the libFuzzer
 //! targets in `fuzz/` (`cargo fuzz run NAME`, by hand, for longer). Each harness checks a
 //! property beyond "does not panic" where the parser has one.
-use sglang_exporters::proxy::{Api, Bytes, EventStream};
+use sglang_exporters::proxy::{Api, BodyCounts, Bytes, EventStream};
 use sglang_python::audit::audit;
 use sglang_python::recipe;
 use sglang_python::schema::Schema;
@@ -16,14 +16,54 @@ use std::time::{Duration, Instant};
 pub type Harness = fn(&[u8]);
 
 /// Every target: its name (the corpus folder under `fuzz/corpus/`) and its harness.
-pub const TARGETS: [(&str, Harness); 6] = [
+pub const TARGETS: [(&str, Harness); 7] = [
     ("log_line", log_line),
     ("server_args", server_args),
     ("recipe", recipe_launch),
     ("sse", sse),
     ("run_json", run_json),
     ("flag_schema", flag_schema),
+    ("body_counts", body_counts),
 ];
+
+/// A non-streamed answer's token counts, read as its bytes pass (whole, and in pieces cut where
+/// the input says), against what serde_json reads from the whole body in memory.
+pub fn body_counts(data: &[u8]) {
+    let reference = || {
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else {
+            return (None, None);
+        };
+        let items: Vec<&serde_json::Value> = v
+            .as_array()
+            .map_or_else(|| vec![&v], |a| a.iter().collect());
+        let sum = |key: &str| {
+            items.iter().try_fold(0u64, |acc, it| {
+                let n = it["meta_info"][key]
+                    .as_u64()
+                    .or_else(|| it["usage"][key].as_u64())?;
+                acc.checked_add(n)
+            })
+        };
+        (sum("completion_tokens"), sum("prompt_tokens"))
+    };
+    let mut step = 1 + data.first().copied().unwrap_or(0) as usize % 7;
+    let mut cut = BodyCounts::default();
+    for piece in data.chunks(step) {
+        cut.feed(piece);
+        step = step * 5 % 11 + 1;
+    }
+    let mut whole = BodyCounts::default();
+    whole.feed(data);
+    let (whole, cut) = (whole.finish(), cut.finish());
+    assert_eq!(whole, cut, "the counts depend on where the body was cut");
+    // serde_json also rejects bad escapes and bad UTF-8 inside strings, which are not checked
+    // here: where it did, only "no counts there, counts here" is allowed, never other counts.
+    let want = reference();
+    let strings_ok = std::str::from_utf8(data).is_ok() && !data.windows(2).any(|w| w[0] == b'\\');
+    if strings_ok || want != (None, None) {
+        assert_eq!(whole, want, "serde_json reads other counts");
+    }
+}
 
 /// SGLang log lines, one per input line, through the parser the tee uses; then its flush.
 pub fn log_line(data: &[u8]) {

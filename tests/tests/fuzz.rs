@@ -52,6 +52,11 @@ fn fuzz_saved_flag_schemas() {
 }
 
 #[test]
+fn fuzz_non_streamed_answer_token_counts() {
+    run("body_counts");
+}
+
+#[test]
 fn every_target_has_a_test_here() {
     let src = include_str!("fuzz.rs");
     for (name, _) in TARGETS {

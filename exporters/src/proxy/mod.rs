@@ -10,6 +10,7 @@
 //! known, and the usage-only event it adds is cut from the client's copy ([`stream::Measured`]):
 //! the client receives the same bytes as over a direct connection. A client that goes away drops
 //! the response body, which closes the upstream request.
+mod body_counts;
 mod ledger;
 mod record;
 mod shards;
@@ -18,6 +19,7 @@ mod sse;
 mod stream;
 mod sweep;
 mod upstream;
+pub use body_counts::BodyCounts;
 pub use hyper::body::Bytes;
 pub use ledger::Ledger;
 pub use record::{ProxyMetrics, ReqLabels, RequestRecord, E2E_BUCKETS, LATENCY_BUCKETS};

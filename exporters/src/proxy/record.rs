@@ -2,6 +2,7 @@
 //! [`RequestRecord`] when the response ends, with bench_serving's definitions (DESIGN.md,
 //! Definitions). State stays local to the request; the shared histograms, counters and windows
 //! are touched once, at the end.
+use super::body_counts::BodyCounts;
 use super::spin::Held;
 use super::sse::{Api, EventInfo};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -9,7 +10,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,8 +29,6 @@ pub const E2E_BUCKETS: &[f64] = &[
     0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.5, 15.0, 20.0, 25.0, 30.0,
     40.0, 50.0, 60.0, 80.0, 100.0, 200.0, 400.0, 600.0, 1200.0, 1800.0, 2400.0,
 ];
-/// Largest non-streamed body kept for its token counts (it is forwarded whole regardless).
-const MAX_BODY_KEPT: usize = 8 << 20;
 /// Inter-token gaps kept per request for the requests log.
 const MAX_ITL_KEPT: usize = 65_536;
 /// Prompts of a batch `/generate` stream followed one by one (past it, counts are unknown).
@@ -198,8 +196,8 @@ pub struct Recorder {
     batch: Vec<BatchItem>,
     batch_overflow: bool,
     itl: Vec<f64>,
-    body: Vec<u8>,
-    body_truncated: bool,
+    /// A non-streamed answer's counts, read as its bytes pass.
+    body: BodyCounts,
     /// Keeps the shard spinning until the request is recorded (`spin`).
     _in_flight: Held,
 }
@@ -239,8 +237,7 @@ impl Recorder {
             batch: Vec::new(),
             batch_overflow: false,
             itl: Vec::new(),
-            body: Vec::new(),
-            body_truncated: false,
+            body: BodyCounts::default(),
             _in_flight: started.in_flight,
         }
     }
@@ -253,9 +250,7 @@ impl Recorder {
     pub fn on_frame(&mut self, data: &[u8], now: Instant) {
         self.last_frame = Some(now);
         if !self.stream {
-            let room = MAX_BODY_KEPT.saturating_sub(self.body.len());
-            self.body_truncated |= data.len() > room;
-            self.body.extend_from_slice(&data[..data.len().min(room)]);
+            self.body.feed(data);
         }
     }
 
@@ -331,7 +326,7 @@ impl Recorder {
         let end = self.last_frame.unwrap_or(end);
         let e2e = end.duration_since(self.sent).as_secs_f64();
         if !self.stream {
-            self.read_body_counts();
+            (self.completion_tokens, self.prompt_tokens) = std::mem::take(&mut self.body).finish();
         }
         if self.batch_overflow {
             (self.completion_tokens, self.prompt_tokens) = (None, None);
@@ -367,29 +362,6 @@ impl Recorder {
         };
         self.metrics.observe(&rec);
         self.sink.finished(rec);
-    }
-
-    /// A whole JSON answer: `meta_info` (native; a list for a batch, counts added) or `usage`.
-    fn read_body_counts(&mut self) {
-        if self.body.is_empty() || self.body_truncated {
-            return;
-        }
-        let Ok(v) = serde_json::from_slice::<Value>(&self.body) else {
-            return;
-        };
-        let items: Vec<&Value> = v
-            .as_array()
-            .map_or_else(|| vec![&v], |a| a.iter().collect());
-        let sum = |key: &str| {
-            items.iter().try_fold(0u64, |acc, it| {
-                let n = it["meta_info"][key]
-                    .as_u64()
-                    .or_else(|| it["usage"][key].as_u64())?;
-                Some(acc + n)
-            })
-        };
-        self.completion_tokens = sum("completion_tokens");
-        self.prompt_tokens = sum("prompt_tokens");
     }
 }
 
