@@ -555,6 +555,27 @@ fn a_large_request_body_streams_through() {
     let _ = std::fs::remove_file(log);
 }
 
+#[test]
+fn a_whole_answer_of_many_megabytes_is_counted_without_being_held() {
+    // 1.5M tokens in one JSON answer (~16 MB: text and output_ids), past the 8 MiB the proxy
+    // once kept of a body to count it (and gave up on beyond).
+    let (run, proxy, _, log) = start_with("proxy-big-answer", &[], &["--token-gap-us", "0"], &[]);
+    let n = 1_500_000u64;
+    let body = format!(r#"{{"text":"one two three","sampling_params":{{"max_new_tokens":{n}}}}}"#);
+    let r = post(&proxy, "/generate", &body);
+    assert!(r.status.contains("200"), "{}", r.status);
+    assert!(r.body.len() > 12 << 20, "{} bytes", r.body.len());
+    let rec = wait_records(&log, 1).pop().unwrap();
+    assert_eq!(rec["stream"], false);
+    assert_eq!(
+        (&rec["completion_tokens"], &rec["prompt_tokens"]),
+        (&n.into(), &3.into()),
+        "{rec}"
+    );
+    stop(run);
+    let _ = std::fs::remove_file(log);
+}
+
 /// One supervised replay run with a proxied window "c1"; returns its report.
 fn report_of(name: &str, replay_extra: &[&str]) -> Value {
     let dir = std::env::temp_dir().join(format!("sglsup-cmp-{name}-{}", std::process::id()));

@@ -583,6 +583,28 @@ fn pipelined_requests_on_one_keep_alive_connection_are_each_recorded_in_order() 
 }
 
 #[test]
+fn a_whole_answer_of_many_megabytes_is_counted_from_the_copy() {
+    if !can_tap("a_whole_answer_of_many_megabytes...") {
+        return;
+    }
+    let tap = start_tapped("tap-big-answer", &[], &["--token-gap-us", "0"]);
+    // ~16 MB of one JSON answer in segments: counted as they pass, none of it kept.
+    let n = 1_500_000u64;
+    let body = format!(r#"{{"text":"one two three","sampling_params":{{"max_new_tokens":{n}}}}}"#);
+    let r = post(&tap.server, "/generate", &body);
+    assert!(r.status.contains("200"), "{}", r.status);
+    let recs = wait_records(&tap.log, 1);
+    let rec = &recs[0];
+    assert_eq!(
+        (&rec["completion_tokens"], &rec["prompt_tokens"]),
+        (&n.into(), &3.into()),
+        "{rec}"
+    );
+    assert!(rec.get("error").is_none(), "{rec}");
+    tap.stop();
+}
+
+#[test]
 fn a_32_mb_request_body_is_read_past_and_its_prompt_counted_exactly() {
     if !can_tap("a_32_mb_request_body...") {
         return;

@@ -965,7 +965,9 @@ fn generate(path: &str, body: &[u8], w: &mut TcpStream) -> Result<u16> {
         req["max_tokens"].as_u64()
     }
     .unwrap_or(8)
-    .clamp(1, 4096);
+    // A whole answer may run to megabytes, as one with logprobs does (a measuring hop must count
+    // it without holding it); a stream stays short.
+    .clamp(1, if stream { 4096 } else { 1 << 21 });
     let prompt_text = if chat {
         req["messages"][0]["content"].as_str().unwrap_or("")
     } else {
