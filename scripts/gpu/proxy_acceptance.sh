@@ -362,6 +362,14 @@ PY
             CHUNKS=1 DATASET=random-ids bench "$PORT" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
             touch "$stopf"; wait "$keyer_pid"
             python3 "$HERE/scripts/gpu/keyed.py" "$conc" "$P/c$conc-$side-$i.jsonl" "$P/tap-$side-c$conc-$i.keys"
+            # what the tap recorded over its turns (requests cut by a turn's edge end as errors)
+            [ "$side" = keyed ] && cat "$P"/tap-keyed-c"$conc"-"$i"-*-requests.jsonl 2>/dev/null | python3 -c '
+import json, sys
+r = [json.loads(l) for l in sys.stdin]
+ok = [x for x in r if not x.get("error")]
+tokens = sum(x.get("completion_tokens") or 0 for x in ok)
+print(f"    the tap over its turns: {len(r)} records, {len(ok)} whole, {tokens} tokens in them")'
+            rm -f "$P"/tap-"$side"-c"$conc"-"$i"-*-requests.jsonl
           elif [ "$side" = split ] || [ "$side" = aa ] || [ "$side" = sx ]; then
             # half the streams straight, half through the proxy, at once, against the same server:
             # both halves see the same batches and the same host, so a drift of either cancels
@@ -502,7 +510,7 @@ if [[ " $PHASES " == *" E "* ]]; then
 fi
 [ -n "${PACK_JIT:-}" ] && cache_pack "$O/jit-cache.tar.xz" >/dev/null 2>&1
 # few files come back: the jit cache and one archive of the rest
-tar -C "$O" --exclude jit-cache.tar.xz --exclude "S/c*-*-*.jsonl" -czf "$O/../acceptance-files.tar.gz" . 2>/dev/null
+tar -C "$O" --exclude jit-cache.tar.xz --exclude "S/c*-*-*.jsonl" --exclude "*.chunks" -czf "$O/../acceptance-files.tar.gz" . 2>/dev/null
 [ -f "$O/jit-cache.tar.xz" ] && mv "$O/jit-cache.tar.xz" "$O/../"
 say "done"
 exit 0
