@@ -4,12 +4,16 @@ the off-turns beside them (scripts/gpu/proxy_acceptance.sh, SIDES=keyed).
   usage: keyed.py CONC RUN KEYS [RUN KEYS ...]
     RUN   the prefix of a client's event stamps (RUN.chunks, RUN.begun: scripts/gpu/clientstamps,
           BENCH_CHUNKS=RUN)
-    KEYS  one line per on-turn: "START END" (Unix seconds), from the tap's start to its exit
+    KEYS  one line per on-turn: "START READY END" (Unix seconds): the tap's start, when it
+          was ready (watching), and its exit
 
 Run-to-run drift of a server (the H100 host's ran 50 % apart between runs of one arm) does not
 reach a comparison made within seconds: each on-turn is held against the mean of the off-turns
-before and after it. Only turns with the run at full concurrency count (in flight at the turn's
-start, middle and end at least 90 % of CONC): the ramp up and the drain are left out.
+before and after it. The tap follows only connections it saw open, so an on-turn counts from
+when every request in flight began after the tap was ready (before that it reads a part of the
+traffic only); an off-turn counts from the tap's exit. Only turns with the run at full
+concurrency count (in flight at the turn's start, middle and end at least 90 % of CONC): the ramp
+up and the drain are left out.
 
 Per turn, as the client saw it: events per second (SGLang's native stream sends one event per
 decode step of a request: its tokens), the median and the mean gap between a request's events
@@ -43,18 +47,19 @@ def load(run):
     return times, numbers, begun
 
 
-def turns(keys_file):
-    """[(start, end, on)]: each on-turn and the off-turn after it (the last one's end unknown)."""
+def turns(keys_file, fully_watched):
+    """[(start, end, on)]: each on-turn, from when the tap watched every request in flight
+    (`fully_watched(ready)`), and the off-turn after it (the last one's end is unknown)."""
     ons = []
     with open(keys_file) as f:
         for line in f:
-            a, b = map(float, line.split())
-            ons.append((a, b))
+            start, ready, end = map(float, line.split())
+            ons.append((start, fully_watched(ready), end))
     out = []
-    for k, (a, b) in enumerate(ons):
-        out.append((a, b, True))
+    for k, (start, watched, end) in enumerate(ons):
+        out.append((watched, end, True))
         if k + 1 < len(ons):
-            out.append((b, ons[k + 1][0], False))
+            out.append((end, ons[k + 1][0], False))
     return out
 
 
@@ -80,8 +85,16 @@ def per_turn(conc, run, keys_file):
     gap_times = [g[0] for g in gaps]
     ttfts = sorted((begun[n], first[n] - begun[n]) for n in first if n in begun)
     ttft_times = [x[0] for x in ttfts]
+
+    def fully_watched(ready):
+        # the last end of a request that began before the tap was ready and was still running
+        return max([ready] + [last[n] for n in first if begun.get(n, ready) < ready < last[n]])
+
     rows = []
-    for a, b, on in turns(keys_file):
+    for a, b, on in turns(keys_file, fully_watched):
+        if b - a < 0.5:
+            rows.append(None)  # a turn too short to measure once its start is left out
+            continue
         if min(in_flight(a), in_flight((a + b) / 2), in_flight(b)) < 0.9 * conc:
             rows.append(None)
             continue

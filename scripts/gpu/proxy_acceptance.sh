@@ -35,11 +35,11 @@
 #        SIDES="attached tap": the control arm started and stopped the same way, without --tap, so
 #        the tap is the only difference (its /health probe at start, say, is in both).
 #        SIDES="keyed": one run straight to the server while the tap is started and stopped beside
-#        it in turns of KEY_MS to 1.5 x KEY_MS ms (2000); the client stamps every event
+#        it in turns of KEY_MS to 1.5 x KEY_MS ms (8000); the client stamps every event
 #        (scripts/gpu/clientstamps, BENCH_CHUNKS) and scripts/gpu/keyed.py holds each on-turn
 #        against the off-turns on either side: events/s, gaps between events (TPOT), TTFT, as
 #        on/off ratios with 95 % intervals, per run and pooled. Give it PROMPTS=8192 or more: at
-#        c=256 the default 1024 make a run of about three on-turns. SIDES="keyed keyedctl" adds
+#        c=256 the default 1024 make a run shorter than one turn. SIDES="keyed keyedctl" adds
 #        its control: the same supervisor keyed in turns without --tap (what the method reads when
 #        nothing is measured).
 #        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
@@ -159,18 +159,20 @@ tap_start() { # tap_start NAME [--tap]: a second supervisor attached to the serv
   say "tap $1: not ready"; tail -5 "$P/$1.err"; kill -KILL "$TAPSUP"; return 1
 }
 keyer() { # keyer NAME STOPFILE [--tap]: the tap (tap_start NAME-K --tap) on for a turn, then off for a turn,
-  # until STOPFILE exists; each on-turn's "START END" (its process's start and exit, so its start-up
-  # and its final read count as on) goes to $P/NAME.keys. A turn lasts KEY_MS (2000) to 1.5 x KEY_MS
-  # ms at random: the requests of a fixed-length benchmark end in waves, and a fixed period could
-  # beat with them.
-  local k=0 t0
-  turn() { local ms=$(( ${KEY_MS:-2000} + RANDOM % (${KEY_MS:-2000} / 2) )); sleep "$((ms / 1000)).$(printf %03d $((ms % 1000)))"; }
+  # until STOPFILE exists; each on-turn's "START READY END" (its process's start, its ready event,
+  # its exit) goes to $P/NAME.keys. A turn lasts KEY_MS (8000) to 1.5 x KEY_MS ms at random: long
+  # enough that the tap, which follows only connections it saw open, watches every request for
+  # most of it (keyed.py leaves out the rest); random, since the requests of a fixed-length
+  # benchmark end in waves, and a fixed period could beat with them.
+  local k=0 t0 t1
+  turn() { local ms=$(( ${KEY_MS:-8000} + RANDOM % (${KEY_MS:-8000} / 2) )); sleep "$((ms / 1000)).$(printf %03d $((ms % 1000)))"; }
   while [ ! -e "$2" ]; do
     t0=$(date +%s.%N)
     tap_start "$1-$k" "${3:-}" || break
+    t1=$(date +%s.%N)
     turn
     kill -TERM "$TAPSUP"; wait "$TAPSUP"
-    echo "$t0 $(date +%s.%N)" >> "$P/$1.keys"
+    echo "$t0 $t1 $(date +%s.%N)" >> "$P/$1.keys"
     k=$((k + 1))
     [ -e "$2" ] || turn
   done
