@@ -735,8 +735,8 @@ fn keep_alive_stream(s: &mut TcpStream, n: u64) -> String {
 }
 
 #[test]
-fn a_connection_opened_before_the_supervisor_started_is_ignored_without_harm() {
-    if !can_tap("a_connection_opened_before...") {
+fn a_keep_alive_connection_opened_before_the_supervisor_is_measured_from_its_next_request() {
+    if !can_tap("a_keep_alive_connection_opened_before...") {
         return;
     }
     // The tapped server runs on its own; the supervised one only gives the run its readiness.
@@ -768,22 +768,27 @@ fn a_connection_opened_before_the_supervisor_started_is_ignored_without_harm() {
         assert!(r.status.contains("200"), "{}", r.status);
     };
     fresh(6);
-    // The old connections carry on, unmeasured.
+    // The idle connection's next request is measured; the one streaming when the tap started
+    // is not (its head passed before the tap), and carries on unharmed.
     let answer = keep_alive_stream(&mut idle, 4);
     assert!(answer.contains("data: [DONE]"), "{answer}");
     let answer = streaming.join().unwrap();
     assert!(answer.contains("data: [DONE]"), "{answer}");
     fresh(8);
     drop(idle);
-    wait_records(&tap.log, 2);
-    // Time for a wrongly measured old connection's record to show up too.
+    wait_records(&tap.log, 3);
+    // Time for a wrongly measured record of the stream in flight to show up too.
     std::thread::sleep(Duration::from_millis(100));
     let recs = records(&tap.log);
     let got: Vec<_> = recs
         .iter()
         .map(|r| (r["completion_tokens"].as_u64(), r.get("error").cloned()))
         .collect();
-    assert_eq!(got, [(Some(6), None), (Some(8), None)], "{recs:#?}");
+    assert_eq!(
+        got,
+        [(Some(6), None), (Some(4), None), (Some(8), None)],
+        "{recs:#?}"
+    );
     assert_tap_saw_everything(&tap.metrics);
     tap.stop();
 }

@@ -257,6 +257,37 @@ impl Exchange {
 }
 
 /// Gathers a head: returns how much of `data` completed it, or None when more is needed.
+/// Whether `data` begins with a whole HTTP/1.x request line, `METHOD /TARGET HTTP/1.x` and its
+/// CRLF: where a keep-alive connection that opened before the tap can be followed from. A JSON
+/// body cannot look like one (a raw CR or LF stands only between its tokens), so a segment that
+/// does is a request's start.
+pub fn starts_request(data: &[u8]) -> bool {
+    let Some(end) = memchr::memchr(b'\n', &data[..data.len().min(8192)]) else {
+        return false;
+    };
+    let Some(line) = data[..end].strip_suffix(b"\r") else {
+        return false;
+    };
+    let mut parts = line.split(|&b| b == b' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    (1..=16).contains(&method.len())
+        && method.iter().all(u8::is_ascii_uppercase)
+        && target.first() == Some(&b'/')
+        && target.iter().all(|&b| b > b' ' && b < 0x7f)
+        && matches!(version, b"HTTP/1.1" | b"HTTP/1.0")
+}
+
+/// Whether `data` begins an answer's status line (`HTTP/1.1 200`).
+pub fn starts_answer(data: &[u8]) -> bool {
+    data.len() >= 12
+        && matches!(&data[..9], b"HTTP/1.1 " | b"HTTP/1.0 ")
+        && data[9..12].iter().all(u8::is_ascii_digit)
+}
+
 fn gather(held: &mut Vec<u8>, data: &[u8]) -> Result<Option<usize>, Unreadable> {
     let before = held.len();
     // The blank line may straddle segments: look from three bytes back.
@@ -403,6 +434,32 @@ fn after_size(n: u64) -> Chunk {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_line_is_told_from_body_bytes_and_answers() {
+        for yes in [
+            &b"POST /generate HTTP/1.1\r\nHost: h\r\n\r\n"[..],
+            b"GET /v1/models?x=1 HTTP/1.0\r\n",
+        ] {
+            assert!(starts_request(yes), "{}", String::from_utf8_lossy(yes));
+        }
+        for no in [
+            &b"POST /generate HTTP/1.1"[..], // the line goes on in the next segment
+            b"POST /generate HTTP/1.1\n",
+            b"post /generate HTTP/1.1\r\n",
+            b"POST generate HTTP/1.1\r\n",
+            b"POST /a b HTTP/1.1\r\n",
+            b"POST /generate HTTP/2\r\n",
+            b"{\"text\":\"POST /generate HTTP/1.1\r\n",
+            b"HTTP/1.1 200 OK\r\n",
+            b"",
+        ] {
+            assert!(!starts_request(no), "{}", String::from_utf8_lossy(no));
+        }
+        assert!(starts_answer(b"HTTP/1.1 200 OK\r\n"));
+        assert!(!starts_answer(b"data: HTTP/1.1 200"));
+        assert!(!starts_answer(b"HTTP/1.1 2"));
+    }
 
     /// What a run of client and server pieces reads as, in order (bodies joined per answer).
     #[derive(Debug, PartialEq, Eq)]

@@ -391,6 +391,8 @@ struct Conn {
     /// The ring's drop total when the connection opened: whether a hole in it can be the
     /// ring's doing.
     drops_at_open: u64,
+    /// Followed from a request, not from its SYN: it opened before the tap (or was forgotten).
+    joined: bool,
 }
 
 /// The ring's dropped segments. The kernel resets its count as it is read, so this one reader
@@ -516,7 +518,16 @@ impl Connections {
             return;
         }
         let Some(conn) = self.map.get_mut(&key) else {
-            return; // begun before the tap, forgotten, or not the server's
+            // Begun before the tap, forgotten, or not the server's. A keep-alive connection is
+            // followed from the next request it carries (the one in flight, if any, is not seen).
+            if to_server
+                && !seg.syn
+                && http::starts_request(seg.payload)
+                && self.joined(key, &seg, at.at)
+            {
+                self.packet(p, now_wall, now);
+            }
+            return;
         };
         conn.last_seen = at.at;
         if conn.unread {
@@ -538,6 +549,24 @@ impl Connections {
         // Once: a SYN-ACK seen again (a retransmission, or forged) does not move the stream back.
         if seg.syn && !to_server && !conn.down.started() {
             conn.down.start(seg.seq);
+        }
+        // A connection joined at a request: the server's side from the answer's first byte, and
+        // before it the tail of an answer from before the tap (a non-pipelining client sent this
+        // request once that answer had come whole).
+        if conn.joined && !to_server && !conn.down.started() {
+            if http::starts_answer(seg.payload) {
+                conn.down.start(seg.seq.wrapping_sub(1));
+            } else {
+                if seg.fin || seg.rst {
+                    if let Some(mut c) = self.remove(&key) {
+                        c.end_all(
+                            &self.ledger,
+                            "the connection closed before the answer ended",
+                        );
+                    }
+                }
+                return;
+            }
         }
         let client_was_open = !conn.up.closed;
         let before = conn.buffered();
@@ -597,16 +626,28 @@ impl Connections {
         if let Some(mut old) = self.remove(&key) {
             old.end_all(&self.ledger, "the connection was replaced by a new one");
         }
+        self.follow(key, seg.seq, at, false);
+    }
+
+    /// A connection the tap did not see open, from the request that starts `seg`; false when
+    /// there is no room to follow it.
+    fn joined(&mut self, key: (End, End), seg: &Segment<'_>, at: Instant) -> bool {
+        self.follow(key, seg.seq.wrapping_sub(1), at, true)
+    }
+
+    /// Follows a connection whose client's bytes start after `isn` (a SYN's sequence number);
+    /// false when [`MAX_CONNECTIONS`] are followed and none could be forgotten.
+    fn follow(&mut self, key: (End, End), isn: u32, at: Instant, joined: bool) -> bool {
         if self.map.len() >= MAX_CONNECTIONS {
             self.make_room();
         }
         if self.map.len() >= MAX_CONNECTIONS {
             self.refused += 1;
             self.tap_metrics.unread_connections.inc();
-            return;
+            return false;
         }
         let mut up = Stream::default();
-        up.start(seg.seq);
+        up.start(isn);
         self.map.insert(
             key,
             Conn {
@@ -621,8 +662,10 @@ impl Connections {
                 hole: (None, None, 0),
                 used: false,
                 drops_at_open: self.drops.settled,
+                joined,
             },
         );
+        true
     }
 
     /// At [`MAX_CONNECTIONS`], up to [`EVICT`] connections with nothing open and nothing kept
@@ -1089,6 +1132,87 @@ mod tests {
         assert_eq!(r.len(), 1, "{r:?}");
         assert_eq!(r[0]["status"], 200);
         assert!(r[0]["error"].is_null(), "{r:?}");
+    }
+
+    #[test]
+    fn a_keep_alive_connection_opened_before_the_tap_is_followed_from_its_next_request() {
+        let mut w = Wire::new("joined");
+        // No handshake seen: the tap starts with the connection idle between two answers.
+        let mut f = Flow {
+            port: 40200,
+            c: 5000,
+            s: 9000,
+        };
+        // The last chunk of an answer from before the tap, and the client's ACK: nothing to read.
+        f.server(&mut w, 0, b"0\r\n\r\n");
+        f.client(&mut w, 0, b"");
+        assert!(w.conns.map.is_empty());
+        for _ in 0..2 {
+            f.client(&mut w, 0, REQ);
+            f.server(&mut w, 0, OK);
+        }
+        let r = w.records();
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert!(
+            r.iter().all(|r| r["status"] == 200 && r["error"].is_null()),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_joined_connections_old_answer_tail_is_skipped_until_the_answer_begins() {
+        let mut w = Wire::new("joined-tail");
+        let mut f = Flow {
+            port: 40201,
+            c: 5000,
+            s: 9000,
+        };
+        f.client(&mut w, 0, REQ);
+        // A segment of the server's that does not begin an answer (a retransmitted tail).
+        f.server(&mut w, 0, b"data: [DONE]\n\n");
+        f.server(&mut w, 0, OK);
+        let r = w.records();
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!(r[0]["error"].is_null(), "{r:?}");
+        // From there it is read as any other: its server closing before the next answer ends
+        // that request with an error.
+        f.client(&mut w, 0, REQ);
+        f.server(&mut w, FIN, b"");
+        let r = w.records();
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert!(r[1]["error"].is_string(), "{r:?}");
+    }
+
+    #[test]
+    fn a_joined_connection_whose_server_closes_before_answering_ends_its_request() {
+        let mut w = Wire::new("joined-close");
+        let mut f = Flow {
+            port: 40203,
+            c: 5000,
+            s: 9000,
+        };
+        f.client(&mut w, 0, REQ);
+        f.server(&mut w, FIN, b"");
+        assert!(w.conns.map.is_empty());
+        let r = w.records();
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!(r[0]["error"].is_string(), "{r:?}");
+    }
+
+    #[test]
+    fn a_request_body_segment_of_an_unseen_connection_is_not_taken_for_a_request() {
+        let mut w = Wire::new("joined-body");
+        let mut f = Flow {
+            port: 40202,
+            c: 5000,
+            s: 9000,
+        };
+        // JSON cannot hold a raw CRLF inside a string: no body segment reads as a request line.
+        f.client(&mut w, 0, br#"{"text":"POST /generate HTTP/1.1\r\n"}"#);
+        f.client(&mut w, 0, b"\"POST /generate HTTP/1.1\r\nHost: h\r\n\r\n");
+        f.client(&mut w, 0, b"post /generate HTTP/1.1\r\n\r\n");
+        assert!(w.conns.map.is_empty());
+        assert!(w.records().is_empty());
     }
 
     #[test]

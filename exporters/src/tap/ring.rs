@@ -40,6 +40,7 @@ impl Interface {
 }
 
 /// One packet's copy: when it passed, and its bytes from the IP header on.
+#[derive(Clone, Copy)]
 pub struct Packet<'a> {
     pub at: SystemTime,
     pub ip: &'a [u8],
