@@ -17,7 +17,8 @@ up and the drain are left out.
 
 Per turn, as the client saw it: events per second (SGLang's native stream sends one event per
 decode step of a request: its tokens), the median and the mean gap between a request's events
-(the mean is the TPOT of the slice), and the median TTFT of the requests begun in it. Per run and
+(the mean is the TPOT of the slice), the median TTFT of the requests begun in it, and the median
+E2E of the requests begun and ended in it (when at least 8 were). Per run and
 over all runs: the geometric mean of the on/off ratios with a 95 % interval (Student's t).
 """
 import bisect
@@ -31,7 +32,7 @@ T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
         2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
 METRICS = [("events/s", "rate"), ("median gap ms", "gap_p50"), ("mean gap (TPOT) ms", "gap_mean"),
-           ("median TTFT ms", "ttft_p50")]
+           ("median TTFT ms", "ttft_p50"), ("median E2E ms", "e2e_p50")]
 
 
 def load(run):
@@ -85,6 +86,8 @@ def per_turn(conc, run, keys_file):
     gap_times = [g[0] for g in gaps]
     ttfts = sorted((begun[n], first[n] - begun[n]) for n in first if n in begun)
     ttft_times = [x[0] for x in ttfts]
+    e2es = sorted((begun[n], last[n], last[n] - begun[n]) for n in first if n in begun)
+    e2e_times = [x[0] for x in e2es]
 
     def fully_watched(ready):
         # the last end of a request that began before the tap was ready and was still running
@@ -101,7 +104,10 @@ def per_turn(conc, run, keys_file):
         events = bisect.bisect_left(event_times, b) - bisect.bisect_left(event_times, a)
         g = [x[1] for x in gaps[bisect.bisect_left(gap_times, a):bisect.bisect_left(gap_times, b)]]
         tt = [x[1] for x in ttfts[bisect.bisect_left(ttft_times, a):bisect.bisect_left(ttft_times, b)]]
-        rows.append({"on": on, "span": b - a, "rate": events / (b - a),
+        # requests wholly inside the turn (a turn several E2Es long holds some)
+        e2e = [x[2] for x in e2es[bisect.bisect_left(e2e_times, a):bisect.bisect_left(e2e_times, b)] if x[1] <= b]
+        rows.append({"on": on, "span": b - a, "rate": events / (b - a), "whole": len(e2e),
+                     "e2e_p50": st.median(e2e) * 1e3 if len(e2e) >= 8 else None,
                      "gap_p50": st.median(g) * 1e3 if g else None,
                      "gap_mean": st.fmean(g) * 1e3 if g else None,
                      "ttft_p50": st.median(tt) * 1e3 if tt else None})
@@ -148,7 +154,8 @@ def main(argv):
         kept = [r for r in rows if r]
         on = [r for r in kept if r["on"]]
         off = [r for r in kept if not r["on"]]
-        print(f"keyed {run}: {len(rows)} turns, {len(on)} on and {len(off)} off at full concurrency"
+        print(f"keyed {run}: {len(rows)} turns, {len(on)} on and {len(off)} off at full concurrency,"
+              f" {sum(r['whole'] for r in on)} and {sum(r['whole'] for r in off)} requests wholly in them"
               f" (median on {st.median([r['span'] for r in on]) if on else 0:.2f} s, off"
               f" {st.median([r['span'] for r in off]) if off else 0:.2f} s)")
         for label, key in METRICS:

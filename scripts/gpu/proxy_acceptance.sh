@@ -37,7 +37,7 @@
 #        SIDES="keyed": one run straight to the server while the tap is started and stopped beside
 #        it in turns of KEY_MS to 1.5 x KEY_MS ms (8000); the client stamps every event
 #        (scripts/gpu/clientstamps, BENCH_CHUNKS) and scripts/gpu/keyed.py holds each on-turn
-#        against the off-turns on either side: events/s, gaps between events (TPOT), TTFT, as
+#        against the off-turns on either side: events/s, gaps between events (TPOT), TTFT, E2E, as
 #        on/off ratios with 95 % intervals, per run and pooled. Give it PROMPTS=8192 or more: at
 #        c=256 the default 1024 make a run shorter than one turn. SIDES="keyed keyedctl" adds
 #        its control: the same supervisor keyed in turns without --tap (what the method reads when
