@@ -393,6 +393,8 @@ struct Conn {
     drops_at_open: u64,
     /// Followed from a request, not from its SYN: it opened before the tap (or was forgotten).
     joined: bool,
+    /// Its SYN's sequence number (None when joined).
+    syn: Option<u32>,
 }
 
 /// The ring's dropped segments. The kernel resets its count as it is read, so this one reader
@@ -501,7 +503,7 @@ impl Connections {
     }
 
     fn packet(&mut self, p: Packet<'_>, now_wall: SystemTime, now: Instant) {
-        let Some(seg) = tcp::segment(p.ip) else {
+        let Some(mut seg) = tcp::segment(p.ip) else {
             return;
         };
         // The server's end: the one on its port (a client on the same port number as the
@@ -514,8 +516,17 @@ impl Connections {
         };
         let at = Stamp::of(p.at, now_wall, now);
         if seg.syn && !seg.ack && to_server {
-            self.opened(key, &seg, at.at);
-            return;
+            // A SYN sent again (its first copy passed the tap, then waited on a full listen
+            // queue) is the same connection: reopening it would end a Fast Open request.
+            if self.map.get(&key).is_none_or(|c| c.syn != Some(seg.seq)) {
+                self.opened(key, &seg, at.at);
+            }
+            if seg.payload.is_empty() {
+                return;
+            }
+            // TCP Fast Open: the request came in the SYN, its bytes numbered from the next one.
+            seg.seq = seg.seq.wrapping_add(1);
+            seg.syn = false;
         }
         let Some(conn) = self.map.get_mut(&key) else {
             // Begun before the tap, forgotten, or not the server's. A keep-alive connection is
@@ -663,6 +674,7 @@ impl Connections {
                 used: false,
                 drops_at_open: self.drops.settled,
                 joined,
+                syn: (!joined).then_some(isn),
             },
         );
         true
@@ -1132,6 +1144,25 @@ mod tests {
         assert_eq!(r.len(), 1, "{r:?}");
         assert_eq!(r[0]["status"], 200);
         assert!(r[0]["error"].is_null(), "{r:?}");
+    }
+
+    #[test]
+    fn a_request_sent_in_the_syn_tcp_fast_open_is_read() {
+        let mut w = Wire::new("fastopen");
+        w.raw(&packet(40300, PORT, 100, SYN, REQ));
+        w.raw(&packet(PORT, 40300, 700, SYN | ACK, b""));
+        let mut f = Flow {
+            port: 40300,
+            c: 101 + REQ.len() as u32,
+            s: 701,
+        };
+        // The SYN again, as a client does when its first waited on a full listen queue.
+        w.raw(&packet(40300, PORT, 100, SYN, REQ));
+        f.client(&mut w, 0, b"");
+        f.server(&mut w, 0, OK);
+        let r = w.records();
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!(r[0]["status"] == 200 && r[0]["error"].is_null(), "{r:?}");
     }
 
     #[test]
