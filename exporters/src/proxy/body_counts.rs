@@ -4,9 +4,9 @@
 //! with logprobs runs to megabytes, and a copy per request in flight would be what bounds the
 //! supervisor's memory. The reading is `serde_json::Value`'s: the last of a duplicated key wins,
 //! a count that is not an unsigned integer is none, and a body that is not one whole JSON value
-//! (its structure, numbers and literals are checked, and no control byte may stand in a string;
-//! escapes and UTF-8 inside strings are not) or that nests deeper than serde_json allows has no
-//! counts.
+//! (its structure, numbers, their range and literals are checked, and no control byte may stand
+//! in a string; escapes and UTF-8 inside strings are not) or that nests deeper than serde_json
+//! allows has no counts.
 use memchr::memchr2;
 
 /// The deepest nesting serde_json reads (its recursion limit, 128, stops the 128th level): deeper
@@ -114,20 +114,40 @@ impl Num {
     }
 }
 
+/// Where f64 ends: numbers from 2^1024 − 2^970 on (halfway to 2^1024, the tie rounding up)
+/// round to infinity, which serde_json (correctly rounded) takes for an error. Its digits.
+const F64_OVERFLOW: &[u8; 309] =
+    b"17976931348623158079372897140530341507993413271003782693617377898044496829276475\
+    09466490179775872070963302864166928879109465555478519404026306574886715058206819\
+    08902000708383676273854845817711531764475730270069855571366959622842914819860834\
+    936475292719074168444365510704342711559699508093042880177904174497792";
+
 /// How large a number is, as far as f64 goes: serde_json takes one past f64's range (1e400) for
-/// an error, so a body with one has no counts. Only at the edge itself (1.797...e308, where the
-/// 18th digit and later decide) is this an approximation.
-#[derive(Clone, Copy, Default, Debug)]
+/// an error, so a body with one has no counts.
+#[derive(Clone, Copy, Debug)]
 struct Magnitude {
     /// Digits before the point, from the first nonzero one.
     int_digits: i64,
     /// Zeros after the point before the first nonzero digit, when none came before the point.
     frac_zeros: i64,
-    /// The first 17 significant digits, and how many there are.
-    lead: u64,
-    lead_len: u32,
+    /// Significant digits read, and how they compare with [`F64_OVERFLOW`]'s so far.
+    significant: usize,
+    against_overflow: std::cmp::Ordering,
     exp: i64,
     exp_negative: bool,
+}
+
+impl Default for Magnitude {
+    fn default() -> Self {
+        Magnitude {
+            int_digits: 0,
+            frac_zeros: 0,
+            significant: 0,
+            against_overflow: std::cmp::Ordering::Equal,
+            exp: 0,
+            exp_negative: false,
+        }
+    }
 }
 
 impl Magnitude {
@@ -138,7 +158,7 @@ impl Magnitude {
                 self.int_digits = self.int_digits.saturating_add(1);
                 self.push(d);
             }
-            Num::Frac if self.lead_len == 0 && d == 0 => {
+            Num::Frac if self.significant == 0 && d == 0 => {
                 self.frac_zeros = self.frac_zeros.saturating_add(1);
             }
             Num::Frac => self.push(d),
@@ -148,14 +168,18 @@ impl Magnitude {
     }
 
     fn push(&mut self, d: u8) {
-        if self.lead_len < 17 {
-            self.lead = self.lead * 10 + u64::from(d);
-            self.lead_len += 1;
+        if self.against_overflow.is_eq() {
+            self.against_overflow = match F64_OVERFLOW.get(self.significant) {
+                Some(&o) => d.cmp(&(o - b'0')),
+                None if d > 0 => std::cmp::Ordering::Greater,
+                None => std::cmp::Ordering::Equal,
+            };
         }
+        self.significant = self.significant.saturating_add(1);
     }
 
     fn past_f64(&self) -> bool {
-        if self.lead_len == 0 || (self.exp == 0 && self.int_digits < 300) {
+        if self.significant == 0 || (self.exp == 0 && self.int_digits < 300) {
             return false; // zero, or an integer (or fraction) well inside f64
         }
         let point = if self.int_digits > 0 {
@@ -169,8 +193,11 @@ impl Magnitude {
             self.exp
         };
         let e10 = point.saturating_add(exp);
-        let lead = self.lead * 10u64.pow(17 - self.lead_len);
-        e10 > 308 || (e10 == 308 && lead >= 17_976_931_348_623_158)
+        // At 308, the digits decide: from the halfway point on (all of its digits, equal) it is
+        // past; a prefix of it is below.
+        let at_or_past_halfway = self.against_overflow.is_gt()
+            || (self.against_overflow.is_eq() && self.significant >= F64_OVERFLOW.len());
+        e10 > 308 || (e10 == 308 && at_or_past_halfway)
     }
 }
 
@@ -255,12 +282,9 @@ impl BodyCounts {
                     // And then its token ids: the digits of an integer at once.
                     let digits = data[i..].iter().take_while(|b| b.is_ascii_digit()).count();
                     let run = &data[i..i + digits];
-                    for &d in run.iter().take(20) {
+                    for &d in run {
                         self.magnitude.digit(Num::Int, d - b'0');
                     }
-                    let past = digits.saturating_sub(20);
-                    self.magnitude.int_digits =
-                        self.magnitude.int_digits.saturating_add(past as i64);
                     let n = n.and_then(|n| {
                         run.iter().try_fold(n, |n, &d| {
                             n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
@@ -704,6 +728,26 @@ mod tests {
         let meta = r#""meta_info":{"completion_tokens":3,"prompt_tokens":1}"#;
         for digits in [300, 308, 309, 310, 400] {
             agrees(&format!(r#"{{"x":{},{meta}}}"#, "9".repeat(digits)));
+        }
+    }
+
+    #[test]
+    fn a_number_at_f64s_edge_is_refused_exactly_where_serde_json_refuses_it() {
+        let meta = r#""meta_info":{"completion_tokens":1,"prompt_tokens":2}"#;
+        let half = std::str::from_utf8(F64_OVERFLOW).unwrap();
+        let below = "17976931348623158079372897140530341507993413271003782693617377898044496829276475094664901797758720709630286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497791";
+        for x in [
+            "1.7976931348623158e308".to_string(),
+            "1.797693134862315807937e308".to_string(),
+            "1.7976931348623157e308".to_string(),
+            format!("{}e-1", &half),
+            format!("{}.0", &half),
+            format!("{half}1e-1"),
+            below.to_string(),
+            format!("{below}.99999"),
+            format!("0.{half}e309"),
+        ] {
+            agrees(&format!(r#"{{"x":{x},{meta}}}"#));
         }
     }
 
