@@ -98,6 +98,14 @@ impl Default for Exchange {
 }
 
 impl Exchange {
+    /// Forgets all open requests but the newest: a joined connection's older ones were
+    /// answered out of the tap's sight.
+    pub fn keep_newest(&mut self) {
+        while self.open.len() > 1 {
+            self.open.pop_front();
+        }
+    }
+
     pub fn lost(&self) -> Option<Unreadable> {
         self.lost
     }
@@ -256,7 +264,6 @@ impl Exchange {
     }
 }
 
-/// Gathers a head: returns how much of `data` completed it, or None when more is needed.
 /// Whether `data` begins with a whole HTTP/1.x request line, `METHOD /TARGET HTTP/1.x` and its
 /// CRLF: where a keep-alive connection that opened before the tap can be followed from. A JSON
 /// body cannot look like one (a raw CR or LF stands only between its tokens), so a segment that
@@ -288,6 +295,7 @@ pub fn starts_answer(data: &[u8]) -> bool {
         && data[9..12].iter().all(u8::is_ascii_digit)
 }
 
+/// Gathers a head: returns how much of `data` completed it, or None when more is needed.
 fn gather(held: &mut Vec<u8>, data: &[u8]) -> Result<Option<usize>, Unreadable> {
     let before = held.len();
     // The blank line may straddle segments: look from three bytes back.
