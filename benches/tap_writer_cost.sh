@@ -5,7 +5,9 @@
 # benches/tcp_op_cost.c (one thread sends EVENT_BYTES on loopback TCP and reads them back, never
 # blocking): bare and with a supervisor tapping its port, in ABBA order, ROUNDS pairs, each run
 # pinned to CPU WRITER_CPU and the tap to TAP_CPU. Prints each run and the median of the pairs'
-# differences (tapped - bare, µs per event of send + recv).
+# differences (tapped - bare, µs per event of send + recv). WRITER_CPUS="0 1 ..." runs one writer
+# per CPU listed at once, each on its own address and the same tapped port (their mean per run):
+# whether writers on several CPUs cost each other more through the tap's one ring.
 #   usage: benches/tap_writer_cost.sh [ROUNDS=5] [COUNT=200000] [EVENT_BYTES=200]
 #   (repo root, after cargo build --release; TAP_SUP=PATH runs another build of the supervisor)
 set -euo pipefail
@@ -24,9 +26,17 @@ python3 -m http.server "$PORT" --bind 127.0.0.1 --directory "$W/www" >/dev/null 
 http=$!
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.05; done
 
-one() {  # one run: prints send + recv µs per event
-  taskset -c "$WRITER_CPU" "$W/tcp_op_cost" "$COUNT" "$BYTES" "$PORT" | tee -a "$W/runs" |
-    sed -E 's/.*send \+ recv ([0-9.]+) us.*/\1/'
+one() {  # one run: prints send + recv µs per event (the mean over the writers)
+  local k=2 cpu pids=()
+  for cpu in ${WRITER_CPUS:-$WRITER_CPU}; do
+    taskset -c "$cpu" "$W/tcp_op_cost" "$COUNT" "$BYTES" "$PORT" "$k" > "$W/one-$k" &
+    pids+=($!)
+    k=$((k + 1))
+  done
+  wait "${pids[@]}"
+  cat "$W"/one-* | tee -a "$W/runs" | sed -E 's/.*send \+ recv ([0-9.]+) us.*/\1/' |
+    awk '{s += $1; n++} END {printf "%.3f\n", s / n}'
+  rm -f "$W"/one-*
 }
 tapped() {
   tap_attach "$PORT" "$W"

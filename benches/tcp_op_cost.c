@@ -4,8 +4,10 @@
  * the least any relay can cost per event on this host, before any wake-up or system-call batching
  * (benches/epoll_relay.c, benches/uring_relay.c).
  * PORT puts the listener on 127.0.0.2:PORT (default: any free port on 127.0.0.1), where a tap
- * attached to PORT sees every event (benches/tap_writer_cost.sh: what the tap adds to a writer).
- *   cc -O2 -o tcp_op_cost benches/tcp_op_cost.c && ./tcp_op_cost [COUNT=200000] [EVENT_BYTES=200] [PORT] */
+ * attached to PORT sees every event (benches/tap_writer_cost.sh: what the tap adds to a writer);
+ * HOST (2..254, default 2) puts it on 127.0.0.HOST instead, so that several writers at once use
+ * the same tapped port.
+ *   cc -O2 -o tcp_op_cost benches/tcp_op_cost.c && ./tcp_op_cost [COUNT=200000] [EVENT_BYTES=200] [PORT] [HOST] */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -23,14 +25,14 @@ static double now(clockid_t c) {
 
 int main(int argc, char **argv) {
     long count = argc > 1 ? atol(argv[1]) : 200000, bytes = argc > 2 ? atol(argv[2]) : 200;
-    long port = argc > 3 ? atol(argv[3]) : 0;
-    if (count <= 0 || bytes <= 0 || bytes > 65536 || port < 0 || port > 65535) {
-        fprintf(stderr, "usage: tcp_op_cost [COUNT=200000] [EVENT_BYTES=200 (1..65536)] [PORT (1..65535)]\n");
+    long port = argc > 3 ? atol(argv[3]) : 0, host = argc > 4 ? atol(argv[4]) : 2;
+    if (count <= 0 || bytes <= 0 || bytes > 65536 || port < 0 || port > 65535 || host < 2 || host > 254) {
+        fprintf(stderr, "usage: tcp_op_cost [COUNT=200000] [EVENT_BYTES=200 (1..65536)] [PORT (1..65535)] [HOST (2..254)]\n");
         return 2;
     }
     int one = 1, l = socket(AF_INET, SOCK_STREAM, 0), a = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET};
-    sa.sin_addr.s_addr = htonl(port ? INADDR_LOOPBACK + 1 : INADDR_LOOPBACK);
+    sa.sin_addr.s_addr = htonl(port ? INADDR_LOOPBACK + (unsigned)host - 1 : INADDR_LOOPBACK);
     sa.sin_port = htons((unsigned short)port);
     socklen_t n = sizeof sa;
     setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);

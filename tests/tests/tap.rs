@@ -59,6 +59,15 @@ fn log_path(name: &str) -> PathBuf {
 
 /// A run with `--tap` on the replay server's port (replay at 50×, `replay` added), ready.
 fn start_tapped(name: &str, supervisor: &[&str], replay: &[&str]) -> Tapped {
+    start_tapped_with(name, supervisor, replay, &[])
+}
+
+fn start_tapped_with(
+    name: &str,
+    supervisor: &[&str],
+    replay: &[&str],
+    env: &[(&str, &str)],
+) -> Tapped {
     let log = log_path(name);
     let _ = std::fs::remove_file(&log);
     let log_s = log.to_str().unwrap().to_string();
@@ -69,6 +78,7 @@ fn start_tapped(name: &str, supervisor: &[&str], replay: &[&str]) -> Tapped {
         Opts {
             supervisor: &sup,
             replay: &replay,
+            env,
             ..Default::default()
         },
     );
@@ -980,7 +990,34 @@ fn two_hundred_fifty_six_concurrent_streams_through_the_tap_all_complete_with_ex
     if !can_tap("two_hundred_fifty_six...") {
         return;
     }
-    let tap = start_tapped("tap-256", &[], &[]);
+    streams_all_exact(start_tapped("tap-256", &[], &[]));
+}
+
+#[test]
+fn with_four_readers_each_connection_is_read_whole_by_one_and_every_count_is_exact() {
+    if !can_tap("with_four_readers...") {
+        return;
+    }
+    let tap = start_tapped_with(
+        "tap-256-4",
+        &[],
+        &[],
+        &[("SGLANG_SUPERVISOR_TAP_READERS", "4")],
+    );
+    let pid = tap.run.child.id();
+    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .collect();
+    for k in 0..4 {
+        assert!(threads.contains(&format!("tap-{k}")), "{threads:?}");
+    }
+    streams_all_exact(tap);
+}
+
+/// 256 streams at once straight to the server: each one's record whole and its own count.
+fn streams_all_exact(tap: Tapped) {
     let n = 256;
     let threads: Vec<_> = (0..n)
         .map(|i| {

@@ -39,8 +39,6 @@ const MAX_CONNECTIONS: usize = 1 << 16;
 const MAX_BUFFERED: usize = 64 << 20;
 /// Requests open on one connection at most (pipelined and not yet answered).
 const MAX_OPEN: usize = 4096;
-/// Connections forgotten at once when [`MAX_CONNECTIONS`] are followed and a new one opens.
-const EVICT: usize = MAX_CONNECTIONS / 16;
 /// After a pass for room that freed nothing, how long until the next one.
 const ROOM_PASS_AFTER_NONE: Duration = Duration::from_millis(100);
 /// Why a connection's open requests end when the tap's memory for it ran out.
@@ -110,7 +108,7 @@ impl TapMetrics {
 /// Running until dropped.
 pub struct TapHandle {
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl TapHandle {
@@ -121,7 +119,7 @@ impl TapHandle {
 
     fn halt(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
@@ -150,14 +148,43 @@ const DEFAULT_RING_MB: usize = 32;
 /// The ring's size in MiB from `SGLANG_SUPERVISOR_TAP_RING_MB` (unset: the default), or why the
 /// value cannot be used.
 fn ring_mb(set: Option<&str>) -> Result<usize, String> {
+    setting(
+        "SGLANG_SUPERVISOR_TAP_RING_MB",
+        set,
+        4096,
+        DEFAULT_RING_MB,
+        "a size in MiB",
+    )
+}
+
+/// Readers from `SGLANG_SUPERVISOR_TAP_READERS` (unset: one): each reads a ring of its own, the
+/// connections hashed among them by the kernel ([`Ring::open_group`]); the ring's size is shared.
+fn readers() -> usize {
+    let set = std::env::var("SGLANG_SUPERVISOR_TAP_READERS").ok();
+    readers_from(set.as_deref()).unwrap_or_else(|why| {
+        tracing::warn!("tap: {why}; one reader");
+        1
+    })
+}
+
+fn readers_from(set: Option<&str>) -> Result<usize, String> {
+    setting("SGLANG_SUPERVISOR_TAP_READERS", set, 16, 1, "a count")
+}
+
+/// A whole number from 1 to `max` in the variable `name` (unset: `default`), or why not.
+fn setting(
+    name: &str,
+    set: Option<&str>,
+    max: usize,
+    default: usize,
+    what: &str,
+) -> Result<usize, String> {
     let Some(v) = set else {
-        return Ok(DEFAULT_RING_MB);
+        return Ok(default);
     };
     match v.trim().parse::<usize>() {
-        Ok(n) if (1..=4096).contains(&n) => Ok(n),
-        _ => Err(format!(
-            "SGLANG_SUPERVISOR_TAP_RING_MB={v:?} is not a size in MiB from 1 to 4096"
-        )),
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("{name}={v:?} is not {what} from 1 to {max}")),
     }
 }
 
@@ -185,29 +212,62 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
         tap_metrics,
     } = cfg;
     let ledger = Ledger::new(metrics, stats.clone(), requests_log, traffic_window);
-    let read_through = Arc::new(AtomicU64::new(0));
+    let members = readers();
+    // Each reader's ring is the whole size: one connection's segments all go to one of them.
+    let blocks = ring_blocks();
+    let open = || -> std::io::Result<_> {
+        let iface = Interface::parse(&iface);
+        let (rings, from) = Ring::open_group(port, &iface, blocks, members).or_else(|e| {
+            // A kernel without the group's options (before Linux 5.x): one reader does.
+            if members == 1 || e.kind() == std::io::ErrorKind::PermissionDenied {
+                return Err(e);
+            }
+            tracing::warn!("tap: {members} readers: {e}; one reader instead");
+            Ring::open_group(port, &iface, blocks, 1)
+        })?;
+        let mut opened = Vec::with_capacity(rings.len());
+        for ring in rings {
+            let drops = ring.drop_counter()?;
+            opened.push((ring, drops));
+        }
+        Ok((opened, from))
+    };
+    let (rings, from) = open().map_err(|error| TapError::Open { port, iface, error })?;
+    let members = rings.len();
+    let read_through: Vec<Arc<AtomicU64>> =
+        rings.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
     let seen = read_through.clone();
     stats.settle_with(Settle(Box::new(move |end| settle(&seen, end))));
-    let open = || -> std::io::Result<_> {
-        let ring = Ring::open(port, &Interface::parse(&iface), ring_blocks())?;
-        let drops = ring.drop_counter()?;
-        Ok((ring, drops))
-    };
-    let (ring, drops) = open().map_err(|error| TapError::Open { port, iface, error })?;
     let stop = Arc::new(AtomicBool::new(false));
-    let halt = stop.clone();
-    let reader = Reader {
-        conns: Connections::new(port, ledger, tap_metrics, RingDrops::new(Box::new(drops))),
-        read_through,
+    let mut handle = TapHandle {
+        stop: stop.clone(),
+        threads: Vec::with_capacity(rings.len()),
     };
-    let thread = std::thread::Builder::new()
-        .name("tap".into())
-        .spawn(move || reader.run(ring, &halt))
-        .map_err(TapError::Thread)?;
-    Ok(TapHandle {
-        stop,
-        thread: Some(thread),
-    })
+    for (k, ((ring, drops), read_through)) in rings.into_iter().zip(read_through).enumerate() {
+        let reader = Reader {
+            conns: Connections::new(
+                port,
+                ledger.clone(),
+                tap_metrics.clone(),
+                RingDrops::new(Box::new(drops)),
+            )
+            .shared_by(members),
+            read_through,
+            from,
+        };
+        let halt = stop.clone();
+        let name = if members > 1 {
+            format!("tap-{k}")
+        } else {
+            "tap".into()
+        };
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || reader.run(ring, &halt))
+            .map_err(TapError::Thread)?;
+        handle.threads.push(thread);
+    }
+    Ok(handle)
 }
 
 /// How long a block of segments may wait in the ring before the kernel hands it over
@@ -219,12 +279,15 @@ const MAX_SETTLE: Duration = Duration::from_millis(200);
 /// A stop reads a ring that is behind for this long at most.
 const MAX_DRAIN: Duration = Duration::from_secs(1);
 
-/// Waits until the tap has read every segment stamped before `end` (unix seconds), or gives up
-/// after [`MAX_SETTLE`] (a ring that never empties).
-fn settle(read_through: &AtomicU64, end: f64) {
+/// Waits until every reader has read every segment stamped before `end` (unix seconds), or
+/// gives up after [`MAX_SETTLE`] (a ring that never empties).
+fn settle(read_through: &[Arc<AtomicU64>], end: f64) {
     let want = (end * 1e9) as u64;
     let deadline = Instant::now() + MAX_SETTLE;
-    while read_through.load(Ordering::Acquire) < want {
+    while read_through
+        .iter()
+        .any(|r| r.load(Ordering::Acquire) < want)
+    {
         if Instant::now() >= deadline {
             tracing::warn!(
                 "tap: a window closed before the tap had read up to its end (its ring is behind); requests that ended in the window's last moments may be missing from it"
@@ -245,6 +308,8 @@ struct Reader {
     conns: Connections,
     /// Every segment stamped before this (unix ns) has been read.
     read_through: Arc<AtomicU64>,
+    /// Segments stamped before this are left: until its group was complete, each ring had them.
+    from: SystemTime,
 }
 
 impl Reader {
@@ -272,8 +337,12 @@ impl Reader {
             } else {
                 Duration::from_millis(20)
             };
-            let conns = &mut self.conns;
-            let read = ring.next_block(wait, |p| conns.packet(p, now_wall, now));
+            let (conns, from) = (&mut self.conns, self.from);
+            let read = ring.next_block(wait, |p| {
+                if p.at >= from {
+                    conns.packet(p, now_wall, now);
+                }
+            });
             self.after_pass(&ring, &mut boost);
             if let Err(e) = read {
                 tracing::error!("tap: reading the ring: {e}; the tap stops");
@@ -452,6 +521,9 @@ struct Connections {
     next_room_pass: Option<Instant>,
     /// Passes for room run (each is one walk over the map).
     room_passes: u64,
+    /// This reader's share of [`MAX_CONNECTIONS`] and [`MAX_BUFFERED`].
+    max_connections: usize,
+    max_buffered: usize,
     drops: RingDrops,
 }
 
@@ -470,8 +542,17 @@ impl Connections {
             refused: 0,
             next_room_pass: None,
             room_passes: 0,
+            max_connections: MAX_CONNECTIONS,
+            max_buffered: MAX_BUFFERED,
             drops,
         }
+    }
+
+    /// One of `readers`, each with its share of the bounds: together they keep what one would.
+    fn shared_by(mut self, readers: usize) -> Self {
+        self.max_connections = MAX_CONNECTIONS / readers.max(1);
+        self.max_buffered = MAX_BUFFERED / readers.max(1);
+        self
     }
 
     /// A connection out of the map, what it kept taken off the sum.
@@ -490,22 +571,24 @@ impl Connections {
                 "tap: {n} connections to port {port} were no longer read: segments held behind \
                  holes and unfinished heads filled the tap's {} MiB (their open requests end as \
                  errors; see tap_unread_connections_total)",
-                MAX_BUFFERED >> 20
+                self.max_buffered >> 20
             );
         }
         let n = std::mem::take(&mut self.evicted);
         if n > 0 {
             tracing::warn!(
                 "tap: {n} idle connections to port {port} were forgotten to follow new ones \
-                 ({MAX_CONNECTIONS} at most; a connection flood?): requests they send later are \
-                 not measured"
+                 ({} at most; a connection flood?): they are measured again from their next \
+                 request",
+                self.max_connections
             );
         }
         let n = std::mem::take(&mut self.refused);
         if n > 0 {
             tracing::warn!(
-                "tap: {n} new connections to port {port} were not measured: {MAX_CONNECTIONS} \
-                 connections with requests open are followed already"
+                "tap: {n} new connections to port {port} were not measured: {} connections \
+                 with requests open are followed already",
+                self.max_connections
             );
         }
     }
@@ -603,7 +686,7 @@ impl Connections {
         let total = self.buffered.saturating_sub(before) + after;
         let gone = gone.or(if conn.open.len() > MAX_OPEN {
             Some(TOO_MANY_OPEN)
-        } else if after > before && total > MAX_BUFFERED {
+        } else if after > before && total > self.max_buffered {
             self.over_memory += 1;
             Some(FULL)
         } else {
@@ -669,12 +752,12 @@ impl Connections {
     fn follow(&mut self, key: (End, End), isn: u32, at: Instant, joined: bool) -> bool {
         // A pass over a full map that freed nothing is not run again for a while: each would
         // cost a millisecond, for every segment of every connection that could not be followed.
-        if self.map.len() >= MAX_CONNECTIONS && self.next_room_pass.is_none_or(|t| at >= t) {
+        let full = self.max_connections;
+        if self.map.len() >= full && self.next_room_pass.is_none_or(|t| at >= t) {
             self.make_room();
-            self.next_room_pass =
-                (self.map.len() >= MAX_CONNECTIONS).then_some(at + ROOM_PASS_AFTER_NONE);
+            self.next_room_pass = (self.map.len() >= full).then_some(at + ROOM_PASS_AFTER_NONE);
         }
-        if self.map.len() >= MAX_CONNECTIONS {
+        if self.map.len() >= full {
             // Counted once a connection: a SYN is; a joined connection's every request would be
             // (one not seen open was not counted before either).
             if !joined {
@@ -706,12 +789,12 @@ impl Connections {
         true
     }
 
-    /// At [`MAX_CONNECTIONS`], up to [`EVICT`] connections with nothing open and nothing kept
+    /// At its share of [`MAX_CONNECTIONS`], up to a sixteenth of them with nothing open and nothing kept
     /// are forgotten: first those no longer read, then those whose client never sent a byte (a
     /// SYN flood or a port scan leaves only these), then idle keep-alive ones; oldest first.
     /// Refusing the new one instead let a flood of SYNs that are never followed up keep the
     /// tap from measuring any new connection for [`IDLE`]. Done in batches: one pass over the
-    /// map for every [`EVICT`] connections opened.
+    /// map for every sixteenth of them opened.
     fn make_room(&mut self) {
         self.room_passes += 1;
         let mut idle: Vec<(u8, Instant, (End, End))> = self
@@ -725,9 +808,10 @@ impl Connections {
                 (rank, c.last_seen, *k)
             })
             .collect();
-        if idle.len() > EVICT {
-            idle.select_nth_unstable_by_key(EVICT - 1, |e| (e.0, e.1));
-            idle.truncate(EVICT);
+        let evict = (self.max_connections / 16).max(1);
+        if idle.len() > evict {
+            idle.select_nth_unstable_by_key(evict - 1, |e| (e.0, e.1));
+            idle.truncate(evict);
         }
         for (rank, _, key) in idle {
             if let Some(mut c) = self.remove(&key) {
@@ -1505,6 +1589,19 @@ mod tests {
         f.client(&mut w, FIN, b"");
         f.server(&mut w, FIN, b"");
         assert!(w.conns.map.is_empty());
+    }
+
+    #[test]
+    fn the_reader_count_is_one_unless_set_and_a_bad_value_is_named() {
+        assert_eq!(readers_from(None), Ok(1));
+        assert_eq!(readers_from(Some("4")), Ok(4));
+        for bad in ["0", "17", "two", ""] {
+            let why = readers_from(Some(bad)).unwrap_err();
+            assert!(
+                why.contains("SGLANG_SUPERVISOR_TAP_READERS") && why.contains("1 to 16"),
+                "{why}"
+            );
+        }
     }
 
     #[test]

@@ -279,6 +279,71 @@ fn filter(port: u16, lo_index: Option<i32>) -> Vec<libc::sock_filter> {
 impl Ring {
     /// Opens the socket, attaches the filter, binds to `iface` and maps `blocks` blocks of [`BLOCK`] bytes.
     /// Needs CAP_NET_RAW.
+    /// `members` rings on the same port and interface, of `blocks` blocks each. Past one, they
+    /// form a fanout group: the kernel hashes each segment to one member by its connection's
+    /// addresses and ports (both directions alike: the hash is symmetric), so each member holds
+    /// whole connections and a reader per member needs no other's. Each member's ring takes
+    /// the writers' copies apart from the others' (one ring's lock and block, shared by many
+    /// writing CPUs, costs each writer more). Also returns the moment the group was complete:
+    /// a member sees every segment until it joins, so what is stamped before then is read twice.
+    pub fn open_group(
+        port: u16,
+        iface: &Interface,
+        blocks: usize,
+        members: usize,
+    ) -> io::Result<(Vec<Ring>, SystemTime)> {
+        let mut rings = Vec::with_capacity(members);
+        let mut group: Option<u32> = None;
+        for _ in 0..members.max(1) {
+            let ring = Ring::open(port, iface, blocks)?;
+            if members > 1 {
+                // The group takes segments for its members, so a member's own setting to skip
+                // loopback's sent copies does not hold: the group's (Linux 5.x) does. Elsewhere
+                // the filter skips them (sent copies on other interfaces are the answers).
+                let mut flags = libc::PACKET_FANOUT_HASH;
+                if matches!(iface, Interface::Loopback) {
+                    flags |= libc::PACKET_FANOUT_FLAG_IGNORE_OUTGOING;
+                }
+                let (id, flags) = match group {
+                    Some(id) => (id, flags),
+                    // The kernel picks an id no other process's group has.
+                    None => (0, flags | libc::PACKET_FANOUT_FLAG_UNIQUEID),
+                };
+                let arg = (id | flags << 16) as libc::c_int;
+                set(
+                    &ring.fd,
+                    libc::SOL_PACKET,
+                    libc::PACKET_FANOUT,
+                    &arg,
+                    "joining the fanout group",
+                )?;
+                if group.is_none() {
+                    group = Some(ring.fanout_id()?);
+                }
+            }
+            rings.push(ring);
+        }
+        Ok((rings, SystemTime::now()))
+    }
+
+    /// The fanout group's id, as the kernel gave it.
+    fn fanout_id(&self) -> io::Result<u32> {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: an int and its size.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_FANOUT,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        check(r, "reading the fanout group's id")?;
+        Ok(v as u32 & 0xffff)
+    }
+
     pub fn open(port: u16, iface: &Interface, blocks: usize) -> io::Result<Ring> {
         let proto = (libc::ETH_P_ALL as u16).to_be();
         // SAFETY: plain socket creation; the descriptor is owned at once.
@@ -664,6 +729,70 @@ mod tests {
                 .unwrap();
         }
         assert_eq!((seen, ring.blocks_holding_the_past()), (1, 0));
+    }
+
+    #[test]
+    fn a_fanout_group_gives_each_connection_both_ways_to_one_member_and_every_segment_once() {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (mut rings, from) = match Ring::open_group(port, &Interface::Loopback, 4, 4) {
+            Ok(g) => g,
+            Err(e) => return eprintln!("SKIPPED: no fanout group here ({e})"),
+        };
+        // 32 connections, each a 5-byte request and a 7-byte answer.
+        for _ in 0..32 {
+            let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let (mut s, _) = l.accept().unwrap();
+            c.write_all(b"hello").unwrap();
+            let mut buf = [0u8; 5];
+            s.read_exact(&mut buf).unwrap();
+            s.write_all(b"goodbye").unwrap();
+            let mut buf = [0u8; 7];
+            c.read_exact(&mut buf).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(3 * BLOCK_TIMEOUT_MS as u64));
+        // Per member: the client ports whose bytes it holds, and the bytes of each.
+        let mut held: Vec<std::collections::HashMap<u16, usize>> = Vec::new();
+        for ring in &mut rings {
+            let mut ports = std::collections::HashMap::new();
+            while ring
+                .next_block(Duration::ZERO, |p| {
+                    if p.at < from {
+                        return;
+                    }
+                    let Some(seg) = super::super::tcp::segment(p.ip) else {
+                        return;
+                    };
+                    let client = if seg.dst.port == port {
+                        seg.src.port
+                    } else {
+                        seg.dst.port
+                    };
+                    *ports.entry(client).or_insert(0) += seg.payload.len();
+                })
+                .unwrap()
+            {}
+            held.push(ports);
+        }
+        let mut seen = std::collections::HashMap::new();
+        for ports in &held {
+            for (client, bytes) in ports {
+                assert!(
+                    seen.insert(*client, *bytes).is_none(),
+                    "connection {client} in two members"
+                );
+            }
+        }
+        assert_eq!(seen.len(), 32, "every connection in one member: {held:?}");
+        assert!(
+            seen.values().all(|&b| b == 12),
+            "each one's 12 bytes, once: {seen:?}"
+        );
+        assert!(
+            held.iter().filter(|m| !m.is_empty()).count() > 1,
+            "spread: {held:?}"
+        );
     }
 
     /// A block given back after the ring was full keeps its old header (and packet count)
