@@ -26,7 +26,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use ring::{Interface, Packet, Ring};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tcp::{End, Segment, Stream};
@@ -157,8 +157,8 @@ fn ring_mb(set: Option<&str>) -> Result<usize, String> {
     )
 }
 
-/// Readers from `SGLANG_SUPERVISOR_TAP_READERS` (unset: one): each reads a ring of its own, the
-/// connections hashed among them by the kernel ([`Ring::open_group`]); the ring's size is shared.
+/// Readers from `SGLANG_SUPERVISOR_TAP_READERS` (unset: one): each reads a ring of its own of
+/// the ring's size, the connections hashed among them by the kernel ([`Ring::open_group`]).
 fn readers() -> usize {
     let set = std::env::var("SGLANG_SUPERVISOR_TAP_READERS").ok();
     readers_from(set.as_deref()).unwrap_or_else(|why| {
@@ -213,13 +213,14 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
     } = cfg;
     let ledger = Ledger::new(metrics, stats.clone(), requests_log, traffic_window);
     let members = readers();
-    // Each reader's ring is the whole size: one connection's segments all go to one of them.
-    let blocks = ring_blocks();
+    // Each reader's ring is the whole size (one connection's segments all go to one of them),
+    // 4 GiB over all at most.
+    let blocks = ring_blocks().min(4096 * ring::BLOCKS_PER_MB / members);
     let open = || -> std::io::Result<_> {
         let iface = Interface::parse(&iface);
         let (rings, from) = Ring::open_group(port, &iface, blocks, members).or_else(|e| {
-            // A kernel without the group's options (before Linux 5.x): one reader does.
-            if members == 1 || e.kind() == std::io::ErrorKind::PermissionDenied {
+            // A kernel that refuses the group: one reader does.
+            if members == 1 || e.kind() != std::io::ErrorKind::Unsupported {
                 return Err(e);
             }
             tracing::warn!("tap: {members} readers: {e}; one reader instead");
@@ -234,6 +235,10 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
     };
     let (rings, from) = open().map_err(|error| TapError::Open { port, iface, error })?;
     let members = rings.len();
+    let all_buffered = Arc::new(AtomicUsize::new(0));
+    // One reader reads everything from its start; several skip what each ring had before the
+    // group was complete.
+    let from = (members > 1).then_some(from);
     let read_through: Vec<Arc<AtomicU64>> =
         rings.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
     let seen = read_through.clone();
@@ -244,14 +249,15 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
         threads: Vec::with_capacity(rings.len()),
     };
     for (k, ((ring, drops), read_through)) in rings.into_iter().zip(read_through).enumerate() {
+        let mut conns = Connections::new(
+            port,
+            ledger.clone(),
+            tap_metrics.clone(),
+            RingDrops::new(Box::new(drops)),
+        );
+        conns.share(members, &all_buffered);
         let reader = Reader {
-            conns: Connections::new(
-                port,
-                ledger.clone(),
-                tap_metrics.clone(),
-                RingDrops::new(Box::new(drops)),
-            )
-            .shared_by(members),
+            conns,
             read_through,
             from,
         };
@@ -309,7 +315,8 @@ struct Reader {
     /// Every segment stamped before this (unix ns) has been read.
     read_through: Arc<AtomicU64>,
     /// Segments stamped before this are left: until its group was complete, each ring had them.
-    from: SystemTime,
+    /// None once one stamped after it was read (a wall clock stepped back must not blind it).
+    from: Option<SystemTime>,
 }
 
 impl Reader {
@@ -337,11 +344,13 @@ impl Reader {
             } else {
                 Duration::from_millis(20)
             };
-            let (conns, from) = (&mut self.conns, self.from);
+            let (conns, from) = (&mut self.conns, &mut self.from);
             let read = ring.next_block(wait, |p| {
-                if p.at >= from {
-                    conns.packet(p, now_wall, now);
+                if from.is_some_and(|f| p.at < f) {
+                    return;
                 }
+                *from = None;
+                conns.packet(p, now_wall, now);
             });
             self.after_pass(&ring, &mut boost);
             if let Err(e) = read {
@@ -521,9 +530,12 @@ struct Connections {
     next_room_pass: Option<Instant>,
     /// Passes for room run (each is one walk over the map).
     room_passes: u64,
-    /// This reader's share of [`MAX_CONNECTIONS`] and [`MAX_BUFFERED`].
+    /// This reader's share of [`MAX_CONNECTIONS`] (a connection is one reader's whole).
     max_connections: usize,
-    max_buffered: usize,
+    /// What all readers' connections keep, against [`MAX_BUFFERED`]: one connection may need
+    /// most of it, whichever reader it was hashed to. This reader's part as last added in.
+    all_buffered: Arc<AtomicUsize>,
+    published: usize,
     drops: RingDrops,
 }
 
@@ -543,16 +555,31 @@ impl Connections {
             next_room_pass: None,
             room_passes: 0,
             max_connections: MAX_CONNECTIONS,
-            max_buffered: MAX_BUFFERED,
+            all_buffered: Arc::new(AtomicUsize::new(0)),
+            published: 0,
             drops,
         }
     }
 
-    /// One of `readers`, each with its share of the bounds: together they keep what one would.
-    fn shared_by(mut self, readers: usize) -> Self {
+    /// One of `readers`: a share of the connections each, and one count of held bytes for all.
+    fn share(&mut self, readers: usize, all_buffered: &Arc<AtomicUsize>) {
         self.max_connections = MAX_CONNECTIONS / readers.max(1);
-        self.max_buffered = MAX_BUFFERED / readers.max(1);
-        self
+        self.all_buffered = all_buffered.clone();
+    }
+
+    /// Adds what this reader keeps now into the count for all readers (an atomic operation
+    /// only when it changed: in-order streams keep nothing).
+    fn publish(&mut self) {
+        if self.buffered != self.published {
+            if self.buffered > self.published {
+                self.all_buffered
+                    .fetch_add(self.buffered - self.published, Ordering::Relaxed);
+            } else {
+                self.all_buffered
+                    .fetch_sub(self.published - self.buffered, Ordering::Relaxed);
+            }
+            self.published = self.buffered;
+        }
     }
 
     /// A connection out of the map, what it kept taken off the sum.
@@ -571,15 +598,15 @@ impl Connections {
                 "tap: {n} connections to port {port} were no longer read: segments held behind \
                  holes and unfinished heads filled the tap's {} MiB (their open requests end as \
                  errors; see tap_unread_connections_total)",
-                self.max_buffered >> 20
+                MAX_BUFFERED >> 20
             );
         }
         let n = std::mem::take(&mut self.evicted);
         if n > 0 {
             tracing::warn!(
                 "tap: {n} idle connections to port {port} were forgotten to follow new ones \
-                 ({} at most; a connection flood?): they are measured again from their next \
-                 request",
+                 ({} at most per reader; a connection flood?): they are measured again from \
+                 their next request",
                 self.max_connections
             );
         }
@@ -587,13 +614,18 @@ impl Connections {
         if n > 0 {
             tracing::warn!(
                 "tap: {n} new connections to port {port} were not measured: {} connections \
-                 with requests open are followed already",
+                 with requests open are followed already (per reader)",
                 self.max_connections
             );
         }
     }
 
     fn packet(&mut self, p: Packet<'_>, now_wall: SystemTime, now: Instant) {
+        self.read_segment(p, now_wall, now);
+        self.publish();
+    }
+
+    fn read_segment(&mut self, p: Packet<'_>, now_wall: SystemTime, now: Instant) {
         let Some(mut seg) = tcp::segment(p.ip) else {
             return;
         };
@@ -626,7 +658,7 @@ impl Connections {
                 && http::starts_request(seg.payload)
                 && self.joined(key, &seg, at.at)
             {
-                self.packet(p, now_wall, now);
+                self.read_segment(p, now_wall, now);
             }
             return;
         };
@@ -683,10 +715,15 @@ impl Connections {
         // What is kept is bounded across connections, not only per connection: the one that
         // grows past the bound is given up (and counted), the others read on.
         let after = conn.buffered();
-        let total = self.buffered.saturating_sub(before) + after;
+        // Across readers: what the others keep, as they last added it in.
+        let others = self
+            .all_buffered
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.published);
+        let total = others + self.buffered.saturating_sub(before) + after;
         let gone = gone.or(if conn.open.len() > MAX_OPEN {
             Some(TOO_MANY_OPEN)
-        } else if after > before && total > self.max_buffered {
+        } else if after > before && total > MAX_BUFFERED {
             self.over_memory += 1;
             Some(FULL)
         } else {
@@ -867,12 +904,14 @@ impl Connections {
             }
             !idle
         });
+        self.publish();
     }
 
     /// Every connection's open requests end (`why`; lost segments for one with a hole that
     /// the ring may have made, which would never have been read through).
     fn close_all(&mut self, why: &'static str) {
         self.buffered = 0;
+        self.publish();
         let drops = self.drops.total();
         for (_, mut c) in self.map.drain() {
             if c.lost_to_the_ring(drops) {
@@ -1589,6 +1628,49 @@ mod tests {
         f.client(&mut w, FIN, b"");
         f.server(&mut w, FIN, b"");
         assert!(w.conns.map.is_empty());
+    }
+
+    /// A connection held behind a 1-byte hole with `mb` MB after it, on `w`.
+    fn behind_a_hole(w: &mut Wire, port: u16, segments: usize) {
+        let seg = vec![b'x'; 60_000];
+        let mut f = Flow::open(w, port, 1000, 2000);
+        f.c += 1;
+        for _ in 0..segments {
+            f.client(w, 0, &seg);
+        }
+    }
+
+    // The next two were found by a hostile review of the readers (helper-10).
+
+    #[test]
+    fn one_of_sixteen_readers_holds_what_one_connection_may_hold() {
+        let mut w = Wire::new("share-16");
+        w.conns.share(16, &Arc::new(AtomicUsize::new(0)));
+        behind_a_hole(&mut w, 41000, 130);
+        assert_eq!(
+            w.unread(),
+            0,
+            "a lone connection given up ({} held)",
+            kept(&w)
+        );
+    }
+
+    #[test]
+    fn readers_share_one_bound_on_held_bytes() {
+        let all = Arc::new(AtomicUsize::new(0));
+        let mut a = Wire::new("share-a");
+        a.conns.share(2, &all);
+        let mut b = Wire::new("share-b");
+        b.conns.share(2, &all);
+        // Reader a: eight connections of 7.8 MB behind holes (62.4 MB); reader b: one more.
+        for k in 0..8 {
+            behind_a_hole(&mut a, 41100 + k, 130);
+        }
+        assert_eq!(a.unread(), 0);
+        behind_a_hole(&mut b, 41200, 130);
+        assert_eq!(b.unread(), 1, "past 64 MiB over both readers");
+        assert!(all.load(Ordering::Relaxed) <= MAX_BUFFERED);
+        assert_eq!(all.load(Ordering::Relaxed), kept(&a) + kept(&b));
     }
 
     #[test]
