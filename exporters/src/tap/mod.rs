@@ -1265,6 +1265,15 @@ mod tests {
             }
         }
 
+        /// A connection whose handshake the tap never saw (open before it started).
+        fn unseen(port: u16) -> Flow {
+            Flow {
+                port,
+                c: 5000,
+                s: 9000,
+            }
+        }
+
         /// A connection whose request's answer waits behind a hole: the server's first byte
         /// never reached the tap (`ring_dropped`: because the ring had no room for it).
         fn holed(w: &mut Wire, port: u16, ring_dropped: bool) -> Flow {
@@ -1349,11 +1358,7 @@ mod tests {
     #[test]
     fn a_joined_requests_answer_lost_by_the_ring_is_a_loss_not_the_next_answer() {
         let mut w = Wire::new("joined-drop");
-        let mut f = Flow {
-            port: 40500,
-            c: 5000,
-            s: 9000,
-        };
+        let mut f = Flow::unseen(40500);
         f.client(&mut w, 0, REQ);
         // Its answer: dropped by the ring (no hole: the server side has not begun).
         w.dropped.fetch_add(1, Ordering::SeqCst);
@@ -1366,11 +1371,7 @@ mod tests {
         assert_eq!(got, [(499, Some(LOST.into())), (201, None), (202, None)]);
         // The same loss, then the client closes its pooled connection: lost, not "left".
         let mut w = Wire::new("joined-drop-fin");
-        let mut f = Flow {
-            port: 40501,
-            c: 5000,
-            s: 9000,
-        };
+        let mut f = Flow::unseen(40501);
         f.client(&mut w, 0, REQ);
         w.dropped.fetch_add(1, Ordering::SeqCst);
         f.s += ok(200).len() as u32;
@@ -1382,11 +1383,7 @@ mod tests {
     #[test]
     fn a_join_on_a_resent_copy_of_an_answered_request_does_not_shift_the_answers() {
         let mut w = Wire::new("joined-resent");
-        let mut f = Flow {
-            port: 40502,
-            c: 5000,
-            s: 9000,
-        };
+        let mut f = Flow::unseen(40502);
         let at = f.c;
         f.client(&mut w, 0, REQ);
         // The copy again: its answer passed before the tap started.
@@ -1404,11 +1401,7 @@ mod tests {
         // A documented limit: request 1 went before the tap, request 2 after; answer 1 is taken
         // for request 2's, and answer 2, with no request left, stops the reading.
         let mut w = Wire::new("joined-pipelined");
-        let mut f = Flow {
-            port: 40503,
-            c: 5000,
-            s: 9000,
-        };
+        let mut f = Flow::unseen(40503);
         f.client(&mut w, 0, REQ);
         f.server(&mut w, 0, &ok(200));
         f.server(&mut w, 0, &ok(201));
@@ -1453,11 +1446,7 @@ mod tests {
     fn a_keep_alive_connection_opened_before_the_tap_is_followed_from_its_next_request() {
         let mut w = Wire::new("joined");
         // No handshake seen: the tap starts with the connection idle between two answers.
-        let mut f = Flow {
-            port: 40200,
-            c: 5000,
-            s: 9000,
-        };
+        let mut f = Flow::unseen(40200);
         // The last chunk of an answer from before the tap, and the client's ACK: nothing to read.
         f.server(&mut w, 0, b"0\r\n\r\n");
         f.client(&mut w, 0, b"");
@@ -1477,11 +1466,7 @@ mod tests {
     #[test]
     fn a_joined_connections_old_answer_tail_is_skipped_until_the_answer_begins() {
         let mut w = Wire::new("joined-tail");
-        let mut f = Flow {
-            port: 40201,
-            c: 5000,
-            s: 9000,
-        };
+        let mut f = Flow::unseen(40201);
         f.client(&mut w, 0, REQ);
         // A segment of the server's that does not begin an answer (a retransmitted tail).
         f.server(&mut w, 0, b"data: [DONE]\n\n");
@@ -1501,11 +1486,7 @@ mod tests {
     #[test]
     fn a_joined_connection_whose_server_closes_before_answering_ends_its_request() {
         let mut w = Wire::new("joined-close");
-        let mut f = Flow {
-            port: 40203,
-            c: 5000,
-            s: 9000,
-        };
+        let mut f = Flow::unseen(40203);
         f.client(&mut w, 0, REQ);
         f.server(&mut w, FIN, b"");
         assert!(w.conns.map.is_empty());
@@ -1517,11 +1498,7 @@ mod tests {
     #[test]
     fn a_request_body_segment_of_an_unseen_connection_is_not_taken_for_a_request() {
         let mut w = Wire::new("joined-body");
-        let mut f = Flow {
-            port: 40202,
-            c: 5000,
-            s: 9000,
-        };
+        let mut f = Flow::unseen(40202);
         // JSON cannot hold a raw CRLF inside a string: no body segment reads as a request line.
         f.client(&mut w, 0, br#"{"text":"POST /generate HTTP/1.1\r\n"}"#);
         f.client(&mut w, 0, b"\"POST /generate HTTP/1.1\r\nHost: h\r\n\r\n");
