@@ -44,7 +44,8 @@
 #        nothing is measured).
 #        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
 #        (scripts/gpu/pysample: S/pysample/RUN.folded; with PYSAMPLE_MODE=profile, cProfile: RUN.prof.txt).
-#   S's knobs: DEADLINE_S=N starts no round that would end past N seconds from the script's start
+#   S's knobs: BENCH_TIMEOUT=S ends a bench_serving run after S seconds (300; a killed run leaves
+#   no results); DEADLINE_S=N starts no round that would end past N seconds from the script's start
 #   (the summary still prints: set it below the command's timeout); SERVER_EXTRA / SERVER_ENV add
 #   server flags / environment; ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
 #   WARM_FULL=N runs N full-size benchmarks straight to the server before the measured ones (its
@@ -194,13 +195,13 @@ bench() { # bench PORT BACKEND CONC PROMPTS OUTFILE [RANGE]
   if [ -n "${CLIENT_STAMPS:-}${BARRIER:-}${CHUNKS:-}" ]; then
     stamps=(env "PYTHONPATH=$HERE/scripts/gpu/clientstamps:$PYTHONPATH" ${CLIENT_STAMPS:+"BENCH_STAMPS=$5.stamps"} ${BARRIER:+"BENCH_BARRIER=$BARRIER"} ${CHUNKS:+"BENCH_CHUNKS=$5"})
   fi
-  "${CLIENT_PREFIX[@]}" "${stamps[@]}" timeout 300 python3 -m sglang.bench_serving --backend "$2" --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" \
+  "${CLIENT_PREFIX[@]}" "${stamps[@]}" timeout "${BENCH_TIMEOUT:-300}" python3 -m sglang.bench_serving --backend "$2" --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" \
     --tokenizer "$B/tiny-llama" --dataset-name "${DATASET:-random}" --dataset-path "$B/tiny-llama/sharegpt_mini.json" \
     --random-input-len 256 --random-output-len 256 --random-range-ratio "${6:-1.0}" --num-prompts "$4" \
     --max-concurrency "$3" --seed "${SEED:-1}" --disable-tqdm --output-details --output-file "$5" > "$5.txt" 2>&1
   local rc=$?
   if [ "$rc" != 0 ] && grep -qE "No module named|ImportError" "$5.txt"; then
-    PYTHONPATH="$HERE/dev-device/stubs-fallback:$PYTHONPATH" timeout 300 python3 -m sglang.bench_serving --backend "$2" \
+    PYTHONPATH="$HERE/dev-device/stubs-fallback:$PYTHONPATH" timeout "${BENCH_TIMEOUT:-300}" python3 -m sglang.bench_serving --backend "$2" \
       --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" --tokenizer "$B/tiny-llama" --dataset-name "${DATASET:-random}" \
       --dataset-path "$B/tiny-llama/sharegpt_mini.json" --random-input-len 256 --random-output-len 256 \
       --random-range-ratio "${6:-1.0}" --num-prompts "$4" --max-concurrency "$3" --seed "${SEED:-1}" --disable-tqdm \
