@@ -1,0 +1,122 @@
+//! `scripts/gpu/keyed.py`, the analysis of the acceptance's keyed arm (the tap on and off in
+//! turns within one benchmark run), on a synthetic run whose effect is known: it must find a 2 %
+//! slowdown in the on-turns, and none where there is none. A device call is too dear to find a
+//! bug in it there.
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)] // test code: a panic is the failure report; it runs the script directly
+use std::path::Path;
+use std::process::Command;
+
+/// 32 clients, each sending 100-event requests back to back for 60 s, an event every 10 ms
+/// (`slower` times that inside the on-turns); on-turns of 5 s every 10 s, ready 50 ms after
+/// their start. Writes the client's stamps (RUN.chunks, RUN.begun) and the turns (KEYS).
+fn synthetic(dir: &Path, slower: f64) -> (String, String) {
+    let on = |t: f64| t.rem_euclid(10.0) >= 5.0;
+    let (mut events, mut begun) = (Vec::new(), Vec::new());
+    for client in 0..32 {
+        let mut t = 1_000.0 + client as f64 / 32.0;
+        while t < 1_060.0 {
+            let n = begun.len();
+            begun.push(t);
+            t += 0.004; // time to first token
+            for _ in 0..100 {
+                events.push((t, n as f64));
+                t += if on(t) { 0.010 * slower } else { 0.010 };
+            }
+        }
+    }
+    events.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let run = dir.join("run.jsonl");
+    let bytes: Vec<u8> = events
+        .iter()
+        .flat_map(|(t, n)| [t.to_le_bytes(), n.to_le_bytes()].concat())
+        .collect();
+    std::fs::write(format!("{}.chunks", run.display()), bytes).unwrap();
+    let lines: String = begun
+        .iter()
+        .enumerate()
+        .map(|(n, t)| format!("{n} {t:.6}\n"))
+        .collect();
+    std::fs::write(format!("{}.begun", run.display()), lines).unwrap();
+    let keys = dir.join("run.keys");
+    let turns: String = (0..6)
+        .map(|k| {
+            let start = 1_005.0 + 10.0 * k as f64;
+            format!("{start} {} {}\n", start + 0.05, start + 5.0)
+        })
+        .collect();
+    std::fs::write(&keys, turns).unwrap();
+    (
+        run.to_str().unwrap().to_string(),
+        keys.to_str().unwrap().to_string(),
+    )
+}
+
+/// keyed.py's on/off ratio for the metric whose line starts with `label`.
+fn ratio(out: &str, label: &str) -> f64 {
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with(label))
+        .unwrap_or_else(|| panic!("no {label} line in:\n{out}"));
+    let after = line.split("on/off ").nth(1).unwrap();
+    let value = after.split(',').next().unwrap().trim();
+    value
+        .parse()
+        .unwrap_or_else(|_| panic!("{label}: {value:?} in:\n{out}"))
+}
+
+fn analyse(slower: f64) -> String {
+    let dir = std::env::temp_dir().join(format!(
+        "sglsup-keyed-{}-{}",
+        std::process::id(),
+        (slower * 1000.0) as u64
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (run, keys) = synthetic(&dir, slower);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/keyed.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args(["32", &run, &keys])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_keyed_analysis_finds_a_two_percent_slowdown_in_the_on_turns() {
+    let out = analyse(1.02);
+    let rate = ratio(&out, "events/s");
+    let gap = ratio(&out, "mean gap (TPOT) ms");
+    assert!(
+        (0.975..0.985).contains(&rate),
+        "events/s on/off {rate}:\n{out}"
+    );
+    assert!(
+        (1.015..1.025).contains(&gap),
+        "mean gap on/off {gap}:\n{out}"
+    );
+    let e2e = ratio(&out, "median E2E ms");
+    assert!(
+        (1.015..1.025).contains(&e2e),
+        "median E2E on/off {e2e}:\n{out}"
+    );
+    assert!(
+        out.contains(" 6 on and 5 off"),
+        "every turn at full concurrency:\n{out}"
+    );
+}
+
+#[test]
+fn the_keyed_analysis_finds_nothing_where_nothing_differs() {
+    let out = analyse(1.0);
+    for label in ["events/s", "mean gap (TPOT) ms", "median gap ms"] {
+        let r = ratio(&out, label);
+        assert!((0.995..1.005).contains(&r), "{label} on/off {r}:\n{out}");
+    }
+}
