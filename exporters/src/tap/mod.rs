@@ -55,7 +55,8 @@ const LOST: &str = "the tap lost segments of this connection (its ring was full)
 /// before the tap: a receive backlog's drop, or on the wire with `--tap-interface any`).
 const MISSED: &str = "bytes of this connection never passed the tap (its ring dropped none)";
 /// A connection silent this long with nothing open is forgotten (a keep-alive connection reused
-/// after it is not measured; the table's size is bounded apart, by [`MAX_CONNECTIONS`]).
+/// after it is joined again at its next request; the table's size is bounded apart, by
+/// [`MAX_CONNECTIONS`]).
 const IDLE: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, thiserror::Error)]
@@ -389,7 +390,7 @@ impl Reader {
         // after an idle wait: while other streams run a block comes every few milliseconds,
         // the wait never ends idle, and each window close waited its whole limit.
         let checked = SystemTime::now();
-        let waiting = ring.block_waiting();
+        let waiting = ring.blocks_waiting(1);
         let queued = [boost.rt_at, boost.nice_at]
             .into_iter()
             .find(|&n| ring.blocks_waiting(n))
@@ -407,7 +408,7 @@ impl Reader {
         // its own drops in its baseline. Not read on busy passes (a system call that takes the
         // lock the kernel takes for every packet).
         let drops = self.conns.drops.total();
-        if !ring.block_waiting() {
+        if !ring.blocks_waiting(1) {
             self.conns.drops.settled = drops;
         }
     }
@@ -471,9 +472,8 @@ struct Conn {
     /// The ring's drop total when the connection opened: whether a hole in it can be the
     /// ring's doing.
     drops_at_open: u64,
-    /// Followed from a request, not from its SYN: it opened before the tap (or was forgotten).
-    joined: bool,
-    /// Its SYN's sequence number (None when joined).
+    /// Its SYN's sequence number; None when it was joined: followed from a request, not from
+    /// its SYN (it opened before the tap, or was forgotten).
     syn: Option<u32>,
 }
 
@@ -686,7 +686,7 @@ impl Connections {
         // A connection joined at a request: the server's side from the answer's first byte, and
         // before it the tail of an answer from before the tap (a non-pipelining client sent this
         // request once that answer had come whole).
-        if conn.joined && !to_server && !conn.down.started() {
+        if !to_server && conn.awaits_first_answer() {
             if http::starts_answer(seg.payload) {
                 conn.down.start(seg.seq.wrapping_sub(1));
             } else {
@@ -732,7 +732,7 @@ impl Connections {
         if let Some(why) = gone {
             conn.give_up(&self.ledger, &self.tap_metrics.unread_connections, why);
         }
-        if conn.joined && !conn.down.started() && conn.open.len() > 1 {
+        if conn.awaits_first_answer() && conn.open.len() > 1 {
             // (the ring's count is a system call: read only here)
             conn.end_unseen_answers(&self.ledger, self.drops.total());
         }
@@ -747,7 +747,7 @@ impl Connections {
             let drops = self.drops.total();
             // A joined connection whose answer never began, the ring dropping meanwhile: the
             // answer was lost (the client had it, and closed its pooled connection later).
-            let unseen = conn.joined && !conn.down.started() && conn.ring_dropped(drops);
+            let unseen = conn.awaits_first_answer() && conn.ring_dropped(drops);
             if conn.lost_to_the_ring(drops) || (unseen && conn.has_open()) {
                 conn.give_up(&self.ledger, &self.tap_metrics.unread_connections, LOST);
             } else {
@@ -819,15 +819,14 @@ impl Connections {
                 hole: (None, None, 0),
                 used: false,
                 drops_at_open: self.drops.settled,
-                joined,
                 syn: (!joined).then_some(isn),
             },
         );
         true
     }
 
-    /// At its share of [`MAX_CONNECTIONS`], up to a sixteenth of them with nothing open and nothing kept
-    /// are forgotten: first those no longer read, then those whose client never sent a byte (a
+    /// At its share of [`MAX_CONNECTIONS`], up to a sixteenth of them with nothing open and
+    /// nothing kept are forgotten: first those no longer read, then those whose client never sent a byte (a
     /// SYN flood or a port scan leaves only these), then idle keep-alive ones; oldest first.
     /// Refusing the new one instead let a flood of SYNs that are never followed up keep the
     /// tap from measuring any new connection for [`IDLE`]. Done in batches: one pass over the
@@ -997,6 +996,11 @@ impl Conn {
             None | Some(http::Unreadable::ServerClosed) => None,
             Some(_) => Some("the connection's bytes are not HTTP/1.1 the tap can read"),
         }
+    }
+
+    /// Joined, and no answer begun on it since: the server's side is not followed yet.
+    fn awaits_first_answer(&self) -> bool {
+        self.syn.is_none() && !self.down.started()
     }
 
     /// Bytes are missing before some it holds, in either direction.

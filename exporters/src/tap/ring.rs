@@ -277,8 +277,6 @@ fn filter(port: u16, lo_index: Option<i32>) -> Vec<libc::sock_filter> {
 }
 
 impl Ring {
-    /// Opens the socket, attaches the filter, binds to `iface` and maps `blocks` blocks of [`BLOCK`] bytes.
-    /// Needs CAP_NET_RAW.
     /// `members` rings on the same port and interface, of `blocks` blocks each. Past one, they
     /// form a fanout group: the kernel hashes each segment to one member by its connection's
     /// addresses and ports (both directions alike: the hash is symmetric), so each member holds
@@ -361,6 +359,8 @@ impl Ring {
         Ok(v as u32 & 0xffff)
     }
 
+    /// Opens the socket, attaches the filter, binds to `iface` and maps `blocks` blocks of
+    /// [`BLOCK`] bytes. Needs CAP_NET_RAW.
     pub fn open(port: u16, iface: &Interface, blocks: usize) -> io::Result<Ring> {
         Ring::open_as(port, iface, blocks, false)
     }
@@ -493,11 +493,6 @@ impl Ring {
         unsafe { self.map.add(i * BLOCK as usize).cast() }
     }
 
-    /// Whether the kernel has handed over the next block to read (without waiting).
-    pub fn block_waiting(&self) -> bool {
-        self.handed_over(self.next)
-    }
-
     /// How many blocks the ring has.
     pub fn blocks(&self) -> usize {
         self.blocks
@@ -529,7 +524,7 @@ impl Ring {
         mut on: impl FnMut(Packet<'_>),
     ) -> io::Result<bool> {
         let desc = self.block(self.next);
-        if !self.block_waiting() {
+        if !self.blocks_waiting(1) {
             let mut pfd = libc::pollfd {
                 fd: self.fd.as_raw_fd(),
                 events: libc::POLLIN | libc::POLLERR,
@@ -548,7 +543,7 @@ impl Ring {
             if pfd.revents & libc::POLLERR != 0 {
                 self.take_error();
             }
-            if !self.block_waiting() {
+            if !self.blocks_waiting(1) {
                 return Ok(false);
             }
         }
