@@ -31,6 +31,7 @@ if _path or _barrier or _chunks:
     if aiohttp is not None:
         _stamps = []
         _first = []  # the session of the process's first request (bench_serving: one per request)
+        _begun = {}  # BENCH_CHUNKS: id(reader) -> call time, until its first event
         _request = aiohttp.ClientSession._request
 
         def _arrive():
@@ -49,6 +50,8 @@ if _path or _barrier or _chunks:
             sent = time.time()
             response = await _request(self, *args, **kwargs)
             _stamps.append((sent, time.time()))
+            if _chunks:
+                _begun[id(response.content)] = sent
             return response
 
         aiohttp.ClientSession._request = _stamped
@@ -79,17 +82,9 @@ if _path or _barrier or _chunks:
             from array import array
 
             _times = array("d")
-            _begun = {}  # id(reader) -> call time, until its first event
             _number = {}  # id(reader) -> request number, until its [DONE]
             _begins = []
             _readline = aiohttp.StreamReader.readline
-            _request_for_chunks = aiohttp.ClientSession._request
-
-            async def _begin(self, *args, **kwargs):
-                sent = time.time()
-                response = await _request_for_chunks(self, *args, **kwargs)
-                _begun[id(response.content)] = sent
-                return response
 
             async def _timed_readline(self):
                 line = await _readline(self)
@@ -107,7 +102,6 @@ if _path or _barrier or _chunks:
                         _times.append(n)
                 return line
 
-            aiohttp.ClientSession._request = _begin
             aiohttp.StreamReader.readline = _timed_readline
 
             @atexit.register
