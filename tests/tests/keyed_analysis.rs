@@ -3,6 +3,8 @@
 //! slowdown in the on-turns, and none where there is none. A device call is too dear to find a
 //! bug in it there.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)] // test code: a panic is the failure report; it runs the script directly
+mod common;
+use common::temp_dir;
 use std::path::Path;
 use std::process::Command;
 
@@ -65,13 +67,7 @@ fn ratio(out: &str, label: &str) -> f64 {
 }
 
 fn analyse(slower: f64) -> String {
-    let dir = std::env::temp_dir().join(format!(
-        "sglsup-keyed-{}-{}",
-        std::process::id(),
-        (slower * 1000.0) as u64
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir(&format!("keyed-{}", (slower * 1000.0) as u64));
     let (run, keys) = synthetic(&dir, slower);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/keyed.py");
     let out = Command::new("python3")
