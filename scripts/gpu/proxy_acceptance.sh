@@ -49,7 +49,7 @@
 #   (the summary still prints: set it below the command's timeout); SERVER_EXTRA / SERVER_ENV add
 #   server flags / environment; ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
 #   WARM_FULL=N runs N full-size benchmarks straight to the server before the measured ones (its
-#   cost per token drifts down over its first minutes); COMPILED=1 first runs proxy-bench (a compiled client, a thread per stream and one
+#   cost per token drifts down over its first minutes), of WARM_PROMPTS prompts (PROMPTS); COMPILED=1 first runs proxy-bench (a compiled client, a thread per stream and one
 #   thread for all) against the real server, straight and through the proxy, COMPILED_ROUNDS waves
 #   each (4); PAIRS=0 then skips bench_serving.
 #   M's knobs: M_THREADS="1 2 default" runs proxy.sh once per proxy thread count
@@ -281,7 +281,7 @@ if [[ " $PHASES " == *" S "* ]]; then
       # token fell from the first round to the last in every eighth-session call (mean over the
       # arms 106 -> 81, 78 -> 69, 91 -> 87 us), a drift two or three rotations cannot cancel
       w0=$(procs stats "$SUP")
-      DATASET=random-ids bench "$PORT" sglang "${CONCS%% *}" "${PROMPTS:-1024}" "$P/warmfull-$k.jsonl"
+      DATASET=random-ids bench "$PORT" sglang "${CONCS%% *}" "${WARM_PROMPTS:-${PROMPTS:-1024}}" "$P/warmfull-$k.jsonl"
       w1=$(procs stats "$SUP")
       python3 - "$P/warmfull-$k.jsonl" "$w0" "$w1" <<'PY'
 import json, sys
