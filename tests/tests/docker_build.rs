@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
 mod common;
 mod deploy;
+use common::ExpectSuccess;
 use deploy::{repo, Deployed};
 use std::path::PathBuf;
 use std::process::Command;
@@ -68,13 +69,9 @@ fn the_dockerfiles_build_step_embeds_the_python_it_is_given_and_installs_a_runna
         .arg(venv_python())
         .env("PREFIX", &prefix)
         .output()
-        .unwrap();
+        .unwrap()
+        .expect_success("examples/docker/build.sh");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     // The wheels' Python is Debian's 3.11: the embedded interpreter must be exactly it.
     assert!(
         stdout.contains("in-process (embedded Python 3.11"),

@@ -437,8 +437,7 @@ fn flags_diff_as_markdown_is_markdown_not_the_text_form() {
     let run = |fmt| {
         let a = args(fmt);
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
-        let o = flags(&a);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let o = flags(&a).expect_success("flags diff");
         String::from_utf8(o.stdout).unwrap()
     };
     let (md, text) = (run("markdown"), run("text"));
@@ -523,8 +522,8 @@ fn version_names_the_commit_and_completions_and_man_page_are_printed() {
         let out = Command::new(supervisor_bin())
             .args(["completions", shell])
             .output()
-            .unwrap();
-        assert!(out.status.success());
+            .unwrap()
+            .expect_success(&format!("completions {shell}"));
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
             text.contains("ready-timeout") && text.contains("audit"),

@@ -89,12 +89,7 @@ fn shape(options: &[Value]) -> Vec<(Value, Value, bool, Value, Value)> {
 }
 
 fn static_dump(source: &str) -> Value {
-    let out = flags(&["dump", "--sglang", source, "--raw"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = flags(&["dump", "--sglang", source, "--raw"]).expect_success("flags dump --raw");
     json_of(&out)
 }
 
@@ -491,9 +486,8 @@ fn bad_sources_and_recipes_are_one_line_errors() {
 #[test]
 fn import_mode_on_a_real_sglang_install_equals_static_mode_and_the_dump() {
     let py = venv_python();
-    let out = flags(&["dump", "--sglang", &py, "--raw"]);
+    let out = flags(&["dump", "--sglang", &py, "--raw"]).expect_success("flags dump --raw");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
     assert!(err.contains("embedded Python 3.11"), "in-process: {err}");
     let imported = json_of(&out);
     assert_eq!(imported["method"], "import");
@@ -513,12 +507,8 @@ fn import_mode_on_a_real_sglang_install_equals_static_mode_and_the_dump() {
         .args(["flags", "dump", "--raw", "--subprocess", "--sglang", &py])
         .env("RUST_LOG", "info")
         .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .unwrap()
+        .expect_success("flags dump --subprocess");
     assert!(String::from_utf8_lossy(&out.stderr).contains("subprocess of"));
     assert_eq!(json_of(&out)["actions"], imported["actions"]);
     // Timings of the split: interpreter start, import, parser build.
@@ -571,12 +561,7 @@ fn run_preflight_reads_the_launch_interpreters_sglang_by_default() {
 
 #[test]
 fn dump_describes_each_deprecation_as_the_contract_says() {
-    let out = flags(&["dump", "--sglang", &wheel("0.5.19")]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = flags(&["dump", "--sglang", &wheel("0.5.19")]).expect_success("flags dump");
     let v = json_of(&out);
     let opt = |flag: &str| {
         v["options"]

@@ -20,12 +20,7 @@ fn probe_rocm(lib: &std::path::Path, env: &[(&str, &str)]) -> Output {
 
 #[test]
 fn rocm_smi_readings_through_our_own_bindings() {
-    let out = probe_rocm(rocm_stub(), &[("STUB_RSMI_GPUS", "2")]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = probe_rocm(rocm_stub(), &[("STUB_RSMI_GPUS", "2")]).expect_success("probe (ROCm)");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v.as_array().unwrap().len(), 2);
     let g = &v[1];
@@ -44,8 +39,8 @@ fn rocm_smi_readings_through_our_own_bindings() {
     assert_eq!(g["utilization"], 0.88);
     assert_eq!(g["temperature_c"], 51.0);
     // rsmi_init's INIT_ERROR (a host without an AMD GPU): no GPU, not a crash.
-    let out = probe_rocm(rocm_stub(), &[("STUB_RSMI_INIT_STATUS", "8")]);
-    assert!(out.status.success());
+    let out = probe_rocm(rocm_stub(), &[("STUB_RSMI_INIT_STATUS", "8")])
+        .expect_success("probe (ROCm), rsmi_init failing");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
 }
 
@@ -122,12 +117,7 @@ fn probe(env: &[(&str, &str)], extra: &[&str]) -> Output {
 
 /// `probe --json` that succeeded, parsed.
 fn probe_json(env: &[(&str, &str)]) -> Value {
-    let out = probe(env, &["--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = probe(env, &["--json"]).expect_success("probe --json");
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -162,14 +152,13 @@ fn probe_reads_every_field_and_leaves_unsupported_ones_out() {
 
 #[test]
 fn no_gpu_is_an_empty_answer_and_a_broken_named_backend_exit_125() {
-    let out = probe(&[("STUB_NVML_GPUS", "0")], &["--json"]);
-    assert!(out.status.success());
+    let out = probe(&[("STUB_NVML_GPUS", "0")], &["--json"]).expect_success("probe, no GPU");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
     let out = probe(
         &[("STUB_NVML_INIT_FAIL", "1")],
         &["--json", "--gpu-backend", "auto"],
-    );
-    assert!(out.status.success(), "auto: no usable NVML is no GPU");
+    )
+    .expect_success("auto: no usable NVML is no GPU");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
     let out = probe(&[("STUB_NVML_INIT_FAIL", "1")], &["--gpu-backend", "nvml"]);
     assert_eq!(out.status.code(), Some(125));
@@ -755,8 +744,8 @@ fn the_report_has_identity_startup_windows_and_teardown() {
         .arg("--requests-log")
         .arg(&requests)
         .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+        .unwrap()
+        .expect_success("report");
     let offline: Value = serde_json::from_slice(&out.stdout).unwrap();
     let offline = offline["windows"]
         .as_array()

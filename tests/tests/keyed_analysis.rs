@@ -4,7 +4,7 @@
 //! bug in it there.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)] // test code: a panic is the failure report; it runs the script directly
 mod common;
-use common::temp_dir;
+use common::{temp_dir, ExpectSuccess};
 use std::path::Path;
 use std::process::Command;
 
@@ -74,12 +74,8 @@ fn analyse(slower: f64) -> String {
         .arg(&script)
         .args(["32", &run, &keys])
         .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .unwrap()
+        .expect_success("keyed.py");
     let _ = std::fs::remove_dir_all(&dir);
     String::from_utf8(out.stdout).unwrap()
 }

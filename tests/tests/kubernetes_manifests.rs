@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
 mod common;
 mod deploy;
+use common::ExpectSuccess;
 use deploy::{repo, Deployed};
 use serde_json::Value;
 use std::process::Command;
@@ -18,13 +19,11 @@ fn manifest(name: &str) -> Vec<Value> {
         ])
         .arg(&path)
         .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}: {} (Debian's python3-yaml: scripts/setup.sh installs it)",
-        path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .unwrap()
+        .expect_success(&format!(
+            "{} (Debian's python3-yaml: scripts/setup.sh installs it)",
+            path.display()
+        ));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 

@@ -2,6 +2,8 @@
 //! proxy carries 512 concurrent streams and the sampler reads 8 stub GPUs). Zero errors on both
 //! sides; the full 10-minute figures are in RELIABILITY.md.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)] // test code: a panic is the failure report
+mod common;
+use common::ExpectSuccess;
 
 #[test]
 fn metrics_under_scrape_load_with_512_streams_has_no_errors() {
@@ -11,13 +13,9 @@ fn metrics_under_scrape_load_with_512_streams_has_no_errors() {
         .args(["20", "512"])
         .current_dir(&root)
         .output()
-        .unwrap();
+        .unwrap()
+        .expect_success("benches/load.sh");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(text.contains("== wrk on /metrics"), "{text}");
     assert!(
         !text.contains("Socket errors") && !text.contains("Non-2xx"),

@@ -10,7 +10,7 @@
 //! of falling back. SGLANG_SUPERVISOR_INFERENCEX_ORACLE names another copy of the script.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)] // test code; runs the binary and python3
 mod common;
-use common::supervisor_bin;
+use common::{supervisor_bin, ExpectSuccess};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -65,7 +65,7 @@ fn run_oracle(oracle: &Path, dir: &Path, csv: &Path, bench: &Path, gpus: usize) 
     let agg = dir.join("agg.json");
     std::fs::write(&agg, "{}").unwrap();
     let validation = dir.join("validation.json");
-    let out = Command::new("python3")
+    Command::new("python3")
         .arg(oracle)
         .args(["--csv".as_ref(), csv.as_os_str()])
         .args(["--bench-result".as_ref(), bench.as_os_str()])
@@ -74,8 +74,8 @@ fn run_oracle(oracle: &Path, dir: &Path, csv: &Path, bench: &Path, gpus: usize) 
         .args(["--validation-result".as_ref(), validation.as_os_str()])
         .env("TZ", "UTC")
         .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+        .unwrap()
+        .expect_success("the power oracle");
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&validation).unwrap()).unwrap();
     let mut energy: Vec<(String, f64)> = v["per_gpu_energy_j"]
         .as_object()
@@ -111,8 +111,8 @@ fn run_ours(dir: &Path, csv: &Path, bench: &Path, gpus: usize) -> (Answer, Value
         .arg(bench)
         .args(["--expected-gpus", &gpus.to_string()])
         .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+        .unwrap()
+        .expect_success("report");
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     let w = r["windows"].as_array().unwrap().last().unwrap().clone();
     let p = &w["power"];
@@ -503,8 +503,8 @@ fn an_sglang_bench_serving_result_gets_its_span_from_the_requests_log() {
         .arg(&result)
         .args(["--name", "c32"])
         .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+        .unwrap()
+        .expect_success("report");
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     let w = r["windows"].as_array().unwrap().last().unwrap();
     assert_eq!(w["name"], "c32");

@@ -511,7 +511,7 @@ fn report_html_from_files_old_and_new_power_csvs_and_compare_html_are_pages_with
     let dir = std::env::temp_dir().join(format!("sglsup-rhtml-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let html = dir.join("r.html");
-    let out = std::process::Command::new(supervisor_bin())
+    std::process::Command::new(supervisor_bin())
         .arg("report")
         .arg("--events")
         .arg(fx.join("B_events.jsonl"))
@@ -522,12 +522,8 @@ fn report_html_from_files_old_and_new_power_csvs_and_compare_html_are_pages_with
         .arg("-o")
         .arg(dir.join("r.json"))
         .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .unwrap()
+        .expect_success("report --html");
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("<section id=\"gpu\">") && page.contains("GPU power"));
     assert!(
@@ -550,7 +546,7 @@ fn report_html_from_files_old_and_new_power_csvs_and_compare_html_are_pages_with
     }
     let new_csv = dir.join("new_power.csv");
     std::fs::write(&new_csv, new).unwrap();
-    let out = std::process::Command::new(supervisor_bin())
+    std::process::Command::new(supervisor_bin())
         .arg("report")
         .arg("--events")
         .arg(fx.join("B_events.jsonl"))
@@ -559,8 +555,8 @@ fn report_html_from_files_old_and_new_power_csvs_and_compare_html_are_pages_with
         .arg("--html")
         .arg(&html)
         .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+        .unwrap()
+        .expect_success("report --html");
     let page = std::fs::read_to_string(&html).unwrap();
     assert_eq!(div(&page, "gpu-power").unwrap().matches("<svg").count(), 1);
     let memory = div(&page, "gpu-memory").unwrap();
@@ -571,13 +567,9 @@ fn report_html_from_files_old_and_new_power_csvs_and_compare_html_are_pages_with
         .arg(dir.join("r.json"))
         .arg(fx.join("R_report.json"))
         .output()
-        .unwrap();
+        .unwrap()
+        .expect_success("compare --format html");
     let cmp = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(cmp.starts_with("<!DOCTYPE html>") && cmp.contains("<section id=\"compare\">"));
     assert!(cmp.contains("baseline") && cmp.contains("candidate"));
     let _ = std::fs::remove_dir_all(&dir);

@@ -52,16 +52,11 @@ fn slurm() -> bool {
             );
             return false;
         }
-        let out = Command::new(repo().join("scripts/slurm-local-cluster.sh"))
+        Command::new(repo().join("scripts/slurm-local-cluster.sh"))
             .args(["start", &NODES.to_string()])
             .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "the local Slurm cluster did not start: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+            .unwrap()
+            .expect_success("the local Slurm cluster did not start");
         true
     })
 }
@@ -115,8 +110,8 @@ impl Job {
             // Every process of the job inherits it: how leftovers are found.
             .env("REPLAY_TAG", &tag)
             .output()
-            .unwrap();
-        assert!(sbatch.status.success(), "sbatch: {sbatch:?}");
+            .unwrap()
+            .expect_success("sbatch");
         let id = String::from_utf8(sbatch.stdout).unwrap().trim().to_string();
         Job { id, out, tag }
     }
@@ -300,8 +295,11 @@ fn scancel_ends_both_supervisors_with_143_within_kill_wait_and_leaves_no_process
     });
     job.assert_both_nodes_ready();
     let cancelled = Instant::now();
-    let out = Command::new("scancel").arg(&job.id).output().unwrap();
-    assert!(out.status.success(), "scancel: {out:?}");
+    Command::new("scancel")
+        .arg(&job.id)
+        .output()
+        .unwrap()
+        .expect_success("scancel");
     job.wait_until("both supervisors' exit", KILL_WAIT, || {
         (0..NODES).all(|n| job.exit_status(n).is_some())
     });

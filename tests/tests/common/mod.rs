@@ -3,7 +3,7 @@
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// A raw HTTP/1.1 POST of `body` to `path` (kept alive, no content type): what a test writes on
@@ -447,6 +447,27 @@ pub fn flags(args: &[&str]) -> std::process::Output {
         .env("RUST_LOG", "info")
         .output()
         .unwrap()
+}
+
+/// A finished command's output, held to have succeeded:
+/// `cmd.output().unwrap().expect_success(what)`.
+pub trait ExpectSuccess {
+    /// The output itself; a failure panics naming `what`, the exit status and both streams.
+    fn expect_success(self, what: &str) -> Output;
+}
+
+impl ExpectSuccess for Output {
+    #[track_caller]
+    fn expect_success(self, what: &str) -> Output {
+        assert!(
+            self.status.success(),
+            "{what}: {}; stderr: {}; stdout: {}",
+            self.status,
+            String::from_utf8_lossy(&self.stderr).trim_end(),
+            String::from_utf8_lossy(&self.stdout).trim_end()
+        );
+        self
+    }
 }
 
 /// The JSON a command printed; a failure shows both of its streams.
