@@ -237,9 +237,6 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
     let (rings, from) = open().map_err(|error| TapError::Open { port, iface, error })?;
     let members = rings.len();
     let all_buffered = Arc::new(AtomicUsize::new(0));
-    // One reader reads everything from its start; several skip what each ring had before the
-    // group was complete.
-    let from = (members > 1).then_some(from);
     let read_through: Vec<Arc<AtomicU64>> =
         rings.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
     let seen = read_through.clone();

@@ -282,14 +282,15 @@ impl Ring {
     /// addresses and ports (both directions alike: the hash is symmetric), so each member holds
     /// whole connections and a reader per member needs no other's. Each member's ring takes
     /// the writers' copies apart from the others' (one ring's lock and block, shared by many
-    /// writing CPUs, costs each writer more). Also returns the moment the group was complete:
-    /// a member sees every segment until it joins, so what is stamped before then is read twice.
+    /// writing CPUs, costs each writer more). A group also returns the moment it was complete:
+    /// a member sees every segment until it joins, so what is stamped before then is read twice
+    /// (one ring, alone, reads each segment once: `None`).
     pub fn open_group(
         port: u16,
         iface: &Interface,
         blocks: usize,
         members: usize,
-    ) -> io::Result<(Vec<Ring>, SystemTime)> {
+    ) -> io::Result<(Vec<Ring>, Option<SystemTime>)> {
         Ring::open_group_as(port, iface, blocks, members, true)
     }
 
@@ -301,7 +302,7 @@ impl Ring {
         blocks: usize,
         members: usize,
         group_skips_sent: bool,
-    ) -> io::Result<(Vec<Ring>, SystemTime)> {
+    ) -> io::Result<(Vec<Ring>, Option<SystemTime>)> {
         let mut rings = Vec::with_capacity(members);
         let mut group: Option<u32> = None;
         for _ in 0..members.max(1) {
@@ -338,7 +339,8 @@ impl Ring {
         }
         // A segment hashed while the group was still forming may sit in the wrong member:
         // the start is taken a little after the last join.
-        Ok((rings, SystemTime::now() + Duration::from_millis(2)))
+        let complete = (members > 1).then(|| SystemTime::now() + Duration::from_millis(2));
+        Ok((rings, complete))
     }
 
     /// The fanout group's id, as the kernel gave it.
@@ -765,7 +767,7 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         let (mut rings, from) =
             match Ring::open_group_as(port, &Interface::Loopback, 4, 4, group_skips_sent) {
-                Ok(g) => g,
+                Ok((rings, from)) => (rings, from.expect("a group of four has a start")),
                 Err(e) => return eprintln!("SKIPPED: no fanout group here ({e})"),
             };
         // What is stamped before the group's start is left.
