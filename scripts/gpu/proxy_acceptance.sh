@@ -49,7 +49,8 @@
 #   (the summary still prints: set it below the command's timeout); SERVER_EXTRA / SERVER_ENV add
 #   server flags / environment; ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
 #   WARM_FULL=N runs N full-size benchmarks straight to the server before the measured ones (its
-#   cost per token drifts down over its first minutes), of WARM_PROMPTS prompts (PROMPTS); COMPILED=1 first runs proxy-bench (a compiled client, a thread per stream and one
+#   cost per token drifts down over its first minutes), of WARM_PROMPTS prompts (PROMPTS); with
+#   RUN_S=S the measured runs get as many prompts as the first warm-up's throughput serves in S s; COMPILED=1 first runs proxy-bench (a compiled client, a thread per stream and one
 #   thread for all) against the real server, straight and through the proxy, COMPILED_ROUNDS waves
 #   each (4); PAIRS=0 then skips bench_serving.
 #   M's knobs: M_THREADS="1 2 default" runs proxy.sh once per proxy thread count
@@ -291,6 +292,14 @@ t = lambda j: sum(v["utime"] + v["stime"] for k, v in j["by"].items() if k == "p
 print(f"warm-up run: out {b['output_throughput']:.1f} tok/s; HTTP process {(t(z) - t(a)) / z['hz'] / (b['total_output_tokens'] or 1) * 1e6:.1f} us per output token")
 PY
     done
+    if [ -n "${RUN_S:-}" ] && [ -f "$P/warmfull-1.jsonl" ]; then
+      # runs of about RUN_S seconds whatever the card (the H100 host ran at 10k tokens/s, the
+      # H200 at 17k): the prompts from the warm-up's throughput, 256 output tokens each
+      PROMPTS=$(python3 -c 'import json, sys
+b = [json.loads(l.replace("Infinity", "1e999")) for l in open(sys.argv[1])][-1]
+print(max(1024, int(float(sys.argv[2]) * b["output_throughput"] / 256) // 256 * 256))' "$P/warmfull-1.jsonl" "$RUN_S")
+      say "S: $PROMPTS prompts a run (RUN_S=$RUN_S at the warm-up's throughput)"
+    fi
     s0=$(procs stats "$SUP"); sleep 3; s1=$(procs stats "$SUP")
     python3 - "$s0" "$s1" <<'PY'
 import json, sys
