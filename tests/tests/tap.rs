@@ -19,19 +19,6 @@ const T: Duration = Duration::from_secs(60);
 const GAP: f64 = 0.002;
 /// Slack for comparing the tap's times (kernel stamps, wall clock) with the client's (monotonic).
 const SLACK: f64 = 0.002;
-/// linux/capability.h's bit of CAP_NET_RAW (not in the libc crate).
-const CAP_NET_RAW: u32 = 13;
-
-/// Whether this process may open a packet socket (CAP_NET_RAW effective).
-fn has_net_raw() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << CAP_NET_RAW) != 0)
-}
-
 /// False (and says so) where the tap cannot be opened: the test is skipped.
 fn can_tap(test: &str) -> bool {
     let ok = has_net_raw();

@@ -537,3 +537,16 @@ pub fn matrix(n: u64) -> Vec<Case> {
         case("/v1/chat/completions", chat(""), false, true),
     ]
 }
+
+/// linux/capability.h's bit of CAP_NET_RAW (not in the libc crate).
+pub const CAP_NET_RAW: u32 = 13;
+
+/// Whether this process may open a packet socket (CAP_NET_RAW effective).
+pub fn has_net_raw() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_NET_RAW) != 0)
+}
