@@ -2,6 +2,7 @@
 the off-turns beside them (scripts/gpu/proxy_acceptance.sh, SIDES=keyed).
 
   usage: keyed.py CONC RUN KEYS [RUN KEYS ...]
+         keyed.py --pool OUTPUT [OUTPUT ...]
     RUN   the prefix of a client's event stamps (RUN.chunks, RUN.begun: scripts/gpu/clientstamps,
           BENCH_CHUNKS=RUN)
     KEYS  one line per on-turn: "START READY END" (Unix seconds): the tap's start, when it
@@ -20,9 +21,15 @@ decode step of a request: its tokens), the median and the mean gap between a req
 (the mean is the TPOT of the slice), the median TTFT of the requests begun in it, and the median
 E2E of the requests begun and ended in it (when at least 8 were). Per run and
 over all runs: the geometric mean of the on/off ratios with a 95 % interval (Student's t).
+
+Each run's ratios are also printed on one "keyed-ratios {json}" line: --pool reads those lines
+from saved outputs (a call's summary.txt: its stamps are too large to bring back) and gives the
+same verdicts over the runs of several calls, by concurrency and arm (keyed, keyedctl).
 """
 import bisect
+import json
 import math
+import os
 import statistics as st
 import sys
 from array import array
@@ -140,7 +147,39 @@ def verdict(rs):
     return f"{gm:.4f}, 95 % interval {lo:.4f}..{hi:.4f}, {len(rs)} on-turns"
 
 
+def arm(run):
+    """c256-keyed-1.jsonl -> keyed: the arm a run belongs to (the name itself if not of that shape)."""
+    name = run.removesuffix(".jsonl")
+    parts = name.split("-")
+    return "-".join(parts[1:-1]) if len(parts) >= 3 and parts[0].startswith("c") else name
+
+
+def pool(outputs):
+    groups = {}
+    for path in outputs:
+        # a summary prints a run's line twice (after the run, and again pooled at the end): once
+        # per file; two calls' runs of one name are two runs
+        runs = {}
+        with open(path) as f:
+            for line in f:
+                if line.startswith("keyed-ratios "):
+                    d = json.loads(line[len("keyed-ratios "):])
+                    runs[(d["conc"], d["run"])] = d["ratios"]
+        for (conc, run), found in runs.items():
+            g = groups.setdefault((conc, arm(run)), {"runs": 0, **{k: [] for _, k in METRICS}})
+            g["runs"] += 1
+            for _, key in METRICS:
+                g[key] += found.get(key, [])
+    if not groups:
+        sys.exit(f"keyed.py --pool: no keyed-ratios line in {', '.join(outputs)}")
+    for (conc, name), g in sorted(groups.items()):
+        for label, key in METRICS:
+            print(f"keyed, pooled, c={conc} {name} ({g['runs']} runs), {label}: on/off {verdict(g[key])}")
+
+
 def main(argv):
+    if argv[:1] == ["--pool"] and len(argv) > 1:
+        return pool(argv[1:])
     if len(argv) < 3 or len(argv) % 2 != 1:
         sys.exit(__doc__)
     conc = int(argv[0])
@@ -158,11 +197,13 @@ def main(argv):
               f" {sum(r['whole'] for r in on)} and {sum(r['whole'] for r in off)} requests wholly in them"
               f" (median on {st.median([r['span'] for r in on]) if on else 0:.2f} s, off"
               f" {st.median([r['span'] for r in off]) if off else 0:.2f} s)")
+        found = {}
         for label, key in METRICS:
-            rs = ratios(rows, key)
+            rs = found[key] = ratios(rows, key)
             every[key] += rs
             med = lambda side: st.median([r[key] for r in side if r[key] is not None] or [float("nan")])
             print(f"    {label}: on median {med(on):.3f}, off median {med(off):.3f}; on/off {verdict(rs)}")
+        print("keyed-ratios " + json.dumps({"conc": conc, "run": os.path.basename(run), "ratios": found}))
     if len(argv) > 3:
         for label, key in METRICS:
             print(f"keyed, all runs at c={conc}, {label}: on/off {verdict(every[key])}")

@@ -66,8 +66,10 @@ fn ratio(out: &str, label: &str) -> f64 {
         .unwrap_or_else(|_| panic!("{label}: {value:?} in:\n{out}"))
 }
 
-fn analyse(slower: f64) -> String {
-    let dir = temp_dir(&format!("keyed-{}", (slower * 1000.0) as u64));
+/// keyed.py's output on a synthetic run; `test` names the run's folder apart from those of the
+/// tests beside it (they run at once).
+fn analyse(test: &str, slower: f64) -> String {
+    let dir = temp_dir(&format!("keyed-{test}-{}", (slower * 1000.0) as u64));
     let (run, keys) = synthetic(&dir, slower);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/keyed.py");
     let out = Command::new("python3")
@@ -82,7 +84,7 @@ fn analyse(slower: f64) -> String {
 
 #[test]
 fn the_keyed_analysis_finds_a_two_percent_slowdown_in_the_on_turns() {
-    let out = analyse(1.02);
+    let out = analyse("slowdown", 1.02);
     let rate = ratio(&out, "events/s");
     let gap = ratio(&out, "mean gap (TPOT) ms");
     assert!(
@@ -106,9 +108,37 @@ fn the_keyed_analysis_finds_a_two_percent_slowdown_in_the_on_turns() {
 
 #[test]
 fn the_keyed_analysis_finds_nothing_where_nothing_differs() {
-    let out = analyse(1.0);
+    let out = analyse("null", 1.0);
     for label in ["events/s", "mean gap (TPOT) ms", "median gap ms"] {
         let r = ratio(&out, label);
         assert!((0.995..1.005).contains(&r), "{label} on/off {r}:\n{out}");
     }
+}
+
+#[test]
+fn saved_outputs_of_two_calls_pool_into_one_verdict_over_all_their_turns() {
+    let dir = temp_dir("keyed-pool");
+    let (slow, same) = (dir.join("slow.txt"), dir.join("same.txt"));
+    // a call's summary holds each run's lines twice (after the run, and in the pooled verdict)
+    let slow_run = analyse("pool", 1.02);
+    std::fs::write(&slow, format!("{slow_run}{slow_run}")).unwrap();
+    std::fs::write(&same, analyse("pool", 1.0)).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/keyed.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg("--pool")
+        .args([&slow, &same])
+        .output()
+        .unwrap()
+        .expect_success("keyed.py --pool");
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = String::from_utf8(out.stdout).unwrap();
+    // both runs' turns in one verdict: half of them 2 % slower, half not
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("keyed, pooled, c=32 run (2 runs), events/s:"))
+        .unwrap_or_else(|| panic!("no pooled events/s line in:\n{out}"));
+    assert!(line.ends_with(", 12 on-turns"), "{line}");
+    let rate = ratio(line, "keyed, pooled");
+    assert!((0.985..0.995).contains(&rate), "{line}");
 }
