@@ -69,5 +69,6 @@ t0, r0, c0 = rows[0]; t1, r1, c1 = rows[-1]
 mid = rows[len(rows) // 2]
 print(f"samples {len(rows)}; RSS first {r0} kB, middle {mid[1]} kB, last {r1} kB, max {max(r[1] for r in rows)} kB; "
       f"growth second half {r1 - mid[1]} kB; CPU {(c1 - c0) / tck / max(1, t1 - t0) * 100:.1f} % of a core")
+print("RSS kB every 10 s: " + " ".join(str(r[1]) for r in rows))
 PY
 rm -rf "$work"
