@@ -17,6 +17,7 @@
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// The InferenceX aggregation voids a run whose samples are further apart than this.
 pub const MAX_SAMPLE_GAP_S: f64 = 3.0;
@@ -27,7 +28,9 @@ pub const INTEGRATION_METHOD: &str = "per_device_trapezoidal_with_linear_boundar
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     pub unix_s: Option<f64>,
-    pub gpu: Option<String>,
+    /// Shared: the sampler's rows of one GPU hold one id (a verdict over a long span builds
+    /// millions of rows; a string each would be an allocation each).
+    pub gpu: Option<Arc<str>>,
     pub power_w: Option<f64>,
 }
 
@@ -605,7 +608,7 @@ pub fn parse_csv(text: &str) -> Telemetry {
             let cell = |i: usize| f.get(i).map_or("", |s| s.trim());
             Row {
                 unix_s: parse_timestamp(cell(time)),
-                gpu: Some(cell(gpu).to_string()).filter(|g| !g.is_empty()),
+                gpu: Some(cell(gpu)).filter(|g| !g.is_empty()).map(Arc::from),
                 power_w: parse_power(cell(power)),
             }
         })

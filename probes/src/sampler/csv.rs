@@ -119,7 +119,7 @@ impl PowerCsv {
         let mut reads = Vec::with_capacity(self.kept.len());
         for (i, k) in self.kept.iter().enumerate() {
             let k = lock(k);
-            let id = i.to_string();
+            let id: std::sync::Arc<str> = i.to_string().into();
             rows.extend(
                 k.power
                     .iter()
