@@ -38,8 +38,9 @@
 #        it in turns of KEY_MS to 1.5 x KEY_MS ms (8000); the client stamps every event
 #        (scripts/gpu/clientstamps, BENCH_CHUNKS) and scripts/gpu/keyed.py holds each on-turn
 #        against the off-turns on either side: events/s, gaps between events (TPOT), TTFT, E2E, as
-#        on/off ratios with 95 % intervals, per run and pooled. Give it PROMPTS=8192 or more: at
-#        c=256 the default 1024 make a run shorter than one turn. SIDES="keyed keyedctl" adds
+#        on/off ratios with 95 % intervals, per run and pooled. Give it RUN_S=170 (or PROMPTS=8192)
+#        or more: at c=256 the default 1024 prompts make a run shorter than one turn, and an
+#        interval of ±1 % wants some seven on-turns (docs/real-gpu.md, "Eighteenth session"). SIDES="keyed keyedctl" adds
 #        its control: the same supervisor keyed in turns without --tap (what the method reads when
 #        nothing is measured).
 #        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
