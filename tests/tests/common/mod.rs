@@ -36,10 +36,63 @@ pub fn supervisor_bin() -> PathBuf {
     let bin = p.join("sglang-supervisor");
     assert!(
         bin.exists(),
-        "{} is missing: run the tests with `cargo test --workspace`",
+        "{} is missing: build it first (`cargo build --release --workspace --bins`; \
+         scripts/test.sh does)",
         bin.display()
     );
+    static FRESH: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    FRESH.get_or_init(|| assert_built_after_its_sources(&bin));
     bin
+}
+
+/// `cargo test` (`-p sglang-supervisor-tests`, or even `--workspace`) builds this package's
+/// binaries, not the supervisor's: a binary older than a source it is built from would pass or
+/// fail tests for code that is not there (it happened: a sampler change "tested" on the binary
+/// before it).
+fn assert_built_after_its_sources(bin: &Path) {
+    fn newest(path: &Path, skip: &[&str], found: &mut Option<(std::time::SystemTime, PathBuf)>) {
+        let Ok(meta) = std::fs::metadata(path) else {
+            return;
+        };
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(path).into_iter().flatten().flatten() {
+                let name = entry.file_name();
+                if !skip.iter().any(|s| name == **s) {
+                    newest(&entry.path(), skip, found);
+                }
+            }
+        } else if let Ok(t) = meta.modified() {
+            if found.as_ref().is_none_or(|(newest, _)| t > *newest) {
+                *found = Some((t, path.to_path_buf()));
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut found = None;
+    for part in [
+        "supervisor",
+        "probes",
+        "exporters",
+        "python",
+        "Cargo.toml",
+        "Cargo.lock",
+    ] {
+        newest(
+            &root.join(part),
+            &["benches", "target", "__pycache__"],
+            &mut found,
+        );
+    }
+    let built = std::fs::metadata(bin).and_then(|m| m.modified()).unwrap();
+    if let Some((t, source)) = found {
+        assert!(
+            t <= built,
+            "{} is older than {}: build it first (`cargo build --release --workspace --bins`; \
+             scripts/test.sh does)",
+            bin.display(),
+            source.display()
+        );
+    }
 }
 
 /// Compile `tests/stubs/<src>` (stand-ins for libnvidia-ml and librocm_smi64, so the real
