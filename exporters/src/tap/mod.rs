@@ -1608,7 +1608,7 @@ mod tests {
         assert!(w.conns.map.is_empty());
     }
 
-    /// A connection held behind a 1-byte hole with `mb` MB after it, on `w`.
+    /// A connection held behind a 1-byte hole with `segments` segments of 60 kB after it, on `w`.
     fn behind_a_hole(w: &mut Wire, port: u16, segments: usize) {
         let seg = vec![b'x'; 60_000];
         let mut f = Flow::open(w, port, 1000, 2000);

@@ -362,13 +362,8 @@ impl Ring {
     }
 
     /// Opens the socket, attaches the filter, binds to `iface` and maps `blocks` blocks of
-    /// [`BLOCK`] bytes. Needs CAP_NET_RAW.
-    pub fn open(port: u16, iface: &Interface, blocks: usize) -> io::Result<Ring> {
-        Ring::open_as(port, iface, blocks, false)
-    }
-
-    /// `in_group`: to join a fanout group, where the socket's own skipping of loopback's sent
-    /// copies does not hold, so the filter skips them.
+    /// [`BLOCK`] bytes. Needs CAP_NET_RAW. `in_group`: to join a fanout group, where the
+    /// socket's own skipping of loopback's sent copies does not hold, so the filter skips them.
     fn open_as(port: u16, iface: &Interface, blocks: usize, in_group: bool) -> io::Result<Ring> {
         let proto = (libc::ETH_P_ALL as u16).to_be();
         // SAFETY: plain socket creation; the descriptor is owned at once.
@@ -671,7 +666,7 @@ mod tests {
     fn ring_on_a_port(blocks: usize) -> Option<(std::net::TcpListener, u16, Ring)> {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
-        match Ring::open(port, &Interface::Loopback, blocks) {
+        match Ring::open_as(port, &Interface::Loopback, blocks, false) {
             Ok(ring) => Some((l, port, ring)),
             Err(e) => {
                 eprintln!("SKIPPED: no packet ring here ({e})");
