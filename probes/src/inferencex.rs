@@ -136,6 +136,215 @@ fn gpu_order(a: &str, b: &str) -> std::cmp::Ordering {
     }
 }
 
+/// One reading as the verdict takes it: a CSV row, or a sample the sampler kept, borrowed.
+#[derive(Debug, Clone, Copy)]
+pub struct Reading<'a> {
+    pub unix_s: Option<f64>,
+    pub gpu: Option<&'a str>,
+    pub power_w: Option<f64>,
+}
+
+impl Row {
+    pub fn reading(&self) -> Reading<'_> {
+        Reading {
+            unix_s: self.unix_s,
+            gpu: self.gpu.as_deref(),
+            power_w: self.power_w,
+        }
+    }
+}
+
+/// The readings that count for a span, grouped per GPU as they are added: 16 bytes a reading
+/// (a verdict over a day of 8 GPUs at 10 Hz holds 7 M of them), with the reasons found on the
+/// way. Readings of equal timestamps stay apart until [`Readings::verdict`] averages them.
+pub struct Readings<'a> {
+    span: (f64, f64),
+    expected_gpus: Option<usize>,
+    max_gap_s: f64,
+    reasons: Vec<&'static str>,
+    missing_identity: bool,
+    /// GPU → (timestamp, power) in the order added.
+    per_gpu: HashMap<&'a str, Vec<(f64, f64)>>,
+    /// The span or a setting is unusable: the verdict is this, whatever is added.
+    settled: Option<Verdict>,
+}
+
+impl<'a> Readings<'a> {
+    /// For a verdict over `span` (unix seconds). `expected_gpus`: the GPU count the server uses
+    /// (tp × pp), when known.
+    pub fn new(span: (f64, f64), expected_gpus: Option<usize>, max_gap_s: f64) -> Readings<'a> {
+        let mut r = Readings {
+            span,
+            expected_gpus,
+            max_gap_s,
+            reasons: Vec::new(),
+            missing_identity: false,
+            per_gpu: HashMap::new(),
+            settled: None,
+        };
+        let (start, end) = span;
+        if !start.is_finite() || !end.is_finite() || end <= start {
+            r.settled = Some(Verdict::empty(
+                span,
+                expected_gpus,
+                vec!["invalid_benchmark_window"],
+            ));
+        } else if !max_gap_s.is_finite() || max_gap_s <= 0.0 {
+            r.settled = Some(Verdict::empty(
+                span,
+                expected_gpus,
+                vec!["invalid_max_sample_gap"],
+            ));
+        } else if expected_gpus == Some(0) {
+            push_reason(&mut r.reasons, "invalid_expected_gpu_count");
+        }
+        r
+    }
+
+    /// Whether a reading at `t` can count: within `max_gap` of the span.
+    fn within(&self, t: f64) -> bool {
+        t >= self.span.0 - self.max_gap_s && t <= self.span.1 + self.max_gap_s
+    }
+
+    /// One reading, in file order (reasons keep the order they are found in).
+    pub fn add(&mut self, r: Reading<'a>) {
+        if self.settled.is_some() {
+            return;
+        }
+        let Some(t) = r.unix_s.filter(|t| t.is_finite()) else {
+            push_reason(&mut self.reasons, "invalid_timestamp_sample");
+            return;
+        };
+        if !self.within(t) {
+            return;
+        }
+        let Some(p) = r.power_w.filter(|p| p.is_finite() && *p >= 0.0) else {
+            push_reason(&mut self.reasons, "invalid_power_sample");
+            return;
+        };
+        let Some(gpu) = r.gpu.filter(|g| !g.is_empty()) else {
+            self.missing_identity = true;
+            return;
+        };
+        self.per_gpu.entry(gpu).or_default().push((t, p));
+    }
+
+    /// InferenceX's verdict on the readings added.
+    pub fn verdict(self) -> Verdict {
+        let Readings {
+            span,
+            expected_gpus,
+            max_gap_s,
+            mut reasons,
+            missing_identity,
+            per_gpu,
+            settled,
+        } = self;
+        if let Some(v) = settled {
+            return v;
+        }
+        if missing_identity {
+            push_reason(&mut reasons, "gpu_identity_missing");
+        }
+        if per_gpu.is_empty() {
+            push_reason(&mut reasons, "no_usable_power_samples");
+            return Verdict::empty(span, expected_gpus, reasons);
+        }
+        let mut per_gpu: Vec<(&str, Vec<(f64, f64)>)> = per_gpu.into_iter().collect();
+        per_gpu.sort_by(|a, b| gpu_order(a.0, b.0));
+        if expected_gpus.is_some_and(|n| n > 0 && n != per_gpu.len()) {
+            push_reason(&mut reasons, "expected_gpu_count_mismatch");
+        }
+        let gpus: Vec<DeviceVerdict> = per_gpu
+            .into_iter()
+            .map(|(id, readings)| {
+                let d = device_verdict(id, averaged(readings), span, max_gap_s);
+                for r in &d.issues {
+                    push_reason(&mut reasons, r);
+                }
+                d
+            })
+            .collect();
+        let (start, end) = span;
+        let total = gpus.iter().map(|g| g.energy_j).sum::<Option<f64>>();
+        let avg_total = total.map(|e| e / (end - start));
+        Verdict {
+            power_valid: u8::from(reasons.is_empty()),
+            reasons,
+            benchmark_start_time_unix: start,
+            benchmark_end_time_unix: end,
+            integration_method: INTEGRATION_METHOD,
+            expected_gpu_count: expected_gpus,
+            observed_gpu_count: gpus.len(),
+            total_gpu_energy_j: total,
+            avg_total_gpu_power_w: avg_total,
+            avg_power_w: avg_total.map(|w| w / gpus.len() as f64),
+            gpus,
+        }
+    }
+}
+
+/// One GPU's readings in time order, those of one timestamp averaged (summed in the order
+/// added). In place: a sampler's readings come sorted, and are not sorted again.
+fn averaged(mut readings: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+    if !readings.is_sorted_by(|a, b| a.0.total_cmp(&b.0).is_le()) {
+        // Stable: readings of one timestamp keep the order they were added in.
+        readings.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    let mut out = 0;
+    let mut i = 0;
+    while i < readings.len() {
+        let t = readings[i].0;
+        let (mut sum, mut n) = (0.0, 0u32);
+        while i < readings.len() && readings[i].0.to_bits() == t.to_bits() {
+            sum += readings[i].1;
+            n += 1;
+            i += 1;
+        }
+        readings[out] = (t, sum / f64::from(n));
+        out += 1;
+    }
+    readings.truncate(out);
+    readings
+}
+
+/// One GPU's part of the verdict, from its averaged samples in time order (at least one).
+fn device_verdict(
+    id: &str,
+    samples: Vec<(f64, f64)>,
+    span: (f64, f64),
+    max_gap_s: f64,
+) -> DeviceVerdict {
+    let (start, end) = span;
+    let mut d = DeviceVerdict {
+        id: id.to_string(),
+        samples: samples.len(),
+        max_sample_gap_s: None,
+        energy_j: None,
+        issues: Vec::new(),
+    };
+    let (first, last) = (samples[0].0, samples[samples.len() - 1].0);
+    if samples.len() < 2 {
+        d.issues.push("insufficient_power_samples");
+    } else if first > start || last < end {
+        d.issues.push("benchmark_window_not_bracketed");
+    } else {
+        // From the last sample at or before the start to the first at or after the end.
+        let lo = samples.partition_point(|s| s.0 <= start) - 1;
+        let hi = samples.partition_point(|s| s.0 < end);
+        let max_gap = samples[lo..=hi.min(samples.len() - 1)]
+            .windows(2)
+            .map(|w| w[1].0 - w[0].0)
+            .fold(0.0, f64::max);
+        d.max_sample_gap_s = Some(max_gap);
+        if max_gap > max_gap_s {
+            d.issues.push("sampling_gap_exceeded");
+        }
+        d.energy_j = Some(integrate(&samples, start, end));
+    }
+    d
+}
+
 /// InferenceX's verdict on `telemetry` over `span` (unix seconds). `expected_gpus`: the GPU count
 /// the server uses (tp × pp), when known.
 pub fn verdict(
@@ -144,118 +353,20 @@ pub fn verdict(
     expected_gpus: Option<usize>,
     max_gap_s: f64,
 ) -> Verdict {
-    let (start, end) = span;
-    if !start.is_finite() || !end.is_finite() || end <= start {
-        return Verdict::empty(span, expected_gpus, vec!["invalid_benchmark_window"]);
-    }
-    let mut reasons: Vec<&'static str> = Vec::new();
-    if expected_gpus == Some(0) {
-        push_reason(&mut reasons, "invalid_expected_gpu_count");
-    }
-    if !max_gap_s.is_finite() || max_gap_s <= 0.0 {
-        return Verdict::empty(span, expected_gpus, vec!["invalid_max_sample_gap"]);
-    }
-    let rows = match telemetry {
+    let mut readings = Readings::new(span, expected_gpus, max_gap_s);
+    match telemetry {
+        Telemetry::Rows(rows) => rows.iter().for_each(|r| readings.add(r.reading())),
         Telemetry::Unusable(why) => {
-            for r in why {
-                push_reason(&mut reasons, r);
+            if readings.settled.is_none() {
+                let mut reasons = readings.reasons;
+                for r in why {
+                    push_reason(&mut reasons, r);
+                }
+                return Verdict::empty(span, expected_gpus, reasons);
             }
-            return Verdict::empty(span, expected_gpus, reasons);
         }
-        Telemetry::Rows(rows) => rows,
-    };
-    // GPU → timestamp → readings (averaged), in first-seen order of GPUs.
-    let mut raw: HashMap<&str, HashMap<u64, (f64, f64, u32)>> = HashMap::new();
-    let mut missing_identity = false;
-    for row in rows {
-        let Some(t) = row.unix_s.filter(|t| t.is_finite()) else {
-            push_reason(&mut reasons, "invalid_timestamp_sample");
-            continue;
-        };
-        if t < start - max_gap_s || t > end + max_gap_s {
-            continue;
-        }
-        let Some(p) = row.power_w.filter(|p| p.is_finite() && *p >= 0.0) else {
-            push_reason(&mut reasons, "invalid_power_sample");
-            continue;
-        };
-        let Some(gpu) = row.gpu.as_deref().filter(|g| !g.is_empty()) else {
-            missing_identity = true;
-            continue;
-        };
-        let e = raw
-            .entry(gpu)
-            .or_default()
-            .entry(t.to_bits())
-            .or_insert((t, 0.0, 0));
-        e.1 += p;
-        e.2 += 1;
     }
-    if missing_identity {
-        push_reason(&mut reasons, "gpu_identity_missing");
-    }
-    if raw.is_empty() {
-        push_reason(&mut reasons, "no_usable_power_samples");
-        return Verdict::empty(span, expected_gpus, reasons);
-    }
-    let mut ids: Vec<&str> = raw.keys().copied().collect();
-    ids.sort_by(|a, b| gpu_order(a, b));
-    if expected_gpus.is_some_and(|n| n > 0 && n != ids.len()) {
-        push_reason(&mut reasons, "expected_gpu_count_mismatch");
-    }
-    let mut gpus = Vec::with_capacity(ids.len());
-    for id in &ids {
-        let mut samples: Vec<(f64, f64)> = raw[id]
-            .values()
-            .map(|&(t, sum, n)| (t, sum / f64::from(n)))
-            .collect();
-        samples.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let mut d = DeviceVerdict {
-            id: (*id).to_string(),
-            samples: samples.len(),
-            max_sample_gap_s: None,
-            energy_j: None,
-            issues: Vec::new(),
-        };
-        let (first, last) = (samples[0].0, samples[samples.len() - 1].0);
-        if samples.len() < 2 {
-            d.issues.push("insufficient_power_samples");
-        } else if first > start || last < end {
-            d.issues.push("benchmark_window_not_bracketed");
-        } else {
-            // From the last sample at or before the start to the first at or after the end.
-            let lo = samples.partition_point(|s| s.0 <= start) - 1;
-            let hi = samples.partition_point(|s| s.0 < end);
-            let max_gap = samples[lo..=hi.min(samples.len() - 1)]
-                .windows(2)
-                .map(|w| w[1].0 - w[0].0)
-                .fold(0.0, f64::max);
-            d.max_sample_gap_s = Some(max_gap);
-            if max_gap > max_gap_s {
-                d.issues.push("sampling_gap_exceeded");
-            }
-            d.energy_j = Some(integrate(&samples, start, end));
-        }
-        for r in &d.issues {
-            push_reason(&mut reasons, r);
-        }
-        gpus.push(d);
-    }
-    let total = gpus.iter().map(|g| g.energy_j).sum::<Option<f64>>();
-    let avg_total = total.map(|e| e / (end - start));
-    Verdict {
-        power_valid: u8::from(reasons.is_empty()),
-        reasons,
-        benchmark_start_time_unix: start,
-        benchmark_end_time_unix: end,
-        integration_method: INTEGRATION_METHOD,
-        expected_gpu_count: expected_gpus,
-        observed_gpu_count: gpus.len(),
-        total_gpu_energy_j: total,
-        avg_total_gpu_power_w: avg_total,
-        avg_power_w: avg_total.map(|w| w / gpus.len() as f64),
-        gpus,
-    }
+    readings.verdict()
 }
 
 /// Power at `t`, linearly interpolated between the samples around it (`samples` bracket `t`).

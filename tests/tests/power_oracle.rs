@@ -351,6 +351,31 @@ fn cases() -> Vec<Case> {
             ),
         },
         Case {
+            name: "the rows in reverse time order",
+            csv: {
+                let text = real_csv();
+                let mut lines: Vec<&str> = text.lines().collect();
+                lines[1..].reverse();
+                lines.join("\n") + "\n"
+            },
+            bench: bench(START, END),
+            gpus: 1,
+            recorded: (true, &[], &[("0", 3205.7418014685827)]),
+        },
+        Case {
+            name: "a second reading at each timestamp of 5 s of the window, averaged",
+            csv: edit_rows(|l| {
+                Some(if at(l, (15, 34, 0.0), (15, 34, 5.0)) {
+                    format!("{l}\n{}", with_power(l, "1000.00 W"))
+                } else {
+                    l.to_string()
+                })
+            }),
+            bench: bench(START, END),
+            gpus: 1,
+            recorded: (true, &[], &[("0", 5396.023651479942)]),
+        },
+        Case {
             name: "nvidia-smi's own CSV without an index column",
             csv: std::fs::read_to_string(gpu_fixture("h200-nvidia-smi-10hz-call1.csv")).unwrap(),
             bench: bench(1796203172.0, 1796203180.0),

@@ -6,7 +6,7 @@
 //! column (`memory.used [MiB]`); `parse_memory_used` reads it back for the report's plot.
 use super::lock;
 use crate::gpu::GpuSample;
-use crate::inferencex::{self, CounterEnergy, Row, Telemetry, Verdict, MAX_SAMPLE_GAP_S};
+use crate::inferencex::{self, CounterEnergy, Reading, Readings, Verdict, MAX_SAMPLE_GAP_S};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::sync::Mutex;
@@ -114,30 +114,22 @@ impl PowerCsv {
         span: (f64, f64),
         expected_gpus: Option<usize>,
     ) -> (Verdict, Option<CounterEnergy>) {
-        let margin = MAX_SAMPLE_GAP_S + 1.0;
-        let mut rows = Vec::new();
+        // The ids outlive the readings that borrow them; each GPU is locked only while read.
+        let ids: Vec<String> = (0..self.kept.len()).map(|i| i.to_string()).collect();
+        let mut readings = Readings::new(span, expected_gpus, MAX_SAMPLE_GAP_S);
         let mut reads = Vec::with_capacity(self.kept.len());
-        for (i, k) in self.kept.iter().enumerate() {
+        for (k, id) in self.kept.iter().zip(&ids) {
             let k = lock(k);
-            let id: std::sync::Arc<str> = i.to_string().into();
-            rows.extend(
-                k.power
-                    .iter()
-                    .filter(|r| r.0 >= span.0 - margin && r.0 <= span.1 + margin)
-                    .map(|&(t, p)| Row {
-                        unix_s: Some(t),
-                        gpu: Some(id.clone()),
-                        power_w: (!p.is_nan()).then_some(p),
-                    }),
-            );
+            for &(t, p) in &k.power {
+                readings.add(Reading {
+                    unix_s: Some(t),
+                    gpu: Some(id),
+                    power_w: (!p.is_nan()).then_some(p),
+                });
+            }
             reads.push(k.energy.clone());
         }
-        let v = inferencex::verdict(
-            &Telemetry::Rows(rows),
-            span,
-            expected_gpus,
-            MAX_SAMPLE_GAP_S,
-        );
+        let v = readings.verdict();
         (v, inferencex::counter_energy(&reads, span))
     }
 
