@@ -1,10 +1,12 @@
 //! What a power verdict over a long span holds while it is made, and how long it takes: a day of
 //! 8 GPUs sampled at 10 Hz (6.9 M readings), as the live sampler asks it at a run's end (the
-//! kept samples added to `Readings`), and as `report --bench-result` asks it of a CSV read into
-//! rows. Peak RSS is the kernel's high-water mark, reset before each (`/proc/self/clear_refs`).
+//! kept samples added to `Readings`), as it is asked of rows held whole, and as `report
+//! --bench-result` asks it of a CSV file (read a line at a time, against read whole). Peak RSS is the kernel's high-water mark, reset before each (`/proc/self/clear_refs`).
 //!
 //! `cargo bench -p sglang-probes --bench verdict_memory [-- GPUS HOURS]`
-use sglang_probes::inferencex::{verdict, Reading, Readings, Row, Telemetry, MAX_SAMPLE_GAP_S};
+use sglang_probes::inferencex::{
+    read_csv, verdict, verdict_of_csv, Reading, Readings, Row, Telemetry, MAX_SAMPLE_GAP_S,
+};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,6 +36,20 @@ fn measure<T>(what: &str, readings: usize, f: impl FnOnce() -> T) -> T {
         ),
     }
     out
+}
+
+/// The readings as `run --power-csv` writes them (epoch-second timestamps, which InferenceX's
+/// reader takes too: the bench is about holding, not parsing dates).
+fn write_csv(path: &std::path::Path, kept: &[Vec<(f64, f64)>]) {
+    use std::io::Write;
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path).expect("a temp file"));
+    let _ = writeln!(w, "timestamp, index, power.draw [W]");
+    for i in 0..kept.first().map_or(0, Vec::len) {
+        for (g, rows) in kept.iter().enumerate() {
+            let _ = writeln!(w, "{:.3}, {g}, {:.2} W", rows[i].0, rows[i].1);
+        }
+    }
+    w.flush().expect("the temp CSV written");
 }
 
 fn main() {
@@ -85,6 +101,17 @@ fn main() {
     let offline = measure("offline verdict over those rows", n, || {
         verdict(&rows, span, Some(gpus), MAX_SAMPLE_GAP_S)
     });
+    drop(rows);
+    let csv = std::env::temp_dir().join(format!("verdict-memory-{}.csv", std::process::id()));
+    write_csv(&csv, &kept);
+    let from_file = measure("a CSV file of them, read a line at a time", n, || {
+        verdict_of_csv(&csv, span, Some(gpus), MAX_SAMPLE_GAP_S)
+    });
+    let whole = measure("the same file read into rows, then the verdict", n, || {
+        verdict(&read_csv(&csv), span, Some(gpus), MAX_SAMPLE_GAP_S)
+    });
+    let _ = std::fs::remove_file(&csv);
+    assert_eq!(from_file, whole);
     assert_eq!(
         live, offline,
         "one verdict, whichever way the readings came"

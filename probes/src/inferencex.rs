@@ -157,22 +157,22 @@ impl Row {
 /// The readings that count for a span, grouped per GPU as they are added: 16 bytes a reading
 /// (a verdict over a day of 8 GPUs at 10 Hz holds 7 M of them), with the reasons found on the
 /// way. Readings of equal timestamps stay apart until [`Readings::verdict`] averages them.
-pub struct Readings<'a> {
+pub struct Readings {
     span: (f64, f64),
     expected_gpus: Option<usize>,
     max_gap_s: f64,
     reasons: Vec<&'static str>,
     missing_identity: bool,
     /// GPU → (timestamp, power) in the order added.
-    per_gpu: HashMap<&'a str, Vec<(f64, f64)>>,
+    per_gpu: HashMap<Box<str>, Vec<(f64, f64)>>,
     /// The span or a setting is unusable: the verdict is this, whatever is added.
     settled: Option<Verdict>,
 }
 
-impl<'a> Readings<'a> {
+impl Readings {
     /// For a verdict over `span` (unix seconds). `expected_gpus`: the GPU count the server uses
     /// (tp × pp), when known.
-    pub fn new(span: (f64, f64), expected_gpus: Option<usize>, max_gap_s: f64) -> Readings<'a> {
+    pub fn new(span: (f64, f64), expected_gpus: Option<usize>, max_gap_s: f64) -> Readings {
         let mut r = Readings {
             span,
             expected_gpus,
@@ -207,7 +207,7 @@ impl<'a> Readings<'a> {
     }
 
     /// One reading, in file order (reasons keep the order they are found in).
-    pub fn add(&mut self, r: Reading<'a>) {
+    pub fn add(&mut self, r: Reading<'_>) {
         if self.settled.is_some() {
             return;
         }
@@ -226,7 +226,25 @@ impl<'a> Readings<'a> {
             self.missing_identity = true;
             return;
         };
-        self.per_gpu.entry(gpu).or_default().push((t, p));
+        // Looked up by the borrowed id: only a GPU's first reading allocates.
+        match self.per_gpu.get_mut(gpu) {
+            Some(readings) => readings.push((t, p)),
+            None => {
+                self.per_gpu.insert(gpu.into(), vec![(t, p)]);
+            }
+        }
+    }
+
+    /// The verdict when the telemetry cannot be read at all (file-level reasons: `why`).
+    pub fn unusable(self, why: &[&'static str]) -> Verdict {
+        if let Some(v) = self.settled {
+            return v;
+        }
+        let mut reasons = self.reasons;
+        for r in why {
+            push_reason(&mut reasons, r);
+        }
+        Verdict::empty(self.span, self.expected_gpus, reasons)
     }
 
     /// InferenceX's verdict on the readings added.
@@ -250,15 +268,15 @@ impl<'a> Readings<'a> {
             push_reason(&mut reasons, "no_usable_power_samples");
             return Verdict::empty(span, expected_gpus, reasons);
         }
-        let mut per_gpu: Vec<(&str, Vec<(f64, f64)>)> = per_gpu.into_iter().collect();
-        per_gpu.sort_by(|a, b| gpu_order(a.0, b.0));
+        let mut per_gpu: Vec<_> = per_gpu.into_iter().collect();
+        per_gpu.sort_by(|a, b| gpu_order(&a.0, &b.0));
         if expected_gpus.is_some_and(|n| n > 0 && n != per_gpu.len()) {
             push_reason(&mut reasons, "expected_gpu_count_mismatch");
         }
         let gpus: Vec<DeviceVerdict> = per_gpu
             .into_iter()
             .map(|(id, readings)| {
-                let d = device_verdict(id, averaged(readings), span, max_gap_s);
+                let d = device_verdict(&id, averaged(readings), span, max_gap_s);
                 for r in &d.issues {
                     push_reason(&mut reasons, r);
                 }
@@ -356,19 +374,25 @@ pub fn verdict(
     let mut readings = Readings::new(span, expected_gpus, max_gap_s);
     match telemetry {
         Telemetry::Rows(rows) => rows.iter().for_each(|r| readings.add(r.reading())),
-        Telemetry::Unusable(why) => {
-            if readings.settled.is_none() {
-                let mut reasons = readings.reasons;
-                for r in why {
-                    push_reason(&mut reasons, r);
-                }
-                return Verdict::empty(span, expected_gpus, reasons);
-            }
-        }
+        Telemetry::Unusable(why) => return readings.unusable(why),
     }
     readings.verdict()
 }
 
+/// InferenceX's verdict on a telemetry CSV file over `span`, read a line at a time: what it
+/// holds is the readings within reach of the span (16 bytes each), not the file or its rows.
+pub fn verdict_of_csv(
+    path: &Path,
+    span: (f64, f64),
+    expected_gpus: Option<usize>,
+    max_gap_s: f64,
+) -> Verdict {
+    let mut readings = Readings::new(span, expected_gpus, max_gap_s);
+    match read_csv_rows(path, |r| readings.add(r)) {
+        Ok(()) => readings.verdict(),
+        Err(why) => readings.unusable(&why),
+    }
+}
 /// Power at `t`, linearly interpolated between the samples around it (`samples` bracket `t`).
 fn power_at(samples: &[(f64, f64)], t: f64) -> f64 {
     let right = samples.partition_point(|s| s.0 < t);
@@ -687,13 +711,17 @@ pub(crate) fn columns(header: &[String]) -> (Option<usize>, Option<usize>, Optio
     (time, power, gpu)
 }
 
-/// Read a telemetry CSV (any text it holds; bad rows become rows without values).
-pub fn parse_csv(text: &str) -> Telemetry {
-    let mut lines = text.lines().filter(|l| !l.is_empty());
+/// Each row of a telemetry CSV's lines (any text they hold; bad rows give readings without
+/// values), or the file-level reasons it cannot be used for.
+fn csv_rows<S: AsRef<str>>(
+    lines: impl Iterator<Item = S>,
+    mut row: impl FnMut(Reading<'_>),
+) -> Result<(), Vec<&'static str>> {
+    let mut lines = lines.filter(|l| !l.as_ref().is_empty());
     let header: Vec<String> = lines
         .next()
         .map(|h| {
-            fields(h)
+            fields(h.as_ref())
                 .into_iter()
                 .map(|f| f.trim().to_string())
                 .collect()
@@ -711,37 +739,84 @@ pub fn parse_csv(text: &str) -> Telemetry {
         }
     }
     let (Some(time), Some(power), Some(gpu)) = (time, power, gpu) else {
-        return Telemetry::Unusable(missing);
+        return Err(missing);
     };
-    let rows = lines
-        .map(|l| {
-            let f = fields(l);
-            let cell = |i: usize| f.get(i).map_or("", |s| s.trim());
-            Row {
-                unix_s: parse_timestamp(cell(time)),
-                gpu: Some(cell(gpu)).filter(|g| !g.is_empty()).map(Arc::from),
-                power_w: parse_power(cell(power)),
-            }
-        })
-        .collect();
-    Telemetry::Rows(rows)
+    for l in lines {
+        let f = fields(l.as_ref());
+        let cell = |i: usize| f.get(i).map_or("", |s| s.trim());
+        row(Reading {
+            unix_s: parse_timestamp(cell(time)),
+            gpu: Some(cell(gpu)).filter(|g| !g.is_empty()),
+            power_w: parse_power(cell(power)),
+        });
+    }
+    Ok(())
+}
+
+/// Read a telemetry CSV (any text it holds; bad rows become rows without values).
+pub fn parse_csv(text: &str) -> Telemetry {
+    all_rows(|row| csv_rows(text.lines(), row))
 }
 
 /// Read a telemetry CSV file, with InferenceX's file-level reasons when it cannot be used.
 pub fn read_csv(path: &Path) -> Telemetry {
+    all_rows(|row| read_csv_rows(path, row))
+}
+
+/// Every row a reader of them (`csv_rows`, `read_csv_rows`) gives, kept.
+fn all_rows(
+    read: impl FnOnce(&mut dyn FnMut(Reading<'_>)) -> Result<(), Vec<&'static str>>,
+) -> Telemetry {
+    let mut rows = Vec::new();
+    match read(&mut |r| {
+        rows.push(Row {
+            unix_s: r.unix_s,
+            gpu: r.gpu.map(Arc::from),
+            power_w: r.power_w,
+        })
+    }) {
+        Ok(()) => Telemetry::Rows(rows),
+        Err(why) => Telemetry::Unusable(why),
+    }
+}
+
+/// Each row of a telemetry CSV file, a line at a time (invalid UTF-8 replaced), or the
+/// file-level reasons it cannot be used for.
+fn read_csv_rows(path: &Path, row: impl FnMut(Reading<'_>)) -> Result<(), Vec<&'static str>> {
+    use std::io::BufRead;
     match std::fs::metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Telemetry::Unusable(vec!["telemetry_file_missing"])
+            return Err(vec!["telemetry_file_missing"])
         }
-        Err(_) => return Telemetry::Unusable(vec!["telemetry_file_unreadable"]),
-        Ok(m) if !m.is_file() => return Telemetry::Unusable(vec!["telemetry_file_missing"]),
-        Ok(m) if m.len() == 0 => return Telemetry::Unusable(vec!["telemetry_file_empty"]),
+        Err(_) => return Err(vec!["telemetry_file_unreadable"]),
+        Ok(m) if !m.is_file() => return Err(vec!["telemetry_file_missing"]),
+        Ok(m) if m.len() == 0 => return Err(vec!["telemetry_file_empty"]),
         Ok(_) => {}
     }
-    match std::fs::read(path) {
-        Ok(bytes) => parse_csv(&String::from_utf8_lossy(&bytes)),
-        Err(_) => Telemetry::Unusable(vec!["telemetry_file_unreadable"]),
+    let file = std::fs::File::open(path).map_err(|_| vec!["telemetry_file_unreadable"])?;
+    let mut failed = false;
+    let lines = std::io::BufReader::with_capacity(1 << 16, file)
+        .split(b'\n')
+        .map_while(|l| match l {
+            Ok(l) => Some(l),
+            Err(_) => {
+                failed = true;
+                None
+            }
+        })
+        .map(|mut l| {
+            // as `str::lines`: a line ends at "\n" or "\r\n"
+            if l.last() == Some(&b'\r') {
+                l.pop();
+            }
+            String::from_utf8(l)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+        });
+    let read = csv_rows(lines, row);
+    if failed {
+        return Err(vec!["telemetry_file_unreadable"]);
     }
+    read
 }
 
 /// Header of the energy-counter sidecar the sampler writes next to `--power-csv`
@@ -871,5 +946,42 @@ mod tests {
             bench_reasons(&BenchFields::default()),
             Err("invalid_benchmark_window")
         );
+    }
+
+    #[test]
+    fn a_file_read_a_line_at_a_time_gives_the_verdict_of_its_whole_text() {
+        let dir = std::env::temp_dir().join(format!("csv-lines-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gpu.csv");
+        // CRLF ends, an empty line, invalid UTF-8 in a cell that matters (the id), and a last
+        // line without its newline
+        let mut bytes = b"timestamp, index, power.draw [W]\r\n".to_vec();
+        for (i, t) in [10.0, 11.0, 12.0, 13.0].iter().enumerate() {
+            bytes.extend_from_slice(format!("{t}, 0, {} W\r\n", 100 + i).as_bytes());
+            bytes.extend_from_slice(format!("{t}, 1").as_bytes());
+            bytes.extend_from_slice(b"\xff, 50 W\n\n");
+        }
+        bytes.extend_from_slice(b"14.0, 0, 104 W");
+        std::fs::write(&path, &bytes).unwrap();
+        let whole = parse_csv(&String::from_utf8_lossy(&bytes));
+        let Telemetry::Rows(rows) = &whole else {
+            panic!("{whole:?}")
+        };
+        assert_eq!(rows.len(), 9);
+        assert_eq!(rows[1].gpu.as_deref(), Some("1\u{fffd}"));
+        let Telemetry::Rows(read) = read_csv(&path) else {
+            panic!("unreadable")
+        };
+        assert_eq!(&read, rows);
+        let span = (10.5, 13.5);
+        assert_eq!(
+            verdict_of_csv(&path, span, Some(2), MAX_SAMPLE_GAP_S),
+            verdict(&whole, span, Some(2), MAX_SAMPLE_GAP_S)
+        );
+        assert_eq!(
+            verdict_of_csv(&dir.join("absent.csv"), span, None, MAX_SAMPLE_GAP_S).reasons,
+            ["telemetry_file_missing"]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -266,8 +266,7 @@ pub fn assemble(
 /// Power over a span from files: the power CSV, and the counter readings of its sidecar when
 /// there is one (`<stem>_energy.csv`, written by `run --power-csv`).
 pub fn power_from_files(csv: &Path, span: (f64, f64), expected: Option<usize>) -> SpanPower {
-    let telemetry = inferencex::read_csv(csv);
-    let inferencex = inferencex::verdict(&telemetry, span, expected, inferencex::MAX_SAMPLE_GAP_S);
+    let inferencex = inferencex::verdict_of_csv(csv, span, expected, inferencex::MAX_SAMPLE_GAP_S);
     let energy_counter = std::fs::read_to_string(inferencex::energy_sidecar(csv))
         .ok()
         .and_then(|t| inferencex::counter_energy(&inferencex::parse_energy_csv(&t), span));
