@@ -114,16 +114,16 @@ impl PowerCsv {
         span: (f64, f64),
         expected_gpus: Option<usize>,
     ) -> (Verdict, Option<CounterEnergy>) {
-        // The ids outlive the readings that borrow them; each GPU is locked only while read.
-        let ids: Vec<String> = (0..self.kept.len()).map(|i| i.to_string()).collect();
         let mut readings = Readings::new(span, expected_gpus, MAX_SAMPLE_GAP_S);
         let mut reads = Vec::with_capacity(self.kept.len());
-        for (k, id) in self.kept.iter().zip(&ids) {
+        // Each GPU is locked only while its rows are read.
+        for (i, k) in self.kept.iter().enumerate() {
+            let id = i.to_string();
             let k = lock(k);
             for &(t, p) in &k.power {
                 readings.add(Reading {
                     unix_s: Some(t),
-                    gpu: Some(id),
+                    gpu: Some(&id),
                     power_w: (!p.is_nan()).then_some(p),
                 });
             }
