@@ -698,6 +698,25 @@ pub(crate) fn fields(line: &str) -> Vec<String> {
     out
 }
 
+/// Timestamp, power and GPU-id columns, all three, or InferenceX's reasons for those missing.
+pub(crate) fn power_columns(header: &[String]) -> Result<(usize, usize, usize), Vec<&'static str>> {
+    let (time, power, gpu) = columns(header);
+    let mut missing = Vec::new();
+    for (col, why) in [
+        (time, "timestamp_column_missing"),
+        (power, "power_column_missing"),
+        (gpu, "gpu_identity_column_missing"),
+    ] {
+        if col.is_none() {
+            missing.push(why);
+        }
+    }
+    match (time, power, gpu) {
+        (Some(t), Some(p), Some(g)) => Ok((t, p, g)),
+        _ => Err(missing),
+    }
+}
+
 /// Timestamp, power and GPU-id columns, found as InferenceX finds them.
 pub(crate) fn columns(header: &[String]) -> (Option<usize>, Option<usize>, Option<usize>) {
     let lower: Vec<String> = header.iter().map(|h| h.to_ascii_lowercase()).collect();
@@ -727,20 +746,7 @@ fn csv_rows<S: AsRef<str>>(
                 .collect()
         })
         .unwrap_or_default();
-    let (time, power, gpu) = columns(&header);
-    let mut missing = Vec::new();
-    for (col, why) in [
-        (time, "timestamp_column_missing"),
-        (power, "power_column_missing"),
-        (gpu, "gpu_identity_column_missing"),
-    ] {
-        if col.is_none() {
-            missing.push(why);
-        }
-    }
-    let (Some(time), Some(power), Some(gpu)) = (time, power, gpu) else {
-        return Err(missing);
-    };
+    let (time, power, gpu) = power_columns(&header)?;
     for l in lines {
         let f = fields(l.as_ref());
         let cell = |i: usize| f.get(i).map_or("", |s| s.trim());
@@ -780,43 +786,69 @@ fn all_rows(
     }
 }
 
-/// Each row of a telemetry CSV file, a line at a time (invalid UTF-8 replaced), or the
-/// file-level reasons it cannot be used for.
+/// Each row of a telemetry CSV file, a line at a time, or the file-level reasons it cannot be
+/// used for.
 fn read_csv_rows(path: &Path, row: impl FnMut(Reading<'_>)) -> Result<(), Vec<&'static str>> {
-    use std::io::BufRead;
-    match std::fs::metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(vec!["telemetry_file_missing"])
-        }
-        Err(_) => return Err(vec!["telemetry_file_unreadable"]),
-        Ok(m) if !m.is_file() => return Err(vec!["telemetry_file_missing"]),
-        Ok(m) if m.len() == 0 => return Err(vec!["telemetry_file_empty"]),
-        Ok(_) => {}
-    }
-    let file = std::fs::File::open(path).map_err(|_| vec!["telemetry_file_unreadable"])?;
-    let mut failed = false;
-    let lines = std::io::BufReader::with_capacity(1 << 16, file)
-        .split(b'\n')
-        .map_while(|l| match l {
-            Ok(l) => Some(l),
-            Err(_) => {
-                failed = true;
-                None
-            }
-        })
-        .map(|mut l| {
-            // as `str::lines`: a line ends at "\n" or "\r\n"
-            if l.last() == Some(&b'\r') {
-                l.pop();
-            }
-            String::from_utf8(l)
-                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-        });
-    let read = csv_rows(lines, row);
-    if failed {
+    let mut lines = CsvLines::open(path)?;
+    let read = csv_rows(&mut lines, row);
+    if lines.failed {
         return Err(vec!["telemetry_file_unreadable"]);
     }
     read
+}
+
+/// A telemetry CSV file's lines, read a line at a time: a line ends at "\n" or "\r\n" (as
+/// `str::lines`), invalid UTF-8 is replaced. A read that fails part-way ends them and sets
+/// `failed`.
+pub(crate) struct CsvLines {
+    lines: std::io::Split<std::io::BufReader<std::fs::File>>,
+    pub failed: bool,
+}
+
+impl CsvLines {
+    /// The file's lines, or InferenceX's reason it cannot be read (missing, empty, unreadable).
+    pub(crate) fn open(path: &Path) -> Result<CsvLines, Vec<&'static str>> {
+        use std::io::BufRead;
+        match std::fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(vec!["telemetry_file_missing"])
+            }
+            Err(_) => return Err(vec!["telemetry_file_unreadable"]),
+            Ok(m) if !m.is_file() => return Err(vec!["telemetry_file_missing"]),
+            Ok(m) if m.len() == 0 => return Err(vec!["telemetry_file_empty"]),
+            Ok(_) => {}
+        }
+        let file = std::fs::File::open(path).map_err(|_| vec!["telemetry_file_unreadable"])?;
+        Ok(CsvLines {
+            lines: std::io::BufReader::with_capacity(1 << 16, file).split(b'\n'),
+            failed: false,
+        })
+    }
+}
+
+impl Iterator for CsvLines {
+    type Item = String;
+
+    fn next(&mut self) -> Option<String> {
+        if self.failed {
+            return None;
+        }
+        match self.lines.next()? {
+            Ok(mut l) => {
+                if l.last() == Some(&b'\r') {
+                    l.pop();
+                }
+                Some(
+                    String::from_utf8(l)
+                        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+                )
+            }
+            Err(_) => {
+                self.failed = true;
+                None
+            }
+        }
+    }
 }
 
 /// Header of the energy-counter sidecar the sampler writes next to `--power-csv`

@@ -167,50 +167,112 @@ fn csv_row(unix_s: f64, s: &GpuSample) -> String {
     )
 }
 
-/// One row's GPU memory used, as a CSV line gives it (absent: empty, unparseable or `[N/A]`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct MemoryRow {
-    pub unix_s: Option<f64>,
-    pub gpu: Option<String>,
-    pub used_mib: Option<f64>,
+/// Per GPU id, (unix seconds, value) in file order.
+pub type PerGpu = std::collections::BTreeMap<String, Vec<(f64, f64)>>;
+
+/// A power CSV's series, per GPU, as the report's plots draw them.
+#[derive(Debug, PartialEq)]
+pub struct GpuSeries {
+    /// Power (W), or InferenceX's file-level reasons it cannot be read (a column missing).
+    pub power: Result<PerGpu, Vec<&'static str>>,
+    /// Memory used (MiB); `None` when the header has no timestamp or no `memory.used [MiB]`
+    /// column, as in power CSVs written before memory was recorded.
+    pub memory_mib: Option<PerGpu>,
+    /// The earliest timestamp of any row, with a value or not: where the plots' time starts.
+    pub first_unix_s: Option<f64>,
 }
 
-/// The `memory.used` column of a power CSV: ours, or an nvidia-smi capture (`1234 MiB`, or bare
-/// `1234` with `--format=csv,nounits`). Columns are found by name (timestamp and GPU id as
-/// InferenceX finds them), wherever they are; `None` when the header has no timestamp or no
-/// `memory.used [MiB]` column, as in power CSVs written before memory was recorded.
-pub fn parse_memory_used(text: &str) -> Option<Vec<MemoryRow>> {
-    let mut lines = text.lines().filter(|l| !l.is_empty());
-    let header: Vec<String> = inferencex::fields(lines.next()?)
-        .into_iter()
-        .map(|f| f.trim().to_string())
-        .collect();
+/// The power and `memory.used` series of a power CSV's lines: ours, or an nvidia-smi capture
+/// (`1234 MiB`, or bare `1234` with `--format=csv,nounits`). Columns are found by name
+/// (timestamp, power and GPU id as InferenceX finds them), wherever they are; a row without a
+/// GPU id is GPU `?`; a cell that is empty, unparseable, `[N/A]` or negative is no point.
+/// One pass, a line at a time: 16 bytes a point is what is held.
+pub fn series_of_lines<S: AsRef<str>>(lines: impl Iterator<Item = S>) -> GpuSeries {
+    let mut lines = lines.filter(|l| !l.as_ref().is_empty());
+    let header: Vec<String> = lines
+        .next()
+        .map(|h| {
+            inferencex::fields(h.as_ref())
+                .into_iter()
+                .map(|f| f.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    let power_cols = inferencex::power_columns(&header);
     let (time, _, gpu) = inferencex::columns(&header);
-    let time = time?;
     let used = header.iter().position(|h| {
         let h = h.to_ascii_lowercase();
         h == "memory.used [mib]" || h == "memory.used"
-    })?;
-    Some(
-        lines
-            .map(|l| {
-                let f = inferencex::fields(l);
-                let cell = |i: usize| f.get(i).map_or("", |s| s.trim());
-                MemoryRow {
-                    unix_s: inferencex::parse_timestamp(cell(time)),
-                    gpu: gpu.map(|g| cell(g).to_string()).filter(|g| !g.is_empty()),
-                    used_mib: inferencex::parse_power(cell(used))
-                        .filter(|m| m.is_finite() && *m >= 0.0),
-                }
-            })
-            .collect(),
-    )
+    });
+    let mut out = GpuSeries {
+        power: power_cols
+            .as_ref()
+            .map(|_| PerGpu::new())
+            .map_err(Clone::clone),
+        memory_mib: time.and(used).map(|_| PerGpu::new()),
+        first_unix_s: None,
+    };
+    if out.power.is_err() && out.memory_mib.is_none() {
+        return out;
+    }
+    let Some(time) = time else {
+        return out;
+    };
+    for l in lines {
+        let f = inferencex::fields(l.as_ref());
+        let cell = |i: usize| f.get(i).map_or("", |s| s.trim());
+        let Some(t) = inferencex::parse_timestamp(cell(time)) else {
+            continue;
+        };
+        out.first_unix_s = Some(out.first_unix_s.map_or(t, |f: f64| f.min(t)));
+        let id = gpu.map_or("", cell);
+        let id = if id.is_empty() { "?" } else { id };
+        if let (Ok(series), Ok((_, p, _))) = (&mut out.power, &power_cols) {
+            if let Some(w) = inferencex::parse_power(cell(*p)) {
+                push(series, id, (t, w));
+            }
+        }
+        if let (Some(series), Some(m)) = (&mut out.memory_mib, used) {
+            let used = inferencex::parse_power(cell(m)).filter(|m| m.is_finite() && *m >= 0.0);
+            if let Some(mib) = used {
+                push(series, id, (t, mib));
+            }
+        }
+    }
+    out
 }
 
-/// `parse_memory_used` of a file; `None` also when it cannot be read (the power reader says why).
-pub fn read_memory_used(path: &std::path::Path) -> Option<Vec<MemoryRow>> {
-    let bytes = std::fs::read(path).ok()?;
-    parse_memory_used(&String::from_utf8_lossy(&bytes))
+/// A point of a GPU's series; only its first allocates its id.
+fn push(series: &mut PerGpu, id: &str, point: (f64, f64)) {
+    match series.get_mut(id) {
+        Some(points) => points.push(point),
+        None => {
+            series.insert(id.to_string(), vec![point]);
+        }
+    }
+}
+
+/// [`series_of_lines`] of a file, read a line at a time; power says why when the file cannot be
+/// read.
+pub fn read_series(path: &std::path::Path) -> GpuSeries {
+    match inferencex::CsvLines::open(path) {
+        Ok(mut lines) => {
+            let out = series_of_lines(&mut lines);
+            if lines.failed {
+                return GpuSeries {
+                    power: Err(vec!["telemetry_file_unreadable"]),
+                    memory_mib: None,
+                    first_unix_s: None,
+                };
+            }
+            out
+        }
+        Err(why) => GpuSeries {
+            power: Err(why),
+            memory_mib: None,
+            first_unix_s: None,
+        },
+    }
 }
 
 /// `2026/12/02 09:19:31.105` (UTC), nvidia-smi's timestamp format: milliseconds floored, as
@@ -274,33 +336,62 @@ mod tests {
             "{CSV_HEADER}\n2026/12/02 11:20:37.105, 0, 1.00 W, 33, [N/A], [N/A], [N/A], [N/A], 1234 MiB\n\
              2026/12/02 11:20:37.205, 1, 1.00 W, 33, [N/A], [N/A], [N/A], [N/A], [N/A]\n"
         );
-        let rows = parse_memory_used(&new).unwrap();
+        let s = series_of_lines(new.lines());
+        let memory = s.memory_mib.unwrap();
         assert_eq!(
-            rows,
-            [
-                MemoryRow {
-                    unix_s: Some(1_796_210_437.105),
-                    gpu: Some("0".into()),
-                    used_mib: Some(1234.0)
-                },
-                MemoryRow {
-                    unix_s: Some(1_796_210_437.205),
-                    gpu: Some("1".into()),
-                    used_mib: None
-                },
-            ]
+            memory.into_iter().collect::<Vec<_>>(),
+            [("0".to_string(), vec![(1_796_210_437.105, 1234.0)])],
+            "GPU 1's [N/A] is no point, never 0"
         );
+        assert_eq!(s.power.unwrap().len(), 2);
+        assert_eq!(s.first_unix_s, Some(1_796_210_437.105));
         // nvidia-smi's own capture (`--format=csv,nounits`, memory.used third, no index).
         let smi = "timestamp, power.draw [W], memory.used [MiB], memory.total [MiB]\n\
                    2026/12/02 09:19:31.105, 82.35, 512, 143771\n";
-        let rows = parse_memory_used(smi).unwrap();
-        assert_eq!(rows[0].used_mib, Some(512.0));
-        assert_eq!(rows[0].gpu, None);
+        let s = series_of_lines(smi.lines());
+        assert_eq!(s.memory_mib.unwrap()["?"], [(1_796_203_171.105, 512.0)]);
+        assert_eq!(s.power, Err(vec!["gpu_identity_column_missing"]));
         // The header written before memory was recorded: no memory series, not zeros.
         let old = "timestamp, index, power.draw [W], temperature.gpu, clocks.current.sm [MHz], clocks.current.memory [MHz], utilization.gpu [%], utilization.memory [%]\n\
                    2026/12/02 11:20:37.105, 0, 1.00 W, 33, [N/A], [N/A], [N/A], [N/A]\n";
-        assert_eq!(parse_memory_used(old), None);
-        assert_eq!(parse_memory_used(""), None);
+        let s = series_of_lines(old.lines());
+        assert_eq!(s.memory_mib, None);
+        assert_eq!(s.power.unwrap()["0"], [(1_796_210_437.105, 1.0)]);
+        assert_eq!(series_of_lines("".lines()).memory_mib, None);
+    }
+
+    /// The same series from a file read a line at a time as from its whole text; a file that
+    /// cannot be read says why, as InferenceX's reader does.
+    #[test]
+    fn a_power_csv_file_gives_the_series_of_its_text() {
+        let dir = std::env::temp_dir().join(format!("series-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gpu.csv");
+        let s = GpuSample {
+            power_w: Some(400.0),
+            memory_used_bytes: Some(80 << 30),
+            ..GpuSample::default()
+        };
+        let mut text = format!("{CSV_HEADER}\r\n");
+        for i in 0..5 {
+            text += &csv_row(
+                1_796_210_437.0 + f64::from(i) / 10.0,
+                &GpuSample {
+                    index: i % 2,
+                    ..s.clone()
+                },
+            );
+        }
+        std::fs::write(&path, &text).unwrap();
+        let from_file = read_series(&path);
+        assert_eq!(from_file, series_of_lines(text.lines()));
+        assert_eq!(from_file.power.as_ref().unwrap()["0"].len(), 3);
+        assert_eq!(from_file.memory_mib.as_ref().unwrap()["1"][0].1, 81920.0);
+        assert_eq!(
+            read_series(&dir.join("absent.csv")).power,
+            Err(vec!["telemetry_file_missing"])
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// InferenceX's reader (ours, `inferencex::parse_csv`) takes the same timestamp, GPU and power

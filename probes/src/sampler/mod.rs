@@ -18,7 +18,8 @@ mod thread;
 mod window;
 
 pub use csv::{
-    nvidia_smi_timestamp, parse_memory_used, read_memory_used, MemoryRow, CSV_HEADER, MAX_KEPT_ROWS,
+    nvidia_smi_timestamp, read_series, series_of_lines, GpuSeries, PerGpu, CSV_HEADER,
+    MAX_KEPT_ROWS,
 };
 pub use stats::GpuWindow;
 

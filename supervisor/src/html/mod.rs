@@ -242,69 +242,47 @@ fn window_spans(r: &Value) -> Vec<(f64, f64, String)> {
 /// CSV's first sample), the windows shaded on both; each plot in its own `<div id=...>`
 /// (`gpu-power`, `gpu-memory`), or one line saying why there is none.
 fn gpu(r: &Value, inputs: &Inputs) -> String {
-    use sglang_probes::inferencex::{read_csv, Telemetry};
+    use sglang_probes::sampler::{read_series, PerGpu};
     let Some(csv) = inputs.power_csv else {
         return "<p class=\"note\">No power or memory series: give the run's power CSV (--power-csv).</p>"
             .into();
     };
-    let power = read_csv(csv);
-    let memory = sglang_probes::sampler::read_memory_used(csv);
-    let power_t = match &power {
-        Telemetry::Rows(rows) => rows.iter().filter_map(|r| r.unix_s).collect(),
-        Telemetry::Unusable(_) => Vec::new(),
-    };
-    let memory_t = memory.iter().flatten().filter_map(|r| r.unix_s);
-    let t0 = power_t.into_iter().chain(memory_t).fold(f64::MAX, f64::min);
+    let series = read_series(csv);
+    let t0 = series.first_unix_s.unwrap_or(f64::MAX);
     let shade: Vec<(f64, f64, String)> = window_spans(r)
         .into_iter()
         .map(|(a, b, n)| (a - t0, b - t0, n))
         .collect();
     let x = "seconds since the first sample";
-    let power = match power {
-        Telemetry::Rows(rows) => {
-            let pts = rows
-                .iter()
-                .filter_map(|row| Some((row.unix_s?, row.gpu.as_deref(), row.power_w?)));
-            plot::lines(
-                "GPU power (windows shaded)",
-                x,
-                "W",
-                &per_gpu(t0, pts),
-                &shade,
-            )
-        }
-        Telemetry::Unusable(why) => format!(
+    // One line per GPU, in seconds from the first sample.
+    let lines = |per: PerGpu, scale: f64| -> Vec<Series> {
+        per.into_iter()
+            .map(|(id, mut pts)| {
+                pts.iter_mut().for_each(|p| *p = (p.0 - t0, p.1 * scale));
+                (format!("GPU {id}"), pts)
+            })
+            .collect()
+    };
+    let power = match series.power {
+        Ok(per) => plot::lines(
+            "GPU power (windows shaded)",
+            x,
+            "W",
+            &lines(per, 1.0),
+            &shade,
+        ),
+        Err(why) => format!(
             "<p class=\"note\">{}: unusable ({})</p>",
             esc(&csv.display().to_string()),
             why.join(", ")
         ),
     };
-    let memory = match memory {
+    let memory = match series.memory_mib {
         None => "<p class=\"note\">No GPU memory series: this power CSV has no memory.used column (written before memory was recorded).</p>".to_string(),
-        Some(rows) => {
-            let pts = rows
-                .iter()
-                .filter_map(|row| Some((row.unix_s?, row.gpu.as_deref(), row.used_mib? / 1024.0)));
-            let series = per_gpu(t0, pts);
-            if series.is_empty() {
-                "<p class=\"note\">No GPU memory series: the GPU library gave no memory reading ([N/A] in the power CSV).</p>".to_string()
-            } else {
-                plot::lines("GPU memory used (windows shaded)", x, "GiB", &series, &shade)
-            }
-        }
+        Some(per) if per.is_empty() => "<p class=\"note\">No GPU memory series: the GPU library gave no memory reading ([N/A] in the power CSV).</p>".to_string(),
+        Some(per) => plot::lines("GPU memory used (windows shaded)", x, "GiB", &lines(per, 1.0 / 1024.0), &shade),
     };
     format!("<div id=\"gpu-power\">{power}</div><div id=\"gpu-memory\">{memory}</div>")
-}
-
-/// (unix seconds, GPU id, value) → one line per GPU, in seconds from `t0`.
-fn per_gpu<'a>(t0: f64, pts: impl Iterator<Item = (f64, Option<&'a str>, f64)>) -> Vec<Series> {
-    let mut by: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for (t, gpu, v) in pts {
-        by.entry(format!("GPU {}", gpu.unwrap_or("?")))
-            .or_default()
-            .push((t - t0, v));
-    }
-    by.into_iter().collect()
 }
 
 fn latency(r: &Value, inputs: &Inputs) -> String {
