@@ -1,13 +1,11 @@
 //! What a power verdict over a long span holds while it is made, and how long it takes: a day of
 //! 8 GPUs sampled at 10 Hz (6.9 M readings), as the live sampler asks it at a run's end (the
-//! kept samples added to `Readings`), as it is asked of rows held whole, and as `report
-//! --bench-result` asks it of a CSV file (read a line at a time, against read whole). Peak RSS is the kernel's high-water mark, reset before each (`/proc/self/clear_refs`).
+//! kept samples added to `Readings`), and as `report --bench-result` asks it of a CSV file
+//! (read a line at a time). Peak RSS is the kernel's high-water mark, reset before each
+//! (`/proc/self/clear_refs`).
 //!
 //! `cargo bench -p sglang-probes --bench verdict_memory [-- GPUS HOURS]`
-use sglang_probes::inferencex::{
-    read_csv, verdict, verdict_of_csv, Reading, Readings, Row, Telemetry, MAX_SAMPLE_GAP_S,
-};
-use std::sync::Arc;
+use sglang_probes::inferencex::{verdict_of_csv, Reading, Readings, MAX_SAMPLE_GAP_S};
 use std::time::Instant;
 
 fn high_water_kb() -> Option<u64> {
@@ -85,35 +83,14 @@ fn main() {
         }
         r.verdict()
     });
-    let rows = measure("rows as a CSV gives them (Vec<Row>)", n, || {
-        let shared: Vec<Arc<str>> = ids.iter().map(|i| Arc::from(i.as_str())).collect();
-        let rows: Vec<Row> = (0..per_gpu)
-            .flat_map(|i| {
-                kept.iter().zip(&shared).map(move |(k, id)| Row {
-                    unix_s: Some(k[i].0),
-                    gpu: Some(id.clone()),
-                    power_w: Some(k[i].1),
-                })
-            })
-            .collect();
-        Telemetry::Rows(rows)
-    });
-    let offline = measure("offline verdict over those rows", n, || {
-        verdict(&rows, span, Some(gpus), MAX_SAMPLE_GAP_S)
-    });
-    drop(rows);
     let csv = std::env::temp_dir().join(format!("verdict-memory-{}.csv", std::process::id()));
     write_csv(&csv, &kept);
     let from_file = measure("a CSV file of them, read a line at a time", n, || {
         verdict_of_csv(&csv, span, Some(gpus), MAX_SAMPLE_GAP_S)
     });
-    let whole = measure("the same file read into rows, then the verdict", n, || {
-        verdict(&read_csv(&csv), span, Some(gpus), MAX_SAMPLE_GAP_S)
-    });
     let _ = std::fs::remove_file(&csv);
-    assert_eq!(from_file, whole);
     assert_eq!(
-        live, offline,
+        live, from_file,
         "one verdict, whichever way the readings came"
     );
     println!(

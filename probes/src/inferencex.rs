@@ -1,7 +1,8 @@
 //! InferenceX's power verdict (`utils/aggregate_power.py`): the rules, reason codes and
-//! integration method of the benchmark pipeline, as one pure function over telemetry rows and a
-//! span. The live sampler's windows and the offline `report --bench-result` both call it, so a
-//! window we call valid is one InferenceX calls valid on the same CSV and span.
+//! integration method of the benchmark pipeline, as one accumulator of telemetry readings over a
+//! span ([`Readings`]). The live sampler's windows (from the rows it kept) and the offline
+//! `report --bench-result` (from the CSV, a line at a time) both feed it, so a window we call
+//! valid is one InferenceX calls valid on the same CSV and span.
 //!
 //! The rules (per GPU, over the rows whose timestamps lie within `max_gap` of the span):
 //! - rows with an unparseable timestamp anywhere: `invalid_timestamp_sample`; a power that is
@@ -17,30 +18,11 @@
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 
 /// The InferenceX aggregation voids a run whose samples are further apart than this.
 pub const MAX_SAMPLE_GAP_S: f64 = 3.0;
 
 pub const INTEGRATION_METHOD: &str = "per_device_trapezoidal_with_linear_boundary_interpolation";
-
-/// One telemetry row, as a CSV line gives it (absent: unparseable or empty).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Row {
-    pub unix_s: Option<f64>,
-    /// Shared: the sampler's rows of one GPU hold one id (a verdict over a long span builds
-    /// millions of rows; a string each would be an allocation each).
-    pub gpu: Option<Arc<str>>,
-    pub power_w: Option<f64>,
-}
-
-/// Telemetry as read: rows in file order, or why there are none to read.
-#[derive(Debug, Clone)]
-pub enum Telemetry {
-    Rows(Vec<Row>),
-    /// File-level reasons (`telemetry_file_missing`, `timestamp_column_missing`, ...).
-    Unusable(Vec<&'static str>),
-}
 
 /// One GPU's part of the verdict.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -142,16 +124,6 @@ pub struct Reading<'a> {
     pub unix_s: Option<f64>,
     pub gpu: Option<&'a str>,
     pub power_w: Option<f64>,
-}
-
-impl Row {
-    pub fn reading(&self) -> Reading<'_> {
-        Reading {
-            unix_s: self.unix_s,
-            gpu: self.gpu.as_deref(),
-            power_w: self.power_w,
-        }
-    }
 }
 
 /// The readings that count for a span, grouped per GPU as they are added: 16 bytes a reading
@@ -361,22 +333,6 @@ fn device_verdict(
         d.energy_j = Some(integrate(&samples, start, end));
     }
     d
-}
-
-/// InferenceX's verdict on `telemetry` over `span` (unix seconds). `expected_gpus`: the GPU count
-/// the server uses (tp × pp), when known.
-pub fn verdict(
-    telemetry: &Telemetry,
-    span: (f64, f64),
-    expected_gpus: Option<usize>,
-    max_gap_s: f64,
-) -> Verdict {
-    let mut readings = Readings::new(span, expected_gpus, max_gap_s);
-    match telemetry {
-        Telemetry::Rows(rows) => rows.iter().for_each(|r| readings.add(r.reading())),
-        Telemetry::Unusable(why) => return readings.unusable(why),
-    }
-    readings.verdict()
 }
 
 /// InferenceX's verdict on a telemetry CSV file over `span`, read a line at a time: what it
@@ -759,30 +715,18 @@ fn csv_rows<S: AsRef<str>>(
     Ok(())
 }
 
-/// Read a telemetry CSV (any text it holds; bad rows become rows without values).
-pub fn parse_csv(text: &str) -> Telemetry {
-    all_rows(|row| csv_rows(text.lines(), row))
-}
-
-/// Read a telemetry CSV file, with InferenceX's file-level reasons when it cannot be used.
-pub fn read_csv(path: &Path) -> Telemetry {
-    all_rows(|row| read_csv_rows(path, row))
-}
-
-/// Every row a reader of them (`csv_rows`, `read_csv_rows`) gives, kept.
-fn all_rows(
-    read: impl FnOnce(&mut dyn FnMut(Reading<'_>)) -> Result<(), Vec<&'static str>>,
-) -> Telemetry {
-    let mut rows = Vec::new();
-    match read(&mut |r| {
-        rows.push(Row {
-            unix_s: r.unix_s,
-            gpu: r.gpu.map(Arc::from),
-            power_w: r.power_w,
-        })
-    }) {
-        Ok(()) => Telemetry::Rows(rows),
-        Err(why) => Telemetry::Unusable(why),
+/// InferenceX's verdict on a telemetry CSV's text over `span`.
+#[cfg(test)]
+pub(crate) fn verdict_of_text(
+    text: &str,
+    span: (f64, f64),
+    expected_gpus: Option<usize>,
+    max_gap_s: f64,
+) -> Verdict {
+    let mut readings = Readings::new(span, expected_gpus, max_gap_s);
+    match csv_rows(text.lines(), |r| readings.add(r)) {
+        Ok(()) => readings.verdict(),
+        Err(why) => readings.unusable(&why),
     }
 }
 
@@ -890,20 +834,26 @@ pub fn parse_energy_csv(text: &str) -> Vec<Vec<(f64, f64)>> {
 mod tests {
     use super::*;
 
-    fn rows(gpu: &str, pts: &[(f64, f64)]) -> Vec<Row> {
-        pts.iter()
-            .map(|&(t, p)| Row {
+    /// The verdict over one GPU's (time, power) readings.
+    fn verdict_of(pts: &[(f64, f64)], span: (f64, f64), expected: Option<usize>) -> Verdict {
+        let mut r = Readings::new(span, expected, MAX_SAMPLE_GAP_S);
+        for &(t, p) in pts {
+            r.add(Reading {
                 unix_s: Some(t),
-                gpu: Some(gpu.into()),
+                gpu: Some("0"),
                 power_w: Some(p),
-            })
-            .collect()
+            });
+        }
+        r.verdict()
     }
 
     #[test]
     fn trapezoid_with_interpolated_edges() {
-        let t = Telemetry::Rows(rows("0", &[(0.0, 100.0), (1.0, 200.0), (2.0, 200.0)]));
-        let v = verdict(&t, (0.5, 1.5), Some(1), MAX_SAMPLE_GAP_S);
+        let v = verdict_of(
+            &[(0.0, 100.0), (1.0, 200.0), (2.0, 200.0)],
+            (0.5, 1.5),
+            Some(1),
+        );
         assert_eq!(v.reasons, Vec::<&str>::new());
         // 150→200 over 0.5 s, 200 over 0.5 s
         assert!(
@@ -915,16 +865,14 @@ mod tests {
 
     #[test]
     fn no_bracketing_slack() {
-        let t = Telemetry::Rows(rows("0", &[(1.001, 100.0), (2.0, 100.0)]));
-        let v = verdict(&t, (1.0, 2.0), None, MAX_SAMPLE_GAP_S);
+        let v = verdict_of(&[(1.001, 100.0), (2.0, 100.0)], (1.0, 2.0), None);
         assert_eq!(v.reasons, ["benchmark_window_not_bracketed"]);
         assert_eq!(v.total_gpu_energy_j, None, "absent, never 0");
     }
 
     #[test]
     fn gaps_count_from_the_sample_before_the_start() {
-        let t = Telemetry::Rows(rows("0", &[(0.0, 1.0), (3.5, 1.0), (5.0, 1.0)]));
-        let v = verdict(&t, (3.0, 4.0), Some(1), MAX_SAMPLE_GAP_S);
+        let v = verdict_of(&[(0.0, 1.0), (3.5, 1.0), (5.0, 1.0)], (3.0, 4.0), Some(1));
         assert_eq!(v.reasons, ["sampling_gap_exceeded"]);
     }
 
@@ -995,21 +943,24 @@ mod tests {
         }
         bytes.extend_from_slice(b"14.0, 0, 104 W");
         std::fs::write(&path, &bytes).unwrap();
-        let whole = parse_csv(&String::from_utf8_lossy(&bytes));
-        let Telemetry::Rows(rows) = &whole else {
-            panic!("{whole:?}")
-        };
+        let text = String::from_utf8_lossy(&bytes);
+        let mut rows = Vec::new();
+        csv_rows(text.lines(), |r| {
+            rows.push((r.unix_s, r.gpu.map(String::from), r.power_w))
+        })
+        .unwrap();
         assert_eq!(rows.len(), 9);
-        assert_eq!(rows[1].gpu.as_deref(), Some("1\u{fffd}"));
-        let Telemetry::Rows(read) = read_csv(&path) else {
-            panic!("unreadable")
-        };
-        assert_eq!(&read, rows);
+        assert_eq!(rows[1].1.as_deref(), Some("1\u{fffd}"));
+        let mut read = Vec::new();
+        read_csv_rows(&path, |r| {
+            read.push((r.unix_s, r.gpu.map(String::from), r.power_w))
+        })
+        .unwrap();
+        assert_eq!(read, rows);
         let span = (10.5, 13.5);
-        assert_eq!(
-            verdict_of_csv(&path, span, Some(2), MAX_SAMPLE_GAP_S),
-            verdict(&whole, span, Some(2), MAX_SAMPLE_GAP_S)
-        );
+        let v = verdict_of_csv(&path, span, Some(2), MAX_SAMPLE_GAP_S);
+        assert_eq!(v, verdict_of_text(&text, span, Some(2), MAX_SAMPLE_GAP_S));
+        assert_eq!(v.observed_gpu_count, 2);
         assert_eq!(
             verdict_of_csv(&dir.join("absent.csv"), span, None, MAX_SAMPLE_GAP_S).reasons,
             ["telemetry_file_missing"]

@@ -394,8 +394,8 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// InferenceX's reader (ours, `inferencex::parse_csv`) takes the same timestamp, GPU and power
-    /// from a row with the memory column as from the same row without it.
+    /// InferenceX's reader (ours) gives the same verdict on rows with the memory column as on
+    /// the same rows without it.
     #[test]
     fn the_memory_column_leaves_the_power_reading_unchanged() {
         let s = GpuSample {
@@ -404,23 +404,20 @@ mod tests {
             memory_used_bytes: Some(80 << 30),
             ..GpuSample::default()
         };
-        let with = format!("{CSV_HEADER}\n{}", csv_row(1_796_210_437.105, &s));
+        let rows: String = (0..4)
+            .map(|i| csv_row(1_796_210_437.105 + f64::from(i), &s))
+            .collect();
+        let with = format!("{CSV_HEADER}\n{rows}");
         let old_header = CSV_HEADER.trim_end_matches(", memory.used [MiB]");
-        let row = csv_row(1_796_210_437.105, &s);
-        let without = format!(
-            "{old_header}\n{}\n",
-            row.trim_end().trim_end_matches(", 81920 MiB")
-        );
-        let (a, b) = (
-            inferencex::parse_csv(&with),
-            inferencex::parse_csv(&without),
-        );
-        let (inferencex::Telemetry::Rows(a), inferencex::Telemetry::Rows(b)) = (a, b) else {
-            panic!("unusable");
-        };
-        assert_eq!(a, b);
-        assert_eq!(a[0].power_w, Some(412.35));
+        let without = format!("{old_header}\n{}", rows.replace(", 81920 MiB", ""));
         assert!(without.lines().nth(1).unwrap().ends_with("[N/A]"));
+        let span = (1_796_210_437.5, 1_796_210_439.5);
+        let verdict =
+            |text: &str| inferencex::verdict_of_text(text, span, Some(1), MAX_SAMPLE_GAP_S);
+        let (a, b) = (verdict(&with), verdict(&without));
+        assert_eq!(a, b);
+        assert_eq!(a.power_valid, 1, "{a:?}");
+        assert_eq!(a.avg_power_w, Some(412.35));
     }
 
     #[test]

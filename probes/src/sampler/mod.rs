@@ -671,8 +671,7 @@ mod tests {
                 &run.inferencex,
             ),
         ] {
-            let mut offline =
-                inferencex::verdict(&inferencex::read_csv(&csv), span, None, MAX_SAMPLE_GAP_S);
+            let mut offline = inferencex::verdict_of_csv(&csv, span, None, MAX_SAMPLE_GAP_S);
             // Samples written after the window closed (within 3 s of its end) count in the CSV
             // read later, not at the close; nothing else can differ.
             offline.gpus[0].samples = live.gpus[0].samples;
