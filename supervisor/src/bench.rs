@@ -66,20 +66,25 @@ pub fn fields(o: &Map<String, Value>) -> BenchFields {
     }
 }
 
-/// The requests of a requests log (JSON lines), and how many lines were not requests.
+/// The requests of a requests log (JSON lines), and how many lines were not requests. Read a
+/// line at a time: a day's log is hundreds of MB, its requests' figures are what is kept.
 pub fn read_requests_log(path: &Path) -> Result<(Vec<RequestRecord>, usize), String> {
-    let text = std::fs::read(path).map_err(|e| {
+    use std::io::BufRead;
+    let cannot = |e: std::io::Error| {
         format!(
             "--requests-log {}: cannot read it ({e}); pass the file `run --requests-log` wrote",
             path.display()
         )
-    })?;
+    };
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let mut lines = std::io::BufReader::with_capacity(1 << 16, file).split(b'\n');
     let (mut records, mut bad) = (Vec::new(), 0);
-    for line in String::from_utf8_lossy(&text).lines() {
+    while let Some(line) = lines.next().transpose().map_err(cannot)? {
+        let line = String::from_utf8_lossy(&line);
         if line.trim().is_empty() {
             continue;
         }
-        match serde_json::from_str::<RequestRecord>(line) {
+        match serde_json::from_str::<RequestRecord>(&line) {
             Ok(r) if r.start_unix.is_finite() && r.e2e_s.is_finite() => records.push(r),
             _ => bad += 1,
         }
