@@ -207,8 +207,13 @@ impl Readings {
         }
     }
 
-    /// The verdict when the telemetry cannot be read at all (file-level reasons: `why`).
-    pub fn unusable(self, why: &[&'static str]) -> Verdict {
+    /// The verdict once the readings are read: over them, or, when the telemetry could not be
+    /// used at all, with its file-level reasons.
+    pub fn verdict_after(self, read: Result<(), Vec<&'static str>>) -> Verdict {
+        let why = match read {
+            Ok(()) => return self.verdict(),
+            Err(why) => why,
+        };
         if let Some(v) = self.settled {
             return v;
         }
@@ -344,10 +349,8 @@ pub fn verdict_of_csv(
     max_gap_s: f64,
 ) -> Verdict {
     let mut readings = Readings::new(span, expected_gpus, max_gap_s);
-    match read_csv_rows(path, |r| readings.add(r)) {
-        Ok(()) => readings.verdict(),
-        Err(why) => readings.unusable(&why),
-    }
+    let read = read_csv_rows(path, |r| readings.add(r));
+    readings.verdict_after(read)
 }
 /// Power at `t`, linearly interpolated between the samples around it (`samples` bracket `t`).
 fn power_at(samples: &[(f64, f64)], t: f64) -> f64 {
@@ -724,10 +727,8 @@ pub(crate) fn verdict_of_text(
     max_gap_s: f64,
 ) -> Verdict {
     let mut readings = Readings::new(span, expected_gpus, max_gap_s);
-    match csv_rows(text.lines(), |r| readings.add(r)) {
-        Ok(()) => readings.verdict(),
-        Err(why) => readings.unusable(&why),
-    }
+    let read = csv_rows(text.lines(), |r| readings.add(r));
+    readings.verdict_after(read)
 }
 
 /// Each row of a telemetry CSV file, a line at a time, or the file-level reasons it cannot be
