@@ -414,7 +414,12 @@ impl Reader {
     fn count_drops(&mut self) -> u64 {
         let drops = self.conns.drops.untold();
         if drops > 0 {
-            tracing::warn!("tap: the ring had no room for {drops} segments (raise SGLANG_SUPERVISOR_TAP_RING_MB)");
+            // Measured on a 16-core host: at 512k segments a second one reader lost segments
+            // whatever its ring, four kept every one (BENCHMARKS.md, "The tap's readers").
+            tracing::warn!(
+                "tap: the ring had no room for {drops} segments: for a sustained rate read with more \
+                 threads (SGLANG_SUPERVISOR_TAP_READERS=4), for bursts raise SGLANG_SUPERVISOR_TAP_RING_MB"
+            );
             self.conns.tap_metrics.dropped_packets.inc_by(drops);
         }
         drops
