@@ -221,7 +221,8 @@ pub fn series_of_lines<S: AsRef<str>>(lines: impl Iterator<Item = S>) -> GpuSeri
     for l in lines {
         let f = inferencex::fields(l.as_ref());
         let cell = |i: usize| f.get(i).map_or("", |s| s.trim());
-        let Some(t) = inferencex::parse_timestamp(cell(time)) else {
+        // An infinite time (300 digits) is no point either: the plots' axis is made from them.
+        let Some(t) = inferencex::parse_timestamp(cell(time)).filter(|t| t.is_finite()) else {
             continue;
         };
         out.first_unix_s = Some(out.first_unix_s.map_or(t, |f: f64| f.min(t)));

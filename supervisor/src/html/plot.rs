@@ -44,8 +44,10 @@ fn svg(
     }
 }
 
-/// Every `k`-th point, the last kept: the shape survives, the page stays small.
+/// Every `k`-th point, the last kept: the shape survives, the page stays small. Points that are
+/// not finite are not drawn (the plotting library loops forever on an infinite range).
 pub fn thin(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let points: Vec<(f64, f64)> = points.iter().copied().filter(finite).collect();
     let k = points.len().div_ceil(MAX_POINTS).max(1);
     let mut out: Vec<(f64, f64)> = points.iter().step_by(k).copied().collect();
     if let (Some(last), true) = (points.last(), k > 1) {
@@ -54,8 +56,14 @@ pub fn thin(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
     out
 }
 
+fn finite(p: &(f64, f64)) -> bool {
+    p.0.is_finite() && p.1.is_finite()
+}
+
+/// The axes' ranges over the finite points; `None` when there are none, or when the ranges
+/// themselves are not finite (values near f64::MAX: no power or time is).
 fn bounds(series: &[Series]) -> Option<((f64, f64), (f64, f64))> {
-    let pts = series.iter().flat_map(|s| s.1.iter());
+    let pts = series.iter().flat_map(|s| s.1.iter()).filter(|p| finite(p));
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, 0.0f64, f64::MIN);
     for (x, y) in pts {
         x0 = x0.min(*x);
@@ -63,11 +71,15 @@ fn bounds(series: &[Series]) -> Option<((f64, f64), (f64, f64))> {
         y0 = y0.min(*y);
         y1 = y1.max(*y);
     }
-    (x1 >= x0).then(|| {
-        let x1 = if x1 > x0 { x1 } else { x0 + 1.0 };
-        let y1 = if y1 > y0 { y1 * 1.05 } else { y0 + 1.0 };
-        ((x0, x1), (y0, y1))
-    })
+    if x1 < x0 {
+        return None;
+    }
+    let x1 = if x1 > x0 { x1 } else { x0 + 1.0 };
+    let y1 = if y1 > y0 { y1 * 1.05 } else { y0 + 1.0 };
+    [x1 - x0, y1 - y0]
+        .iter()
+        .all(|r| r.is_finite())
+        .then_some(((x0, x1), (y0, y1)))
 }
 
 /// Lines over time, `shade`d spans (windows) behind them.
@@ -242,4 +254,29 @@ pub fn gantt(title: &str, rows: &[(String, Vec<Bar>)], jit: &[(f64, f64)]) -> St
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_that_are_not_finite_or_near_the_largest_float_are_not_drawn() {
+        let with_inf: Vec<Series> = vec![(
+            "GPU 0".into(),
+            vec![
+                (0.0, 100.0),
+                (1.0, f64::INFINITY),
+                (2.0, 200.0),
+                (f64::NAN, 1.0),
+            ],
+        )];
+        let svg = lines("power", "s", "W", &with_inf, &[]);
+        assert!(svg.contains("<svg"), "the finite points are drawn: {svg}");
+        assert_eq!(thin(&with_inf[0].1), [(0.0, 100.0), (2.0, 200.0)]);
+        // 1.79e308 W is finite, but the axis padded by 5 % is not
+        let huge: Vec<Series> = vec![("GPU 0".into(), vec![(0.0, 1.79e308), (1.0, 1.0)])];
+        assert_eq!(bounds(&huge), None);
+        assert!(lines("power", "s", "W", &huge, &[]).contains("no data"));
+    }
 }
