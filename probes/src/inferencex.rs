@@ -705,9 +705,15 @@ fn csv_rows<S: AsRef<str>>(
                 .collect()
         })
         .unwrap_or_default();
+    if header.iter().any(|c| too_long(c)) {
+        return Err(vec!["telemetry_file_unreadable"]);
+    }
     let (time, power, gpu) = power_columns(&header)?;
     for l in lines {
         let f = fields(l.as_ref());
+        if f.iter().any(|c| too_long(c)) {
+            return Err(vec!["telemetry_file_unreadable"]);
+        }
         let cell = |i: usize| f.get(i).map_or("", |s| s.trim());
         row(Reading {
             unix_s: parse_timestamp(cell(time)),
@@ -742,18 +748,28 @@ fn read_csv_rows(path: &Path, row: impl FnMut(Reading<'_>)) -> Result<(), Vec<&'
     read
 }
 
-/// A telemetry CSV file's lines, read a line at a time: a line ends at "\n" or "\r\n" (as
-/// `str::lines`), invalid UTF-8 is replaced. A read that fails part-way ends them and sets
-/// `failed`.
+/// The longest line of a telemetry CSV read (16 MiB): InferenceX's reader (Python's `csv`)
+/// refuses a field over 128 KiB, so a longer line cannot be a row it reads.
+const MAX_CSV_LINE: usize = 16 << 20;
+
+/// Python's `csv.field_size_limit()` default: InferenceX finds the file unreadable past it.
+const MAX_CSV_FIELD: usize = 128 << 10;
+
+/// A field Python's `csv` refuses (in characters, as it counts).
+fn too_long(field: &str) -> bool {
+    field.len() > MAX_CSV_FIELD && field.chars().count() > MAX_CSV_FIELD
+}
+
+/// A telemetry CSV file's lines, read a line at a time (`lines::CappedLines`). A read that fails
+/// part-way, or a line too long for any CSV reader, ends them and sets `failed`.
 pub(crate) struct CsvLines {
-    lines: std::io::Split<std::io::BufReader<std::fs::File>>,
+    lines: crate::lines::CappedLines<std::io::BufReader<std::fs::File>>,
     pub failed: bool,
 }
 
 impl CsvLines {
     /// The file's lines, or InferenceX's reason it cannot be read (missing, empty, unreadable).
     pub(crate) fn open(path: &Path) -> Result<CsvLines, Vec<&'static str>> {
-        use std::io::BufRead;
         match std::fs::metadata(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(vec!["telemetry_file_missing"])
@@ -764,8 +780,9 @@ impl CsvLines {
             Ok(_) => {}
         }
         let file = std::fs::File::open(path).map_err(|_| vec!["telemetry_file_unreadable"])?;
+        let reader = std::io::BufReader::with_capacity(1 << 16, file);
         Ok(CsvLines {
-            lines: std::io::BufReader::with_capacity(1 << 16, file).split(b'\n'),
+            lines: crate::lines::CappedLines::new(reader, MAX_CSV_LINE),
             failed: false,
         })
     }
@@ -779,16 +796,8 @@ impl Iterator for CsvLines {
             return None;
         }
         match self.lines.next()? {
-            Ok(mut l) => {
-                if l.last() == Some(&b'\r') {
-                    l.pop();
-                }
-                Some(
-                    String::from_utf8(l)
-                        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
-                )
-            }
-            Err(_) => {
+            Ok(crate::lines::Line::Text(l)) => Some(l),
+            Ok(crate::lines::Line::TooLong) | Err(_) => {
                 self.failed = true;
                 None
             }

@@ -3,6 +3,7 @@
 pub mod gpu;
 pub mod http;
 pub mod inferencex;
+pub mod lines;
 pub mod nvml;
 pub mod rocm;
 pub mod sampler;

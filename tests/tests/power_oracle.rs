@@ -376,6 +376,19 @@ fn cases() -> Vec<Case> {
             recorded: (true, &[], &[("0", 5396.023651479942)]),
         },
         Case {
+            name: "a cell over Python csv's 128 KiB field limit, outside the window",
+            csv: edit_rows(|l| {
+                Some(if at(l, (15, 32, 0.0), (15, 32, 0.1)) {
+                    format!("{l}, {}", "x".repeat(131_073))
+                } else {
+                    l.to_string()
+                })
+            }),
+            bench: bench(START, END),
+            gpus: 1,
+            recorded: (false, &["telemetry_file_unreadable"], &[]),
+        },
+        Case {
             name: "nvidia-smi's own CSV without an index column",
             csv: std::fs::read_to_string(gpu_fixture("h200-nvidia-smi-10hz-call1.csv")).unwrap(),
             bench: bench(1796203172.0, 1796203180.0),
