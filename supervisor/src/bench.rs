@@ -66,25 +66,47 @@ pub fn fields(o: &Map<String, Value>) -> BenchFields {
     }
 }
 
+/// The longest requests-log line read (64 MiB: a request of 4M tokens and their ITLs); a
+/// longer one counts as a line that is not a request.
+const MAX_RECORD_LINE: usize = 64 << 20;
+
 /// The requests of a requests log (JSON lines), and how many lines were not requests. Read a
 /// line at a time: a day's log is hundreds of MB, its requests' figures are what is kept.
 pub fn read_requests_log(path: &Path) -> Result<(Vec<RequestRecord>, usize), String> {
-    use std::io::BufRead;
-    let cannot = |e: std::io::Error| {
+    use sglang_probes::lines::{CappedLines, Line};
+    let cannot = |e: &dyn std::fmt::Display| {
         format!(
             "--requests-log {}: cannot read it ({e}); pass the file `run --requests-log` wrote",
             path.display()
         )
     };
-    let file = std::fs::File::open(path).map_err(cannot)?;
-    let mut lines = std::io::BufReader::with_capacity(1 << 16, file).split(b'\n');
+    // Asked before opening: opening a FIFO blocks, and /dev/zero would never end.
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => return Err(cannot(&"not a regular file")),
+        Err(e) => return Err(cannot(&e)),
+    }
+    let file = std::fs::File::open(path).map_err(|e| cannot(&e))?;
+    let reader = std::io::BufReader::with_capacity(1 << 16, file);
     let (mut records, mut bad) = (Vec::new(), 0);
-    while let Some(line) = lines.next().transpose().map_err(cannot)? {
-        let line = String::from_utf8_lossy(&line);
+    for (i, line) in CappedLines::new(reader, MAX_RECORD_LINE).enumerate() {
+        let line = match line.map_err(|e| cannot(&e))? {
+            Line::Text(t) => t,
+            Line::TooLong => {
+                bad += 1;
+                continue;
+            }
+        };
+        // A byte-order mark an editor left in front of the first record.
+        let line = if i == 0 {
+            line.trim_start_matches('\u{feff}')
+        } else {
+            &line
+        };
         if line.trim().is_empty() {
             continue;
         }
-        match serde_json::from_str::<RequestRecord>(&line) {
+        match serde_json::from_str::<RequestRecord>(line) {
             Ok(r) if r.start_unix.is_finite() && r.e2e_s.is_finite() => records.push(r),
             _ => bad += 1,
         }
@@ -380,6 +402,31 @@ mod tests {
         let (_, end, source) = span(&b, Some(&log)).unwrap();
         assert_eq!(end, 102.1);
         assert_eq!(source["matched_by"], "completed count and duration");
+    }
+
+    #[test]
+    fn a_requests_log_that_is_no_regular_file_is_refused_and_odd_lines_are_counted() {
+        let dir = std::env::temp_dir().join(format!("sglsup-reqlog-odd-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = read_requests_log(&dir).unwrap_err();
+        assert!(err.contains("not a regular file"), "{err}");
+        let fifo = dir.join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        // refused before it is opened: opening a FIFO nobody writes would block
+        assert!(read_requests_log(&fifo)
+            .unwrap_err()
+            .contains("not a regular file"));
+        let log = dir.join("requests.jsonl");
+        let mut text = b"\xef\xbb\xbf".to_vec(); // a byte-order mark before the first record
+        for s in [1.0, 2.0] {
+            text.extend(serde_json::to_vec(&req(1_796_289_988.0 + s, 0.5, 4)).unwrap());
+            text.extend(b"\r\n");
+        }
+        text.extend(b"not json\n");
+        std::fs::write(&log, &text).unwrap();
+        let (records, bad) = read_requests_log(&log).unwrap();
+        assert_eq!((records.len(), bad), (2, 1));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
