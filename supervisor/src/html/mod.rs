@@ -263,6 +263,11 @@ fn gpu(r: &Value, inputs: &Inputs) -> String {
             })
             .collect()
     };
+    // The file itself could not be read: the memory note must not blame its columns.
+    let unreadable = match &series.power {
+        Err(why) if why.iter().any(|w| w.starts_with("telemetry_file_")) => Some(why.join(", ")),
+        _ => None,
+    };
     let power = match series.power {
         Ok(per) => plot::lines(
             "GPU power (windows shaded)",
@@ -277,10 +282,15 @@ fn gpu(r: &Value, inputs: &Inputs) -> String {
             why.join(", ")
         ),
     };
-    let memory = match series.memory_mib {
-        None => "<p class=\"note\">No GPU memory series: this power CSV has no memory.used column (written before memory was recorded).</p>".to_string(),
-        Some(per) if per.is_empty() => "<p class=\"note\">No GPU memory series: the GPU library gave no memory reading ([N/A] in the power CSV).</p>".to_string(),
-        Some(per) => plot::lines("GPU memory used (windows shaded)", x, "GiB", &lines(per, 1.0 / 1024.0), &shade),
+    let memory = match (series.memory_mib, unreadable) {
+        (None, Some(why)) => format!(
+            "<p class=\"note\">No GPU memory series: {} could not be read ({}).</p>",
+            esc(&csv.display().to_string()),
+            why
+        ),
+        (None, None) => "<p class=\"note\">No GPU memory series: this power CSV has no memory.used column (written before memory was recorded).</p>".to_string(),
+        (Some(per), _) if per.is_empty() => "<p class=\"note\">No GPU memory series: the GPU library gave no memory reading ([N/A] in the power CSV).</p>".to_string(),
+        (Some(per), _) => plot::lines("GPU memory used (windows shaded)", x, "GiB", &lines(per, 1.0 / 1024.0), &shade),
     };
     format!("<div id=\"gpu-power\">{power}</div><div id=\"gpu-memory\">{memory}</div>")
 }
@@ -776,6 +786,20 @@ mod tests {
             assert_eq!(memory.matches("<p class=\"note\">").count(), 1, "{name}");
             assert!(memory.contains(why), "{name}: {memory}");
         }
+        // A file that cannot be read at all says so under memory too, not that a column is missing.
+        let missing = dir.join("absent.csv");
+        let html = gpu(
+            &r,
+            &Inputs {
+                power_csv: Some(&missing),
+                requests_log: None,
+            },
+        );
+        let (_, memory) = html.split_once("<div id=\"gpu-memory\">").unwrap();
+        assert!(
+            memory.contains("could not be read (telemetry_file_missing)"),
+            "{memory}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
