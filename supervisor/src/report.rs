@@ -183,8 +183,8 @@ fn bench_window(args: &ReportArgs, events: &[Value]) -> Result<Option<Value>, St
         .as_deref()
         .map(|p| match crate::bench::read_requests_log(p)? {
             (r, bad) if r.is_empty() => Err(format!(
-                "--requests-log {}: no request in it, {bad} other lines; pass \
-                 the file `run --requests-log` wrote while the benchmark ran",
+                "--requests-log {}: no request in it ({bad} lines without a finite start_unix \
+                 and e2e_s); pass the file `run --requests-log` wrote while the benchmark ran",
                 p.display()
             )),
             read => Ok(read),
@@ -194,10 +194,21 @@ fn bench_window(args: &ReportArgs, events: &[Value]) -> Result<Option<Value>, St
     let expected = args.expected_gpus.or_else(|| expected_gpus(events));
     let power = match &args.power_csv {
         Some(csv) if !csv.is_file() => {
+            let what = if csv.exists() {
+                "not a regular file"
+            } else {
+                "no such file"
+            };
             return Err(format!(
-                "--power-csv {}: no such file; pass the CSV `run --power-csv` wrote",
+                "--power-csv {}: {what}; pass the CSV `run --power-csv` wrote",
                 csv.display()
-            ))
+            ));
+        }
+        Some(csv) if let Err(e) = std::fs::File::open(csv) => {
+            return Err(format!(
+                "--power-csv {}: cannot read it ({e}); pass the CSV `run --power-csv` wrote",
+                csv.display()
+            ));
         }
         Some(csv) => Some(crate::bench::power_from_files(
             csv,

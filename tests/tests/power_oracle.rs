@@ -595,6 +595,8 @@ fn bad_input_is_one_line_naming_the_file_and_exit_2() {
     let garbage = dir.join("garbage.json");
     std::fs::write(&garbage, "<html>").unwrap();
     let sglang_result = gpu_fixture("h200-c32-window/bench_serving_summary.json");
+    let bench_json = dir.join("bench.json");
+    std::fs::write(&bench_json, bench(START, END).to_string()).unwrap();
     let cases: Vec<(Vec<&std::ffi::OsStr>, &str)> = vec![
         (
             vec![
@@ -620,6 +622,39 @@ fn bad_input_is_one_line_naming_the_file_and_exit_2() {
                 sglang_result.as_os_str(),
             ],
             "pass --requests-log",
+        ),
+        (
+            vec![
+                "--events".as_ref(),
+                events.as_os_str(),
+                "--bench-result".as_ref(),
+                bench_json.as_os_str(),
+                "--power-csv".as_ref(),
+                dir.as_os_str(),
+            ],
+            "not a regular file; pass the CSV",
+        ),
+        (
+            vec![
+                "--events".as_ref(),
+                events.as_os_str(),
+                "--bench-result".as_ref(),
+                bench_json.as_os_str(),
+                "--requests-log".as_ref(),
+                dir.as_os_str(),
+            ],
+            "not a regular file",
+        ),
+        (
+            vec![
+                "--events".as_ref(),
+                events.as_os_str(),
+                "--bench-result".as_ref(),
+                bench_json.as_os_str(),
+                "--requests-log".as_ref(),
+                garbage.as_os_str(),
+            ],
+            "1 lines without a finite start_unix and e2e_s",
         ),
     ];
     for (args, says) in cases {
