@@ -352,6 +352,7 @@ pub fn verdict_of_csv(
     let read = read_csv_rows(path, |r| readings.add(r));
     readings.verdict_after(read)
 }
+
 /// Power at `t`, linearly interpolated between the samples around it (`samples` bracket `t`).
 fn power_at(samples: &[(f64, f64)], t: f64) -> f64 {
     let right = samples.partition_point(|s| s.0 < t);

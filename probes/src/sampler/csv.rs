@@ -185,7 +185,8 @@ pub struct GpuSeries {
 /// The power and `memory.used` series of a power CSV's lines: ours, or an nvidia-smi capture
 /// (`1234 MiB`, or bare `1234` with `--format=csv,nounits`). Columns are found by name
 /// (timestamp, power and GPU id as InferenceX finds them), wherever they are; a row without a
-/// GPU id is GPU `?`; a cell that is empty, unparseable, `[N/A]` or negative is no point.
+/// GPU id is GPU `?`; a cell that is empty, unparseable or `[N/A]` is no point (nor is a
+/// negative memory reading: a negative power is drawn, as the verdict's reader sees it).
 /// One pass, a line at a time: 16 bytes a point is what is held.
 pub fn series_of_lines<S: AsRef<str>>(lines: impl Iterator<Item = S>) -> GpuSeries {
     let mut lines = lines.filter(|l| !l.as_ref().is_empty());
