@@ -597,6 +597,17 @@ fn bad_input_is_one_line_naming_the_file_and_exit_2() {
     let sglang_result = gpu_fixture("h200-c32-window/bench_serving_summary.json");
     let bench_json = dir.join("bench.json");
     std::fs::write(&bench_json, bench(START, END).to_string()).unwrap();
+    // A valid result and events, with one more file flag.
+    let with_bench = |flag: &'static str, file: &Path| -> Vec<&std::ffi::OsStr> {
+        vec![
+            "--events".as_ref(),
+            events.as_os_str().to_owned().leak(),
+            "--bench-result".as_ref(),
+            bench_json.as_os_str().to_owned().leak(),
+            flag.as_ref(),
+            file.as_os_str().to_owned().leak(),
+        ]
+    };
     let cases: Vec<(Vec<&std::ffi::OsStr>, &str)> = vec![
         (
             vec![
@@ -624,36 +635,12 @@ fn bad_input_is_one_line_naming_the_file_and_exit_2() {
             "pass --requests-log",
         ),
         (
-            vec![
-                "--events".as_ref(),
-                events.as_os_str(),
-                "--bench-result".as_ref(),
-                bench_json.as_os_str(),
-                "--power-csv".as_ref(),
-                dir.as_os_str(),
-            ],
+            with_bench("--power-csv", &dir),
             "not a regular file; pass the CSV",
         ),
+        (with_bench("--requests-log", &dir), "not a regular file"),
         (
-            vec![
-                "--events".as_ref(),
-                events.as_os_str(),
-                "--bench-result".as_ref(),
-                bench_json.as_os_str(),
-                "--requests-log".as_ref(),
-                dir.as_os_str(),
-            ],
-            "not a regular file",
-        ),
-        (
-            vec![
-                "--events".as_ref(),
-                events.as_os_str(),
-                "--bench-result".as_ref(),
-                bench_json.as_os_str(),
-                "--requests-log".as_ref(),
-                garbage.as_os_str(),
-            ],
+            with_bench("--requests-log", &garbage),
             "1 lines without a finite start_unix and e2e_s",
         ),
     ];
