@@ -658,6 +658,19 @@ pub(crate) fn fields(line: &str) -> Vec<String> {
     out
 }
 
+/// The header's cells (trimmed), from the first of `lines` (empty ones already skipped).
+pub(crate) fn header<S: AsRef<str>>(lines: &mut impl Iterator<Item = S>) -> Vec<String> {
+    lines
+        .next()
+        .map(|h| {
+            fields(h.as_ref())
+                .into_iter()
+                .map(|f| f.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Timestamp, power and GPU-id columns, all three, or InferenceX's reasons for those missing.
 pub(crate) fn power_columns(header: &[String]) -> Result<(usize, usize, usize), Vec<&'static str>> {
     let (time, power, gpu) = columns(header);
@@ -697,15 +710,7 @@ fn csv_rows<S: AsRef<str>>(
     mut row: impl FnMut(Reading<'_>),
 ) -> Result<(), Vec<&'static str>> {
     let mut lines = lines.filter(|l| !l.as_ref().is_empty());
-    let header: Vec<String> = lines
-        .next()
-        .map(|h| {
-            fields(h.as_ref())
-                .into_iter()
-                .map(|f| f.trim().to_string())
-                .collect()
-        })
-        .unwrap_or_default();
+    let header = header(&mut lines);
     if header.iter().any(|c| too_long(c)) {
         return Err(vec!["telemetry_file_unreadable"]);
     }
@@ -741,12 +746,21 @@ pub(crate) fn verdict_of_text(
 /// Each row of a telemetry CSV file, a line at a time, or the file-level reasons it cannot be
 /// used for.
 fn read_csv_rows(path: &Path, row: impl FnMut(Reading<'_>)) -> Result<(), Vec<&'static str>> {
+    read_csv_lines(path, |lines| csv_rows(lines, row))?
+}
+
+/// `read` over the lines of the telemetry CSV at `path`, or InferenceX's reasons the file cannot
+/// be read: it cannot be opened, or a read failed part-way (`telemetry_file_unreadable`).
+pub(crate) fn read_csv_lines<T>(
+    path: &Path,
+    read: impl FnOnce(&mut CsvLines) -> T,
+) -> Result<T, Vec<&'static str>> {
     let mut lines = CsvLines::open(path)?;
-    let read = csv_rows(&mut lines, row);
+    let out = read(&mut lines);
     if lines.failed {
         return Err(vec!["telemetry_file_unreadable"]);
     }
-    read
+    Ok(out)
 }
 
 /// The longest line of a telemetry CSV read (16 MiB): InferenceX's reader (Python's `csv`)
@@ -765,12 +779,12 @@ fn too_long(field: &str) -> bool {
 /// part-way, or a line too long for any CSV reader, ends them and sets `failed`.
 pub(crate) struct CsvLines {
     lines: crate::lines::CappedLines<std::io::BufReader<std::fs::File>>,
-    pub failed: bool,
+    failed: bool,
 }
 
 impl CsvLines {
     /// The file's lines, or InferenceX's reason it cannot be read (missing, empty, unreadable).
-    pub(crate) fn open(path: &Path) -> Result<CsvLines, Vec<&'static str>> {
+    fn open(path: &Path) -> Result<CsvLines, Vec<&'static str>> {
         match std::fs::metadata(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(vec!["telemetry_file_missing"])

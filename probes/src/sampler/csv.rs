@@ -3,7 +3,7 @@
 //! counter readings), so that InferenceX's verdict can be asked over any span of the run on
 //! exactly what the CSV holds. Memory stays bounded: past `MAX_KEPT_ROWS` rows per GPU (29 h at
 //! 10 Hz) the oldest half is let go (the CSV keeps everything). The GPU memory used is the last
-//! column (`memory.used [MiB]`); `parse_memory_used` reads it back for the report's plot.
+//! column (`memory.used [MiB]`); `read_series` reads it back for the report's plot.
 use super::lock;
 use crate::gpu::GpuSample;
 use crate::inferencex::{self, CounterEnergy, Reading, Readings, Verdict, MAX_SAMPLE_GAP_S};
@@ -190,15 +190,7 @@ pub struct GpuSeries {
 /// One pass, a line at a time: 16 bytes a point is what is held.
 pub fn series_of_lines<S: AsRef<str>>(lines: impl Iterator<Item = S>) -> GpuSeries {
     let mut lines = lines.filter(|l| !l.as_ref().is_empty());
-    let header: Vec<String> = lines
-        .next()
-        .map(|h| {
-            inferencex::fields(h.as_ref())
-                .into_iter()
-                .map(|f| f.trim().to_string())
-                .collect()
-        })
-        .unwrap_or_default();
+    let header = inferencex::header(&mut lines);
     let power_cols = inferencex::power_columns(&header);
     let (time, _, gpu) = inferencex::columns(&header);
     let used = header.iter().position(|h| {
@@ -257,24 +249,13 @@ fn push(series: &mut PerGpu, id: &str, point: (f64, f64)) {
 /// [`series_of_lines`] of a file, read a line at a time; power says why when the file cannot be
 /// read.
 pub fn read_series(path: &std::path::Path) -> GpuSeries {
-    match inferencex::CsvLines::open(path) {
-        Ok(mut lines) => {
-            let out = series_of_lines(&mut lines);
-            if lines.failed {
-                return GpuSeries {
-                    power: Err(vec!["telemetry_file_unreadable"]),
-                    memory_mib: None,
-                    first_unix_s: None,
-                };
-            }
-            out
-        }
-        Err(why) => GpuSeries {
+    inferencex::read_csv_lines(path, |lines| series_of_lines(lines)).unwrap_or_else(|why| {
+        GpuSeries {
             power: Err(why),
             memory_mib: None,
             first_unix_s: None,
-        },
-    }
+        }
+    })
 }
 
 /// `2026/12/02 09:19:31.105` (UTC), nvidia-smi's timestamp format: milliseconds floored, as
