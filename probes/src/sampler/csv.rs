@@ -173,7 +173,7 @@ pub type PerGpu = std::collections::BTreeMap<String, Vec<(f64, f64)>>;
 /// A power CSV's series, per GPU, as the report's plots draw them.
 #[derive(Debug, PartialEq)]
 pub struct GpuSeries {
-    /// Power (W), or InferenceX's file-level reasons it cannot be read (a column missing).
+    /// Power (W), or InferenceX's reasons the file has no power series (a column missing).
     pub power: Result<PerGpu, Vec<&'static str>>,
     /// Memory used (MiB); `None` when the header has no timestamp or no `memory.used [MiB]`
     /// column, as in power CSVs written before memory was recorded.
@@ -246,16 +246,10 @@ fn push(series: &mut PerGpu, id: &str, point: (f64, f64)) {
     }
 }
 
-/// [`series_of_lines`] of a file, read a line at a time; power says why when the file cannot be
-/// read.
-pub fn read_series(path: &std::path::Path) -> GpuSeries {
-    inferencex::read_csv_lines(path, |lines| series_of_lines(lines)).unwrap_or_else(|why| {
-        GpuSeries {
-            power: Err(why),
-            memory_mib: None,
-            first_unix_s: None,
-        }
-    })
+/// [`series_of_lines`] of a file, read a line at a time, or InferenceX's reasons the file
+/// cannot be read at all (missing, empty, unreadable).
+pub fn read_series(path: &std::path::Path) -> Result<GpuSeries, Vec<&'static str>> {
+    inferencex::read_csv_lines(path, |lines| series_of_lines(lines))
 }
 
 /// `2026/12/02 09:19:31.105` (UTC), nvidia-smi's timestamp format: milliseconds floored, as
@@ -366,12 +360,12 @@ mod tests {
             );
         }
         std::fs::write(&path, &text).unwrap();
-        let from_file = read_series(&path);
+        let from_file = read_series(&path).unwrap();
         assert_eq!(from_file, series_of_lines(text.lines()));
         assert_eq!(from_file.power.as_ref().unwrap()["0"].len(), 3);
         assert_eq!(from_file.memory_mib.as_ref().unwrap()["1"][0].1, 81920.0);
         assert_eq!(
-            read_series(&dir.join("absent.csv")).power,
+            read_series(&dir.join("absent.csv")),
             Err(vec!["telemetry_file_missing"])
         );
         let _ = std::fs::remove_dir_all(&dir);

@@ -247,7 +247,18 @@ fn gpu(r: &Value, inputs: &Inputs) -> String {
         return "<p class=\"note\">No power or memory series: give the run's power CSV (--power-csv).</p>"
             .into();
     };
-    let series = read_series(csv);
+    let path = esc(&csv.display().to_string());
+    let series = match read_series(csv) {
+        Ok(series) => series,
+        Err(why) => {
+            let why = why.join(", ");
+            return format!(
+                "<div id=\"gpu-power\"><p class=\"note\">{path}: unusable ({why})</p></div>\
+                 <div id=\"gpu-memory\"><p class=\"note\">No GPU memory series: {path} could \
+                 not be read ({why}).</p></div>"
+            );
+        }
+    };
     let t0 = series.first_unix_s.unwrap_or(f64::MAX);
     let shade: Vec<(f64, f64, String)> = window_spans(r)
         .into_iter()
@@ -263,11 +274,6 @@ fn gpu(r: &Value, inputs: &Inputs) -> String {
             })
             .collect()
     };
-    // The file itself could not be read: the memory note must not blame its columns.
-    let unreadable = match &series.power {
-        Err(why) if why.iter().any(|w| w.starts_with("telemetry_file_")) => Some(why.join(", ")),
-        _ => None,
-    };
     let power = match series.power {
         Ok(per) => plot::lines(
             "GPU power (windows shaded)",
@@ -277,20 +283,14 @@ fn gpu(r: &Value, inputs: &Inputs) -> String {
             &shade,
         ),
         Err(why) => format!(
-            "<p class=\"note\">{}: unusable ({})</p>",
-            esc(&csv.display().to_string()),
+            "<p class=\"note\">{path}: unusable ({})</p>",
             why.join(", ")
         ),
     };
-    let memory = match (series.memory_mib, unreadable) {
-        (None, Some(why)) => format!(
-            "<p class=\"note\">No GPU memory series: {} could not be read ({}).</p>",
-            esc(&csv.display().to_string()),
-            why
-        ),
-        (None, None) => "<p class=\"note\">No GPU memory series: this power CSV has no memory.used column (written before memory was recorded).</p>".to_string(),
-        (Some(per), _) if per.is_empty() => "<p class=\"note\">No GPU memory series: the GPU library gave no memory reading ([N/A] in the power CSV).</p>".to_string(),
-        (Some(per), _) => plot::lines("GPU memory used (windows shaded)", x, "GiB", &lines(per, 1.0 / 1024.0), &shade),
+    let memory = match series.memory_mib {
+        None => "<p class=\"note\">No GPU memory series: this power CSV has no memory.used column (written before memory was recorded).</p>".to_string(),
+        Some(per) if per.is_empty() => "<p class=\"note\">No GPU memory series: the GPU library gave no memory reading ([N/A] in the power CSV).</p>".to_string(),
+        Some(per) => plot::lines("GPU memory used (windows shaded)", x, "GiB", &lines(per, 1.0 / 1024.0), &shade),
     };
     format!("<div id=\"gpu-power\">{power}</div><div id=\"gpu-memory\">{memory}</div>")
 }
