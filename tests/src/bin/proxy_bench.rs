@@ -6,6 +6,9 @@
 //!        [SERVER_PID]
 //! PROXY_BENCH_CLIENT=one-thread runs every stream on one thread (as bench_serving's asyncio loop
 //! does) instead of a thread per stream, blocked between events.
+//! PROXY_BENCH_ABBA=1 sends the rounds in ABBA order (the proxied side first in every other
+//! pair), so that neither side always follows the other; PROXY_BENCH_TTFTS=FILE appends each
+//! stream's TTFT to FILE as `direct MS` or `proxy MS`, for a pooled percentile over several runs.
 //! PATH: /generate (default), /v1/completions or /v1/chat/completions. With SERVER_PID, the
 //! server's own CPU per event it wrote in the direct rounds is printed beside the proxy's: the
 //! floor a userspace forwarder of the same bytes over loopback cannot go below by much (a write
@@ -224,20 +227,44 @@ fn main() {
     let (mut server_cpu, mut server_cpu_proxied) = (0.0, 0.0);
     let (mut d, mut p) = (Side::default(), Side::default());
     let mut cpu = 0.0;
-    for _ in 0..rounds {
-        let before = server.and_then(cpu_s);
-        d.add(round(&a[1], path, streams, tokens), streams);
-        if let (Some(b), Some(after)) = (before, server.and_then(cpu_s)) {
-            server_cpu += after - b;
+    let abba = std::env::var("PROXY_BENCH_ABBA").as_deref() == Ok("1");
+    for i in 0..rounds {
+        let direct_first = !abba || i % 2 == 0;
+        for proxied in [!direct_first, direct_first] {
+            if proxied {
+                let before = pid.and_then(cpu_s);
+                let server_before = server.and_then(cpu_s);
+                p.add(round(&a[2], path, streams, tokens), streams);
+                if let (Some(b), Some(after)) = (before, pid.and_then(cpu_s)) {
+                    cpu += after - b;
+                }
+                if let (Some(b), Some(after)) = (server_before, server.and_then(cpu_s)) {
+                    server_cpu_proxied += after - b;
+                }
+            } else {
+                let before = server.and_then(cpu_s);
+                d.add(round(&a[1], path, streams, tokens), streams);
+                if let (Some(b), Some(after)) = (before, server.and_then(cpu_s)) {
+                    server_cpu += after - b;
+                }
+            }
         }
-        let before = pid.and_then(cpu_s);
-        let server_before = server.and_then(cpu_s);
-        p.add(round(&a[2], path, streams, tokens), streams);
-        if let (Some(b), Some(after)) = (before, pid.and_then(cpu_s)) {
-            cpu += after - b;
+    }
+    if let Ok(file) = std::env::var("PROXY_BENCH_TTFTS") {
+        let mut out = String::new();
+        for (name, side) in [("direct", &d), ("proxy", &p)] {
+            for t in &side.ttft {
+                out.push_str(&format!("{name} {t:.6}\n"));
+            }
         }
-        if let (Some(b), Some(after)) = (server_before, server.and_then(cpu_s)) {
-            server_cpu_proxied += after - b;
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&file)
+            .and_then(|mut f| f.write_all(out.as_bytes()));
+        if let Err(e) = appended {
+            eprintln!("proxy-bench: cannot append the TTFTs to {file}: {e}");
+            std::process::exit(1);
         }
     }
     println!(
