@@ -23,13 +23,27 @@ use tokio::sync::oneshot;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
-    #[error("cannot start {program:?}: {source} (is it installed and on PATH? the command is run as argv, without a shell)")]
+    /// `cause` is said in the line, not chained as a source: the line would repeat it.
+    #[error("cannot start {program:?}: {cause}{hint}", hint = exec_hint(.cause))]
     Exec {
         program: String,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("no command given: put the server command after `--`")]
     Empty,
+}
+
+/// What a refused start means: the program not found or not runnable, or the system out of
+/// processes or files (the same command would start later).
+fn exec_hint(e: &std::io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(nix::libc::EAGAIN) => sglang_probes::sync::THREAD_LIMIT_HINT,
+        Some(nix::libc::EMFILE | nix::libc::ENFILE) => {
+            " (the limit on open files is reached: `ulimit -n`; raise it or close other files)"
+        }
+        Some(nix::libc::ENOMEM) => " (out of memory)",
+        _ => " (is it installed and on PATH? the command is run as argv, without a shell)",
+    }
 }
 
 /// How a process ended, as `waitpid` told it.
@@ -193,9 +207,9 @@ pub fn spawn(spec: SpawnSpec<'_>, env: &[(&str, &std::ffi::OsStr)]) -> Result<Sp
         }
     }
     let mut g = lock(&r.registry);
-    let mut child = cmd.spawn().map_err(|source| SpawnError::Exec {
+    let mut child = cmd.spawn().map_err(|cause| SpawnError::Exec {
         program: program.to_string_lossy().into_owned(),
-        source,
+        cause,
     })?;
     let pid = child.id() as i32;
     let (tx, rx) = oneshot::channel();
@@ -288,6 +302,22 @@ mod tests {
         a.iter().map(OsString::from).collect()
     }
 
+    /// A refused fork is a limit, not a PATH question (found at `--nproc=4`: "is it installed
+    /// and on PATH?", and the cause said twice).
+    #[test]
+    fn a_refused_fork_names_the_limit_and_says_its_cause_once() {
+        let refused = SpawnError::Exec {
+            program: "sh".into(),
+            cause: std::io::Error::from_raw_os_error(nix::libc::EAGAIN),
+        };
+        let line = format!("{:#}", anyhow::Error::from(refused));
+        assert!(
+            line.contains("ulimit -u") && !line.contains("PATH"),
+            "{line}"
+        );
+        assert_eq!(line.matches("os error 11").count(), 1, "{line}");
+    }
+
     #[tokio::test]
     async fn exit_codes_and_signals_are_reported() {
         let s = spawn(
@@ -334,6 +364,9 @@ mod tests {
         )
         .err()
         .unwrap();
-        assert!(e.to_string().contains("/nonexistent/server"), "{e}");
+        let line = format!("{:#}", anyhow::Error::from(e));
+        assert!(line.contains("/nonexistent/server"), "{line}");
+        assert!(line.contains("is it installed and on PATH?"), "{line}");
+        assert_eq!(line.matches("No such file").count(), 1, "{line}");
     }
 }
