@@ -71,8 +71,11 @@ fn dispatch(command: Command) -> ExitCode {
             Err(e) => fail(e),
         },
         Command::Wait(args) => {
-            let rt = match build_runtime(tokio::runtime::Builder::new_current_thread().enable_all())
-            {
+            let rt = match build_runtime({
+                let mut b = tokio::runtime::Builder::new_current_thread();
+                b.enable_all();
+                b
+            }) {
                 Ok(rt) => rt,
                 Err(e) => return fail(e),
             };
@@ -121,7 +124,8 @@ fn dispatch(command: Command) -> ExitCode {
             let threads = runtime_threads();
             let mut builder = tokio::runtime::Builder::new_multi_thread();
             builder.worker_threads(threads).enable_all();
-            let rt = match threads_available(threads).and_then(|()| build_runtime(&mut builder)) {
+            // One more than the workers: the build runs on a thread of its own (`build_runtime`).
+            let rt = match threads_available(threads + 1).and_then(|()| build_runtime(builder)) {
                 Ok(rt) => rt,
                 Err(e) => {
                     lifecycle::record_not_started(&args, preflight, &e);
@@ -175,27 +179,37 @@ fn threads_available(n: usize) -> anyhow::Result<()> {
     }
 }
 
-/// tokio panics when the OS refuses it a thread (the limit on processes and threads reached):
-/// an error with what to do instead, before anything was started.
-fn build_runtime(builder: &mut tokio::runtime::Builder) -> anyhow::Result<tokio::runtime::Runtime> {
+/// tokio panics when the OS refuses it a thread (the limit on processes and threads reached),
+/// then, unwinding, waits forever for the workers it did start: the build runs on a thread of its
+/// own, whose panic is reported here by the hook (it runs before the unwinding), so the run ends
+/// with an error instead of hanging (a refusal the pre-check could not see: the count of the
+/// user's tasks changed in between).
+fn build_runtime(mut builder: tokio::runtime::Builder) -> anyhow::Result<tokio::runtime::Runtime> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Result<tokio::runtime::Runtime, String>>(1);
     let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| builder.build()));
+    let panicked = tx.clone();
+    std::panic::set_hook(Box::new(move |info| {
+        let why = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("a thread could not be started");
+        let _ = panicked.try_send(Err(why.to_string()));
+    }));
+    let spawned = std::thread::Builder::new()
+        .name("runtime-build".into())
+        .spawn(move || {
+            let _ = tx.send(builder.build().map_err(|e| e.to_string()));
+        });
+    let built = match spawned {
+        Ok(_) => rx
+            .recv()
+            .unwrap_or_else(|_| Err("the async runtime could not be built".into())),
+        Err(e) => Err(e.to_string()),
+    };
     std::panic::set_hook(hook);
-    match built {
-        Ok(Ok(rt)) => Ok(rt),
-        Ok(Err(e)) => Err(anyhow::anyhow!("cannot start the async runtime: {e}")),
-        Err(panic) => {
-            let why = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("a thread could not be started");
-            Err(anyhow::anyhow!(
-                "cannot start the async runtime: {why}{THREAD_LIMIT_HINT}"
-            ))
-        }
-    }
+    built.map_err(|why| anyhow::anyhow!("cannot start the async runtime: {why}{THREAD_LIMIT_HINT}"))
 }
 
 fn fail(e: anyhow::Error) -> ExitCode {
