@@ -31,6 +31,12 @@ pub enum SpawnError {
     },
     #[error("no command given: put the server command after `--`")]
     Empty,
+    /// The thread that collects exit statuses was refused when first needed.
+    #[error("cannot start {program:?}: the thread that collects exit statuses could not be started: {cause}{hint}", hint = exec_hint(.cause))]
+    NoReaper {
+        program: String,
+        cause: std::io::Error,
+    },
 }
 
 /// What a refused start means: the program not found or not runnable, or the system out of
@@ -104,9 +110,11 @@ struct Reaper {
     has_children: Condvar,
 }
 
-fn reaper() -> &'static Reaper {
-    static R: OnceLock<&'static Reaper> = OnceLock::new();
-    R.get_or_init(|| {
+/// The one reaper, and why its thread could not be started if it could not (the OS's error
+/// number): then no exit status would ever be seen, so nothing may be started.
+fn reaper() -> (&'static Reaper, Option<i32>) {
+    static R: OnceLock<(&'static Reaper, Option<i32>)> = OnceLock::new();
+    *R.get_or_init(|| {
         let r: &'static Reaper = Box::leak(Box::new(Reaper {
             registry: Mutex::new(Registry {
                 watchers: HashMap::new(),
@@ -117,10 +125,10 @@ fn reaper() -> &'static Reaper {
         let spawned = std::thread::Builder::new()
             .name("reaper".into())
             .spawn(move || reap_forever(r));
-        if let Err(e) = spawned {
-            tracing::error!("cannot start the reaper thread: {e}; exit statuses will not be seen");
-        }
-        r
+        let refused = spawned
+            .err()
+            .map(|e| e.raw_os_error().unwrap_or(nix::libc::EAGAIN));
+        (r, refused)
     })
 }
 
@@ -162,14 +170,23 @@ fn reap_forever(r: &'static Reaper) {
 
 /// Orphans reaped so far (descendants re-parented to us that we collected).
 pub fn orphans_reaped() -> u64 {
-    lock(&reaper().registry).orphans_reaped
+    lock(&reaper().0.registry).orphans_reaped
 }
 
 /// Start a process. Every process this program starts goes through here.
 /// `env`: variables added to the inherited environment (the profiler's trace directory).
 pub fn spawn(spec: SpawnSpec<'_>, env: &[(&str, &std::ffi::OsStr)]) -> Result<Spawned, SpawnError> {
     let (program, args) = spec.argv.split_first().ok_or(SpawnError::Empty)?;
-    let r = reaper();
+    let r = match reaper() {
+        (r, None) => r,
+        // A process whose exit nobody collects would be waited for forever.
+        (_, Some(errno)) => {
+            return Err(SpawnError::NoReaper {
+                program: program.to_string_lossy().into_owned(),
+                cause: std::io::Error::from_raw_os_error(errno),
+            })
+        }
+    };
     #[allow(clippy::disallowed_methods)] // this is the one place allowed to build a Command
     let mut cmd = std::process::Command::new(program);
     cmd.args(args)
