@@ -81,14 +81,7 @@ if [ -n "${TAP:-}" ]; then
       grep -o 'TTFT median [0-9.]* ms p99 [0-9.]* ms\|E2E median [0-9.]* ms\|= [0-9.]* us per event\( written\)\?' | tr '\n' ' ' | sed 's/^/watched:   /'
     kill -TERM $tap; wait $tap 2>/dev/null || true
     # what the tap measured of the watched wave: one record per stream, every token counted
-    [ -z "${TAP_PROBE:-}" ] && python3 - "$work/tap.jsonl" "$STREAMS" "$TOKENS" <<'PY'
-import collections, json, sys
-recs = [json.loads(l) for l in open(sys.argv[1])]
-n, t = int(sys.argv[2]), int(sys.argv[3])
-exact = sum(1 for r in recs if r.get("completion_tokens") == t and not r.get("error"))
-why = collections.Counter(r["error"] for r in recs if r.get("error"))
-print(f"| tap: {len(recs)} records of {n} streams, {exact} with all {t} tokens, {sum(why.values())} errors {dict(why) if why else ''}", end="")
-PY
+    [ -z "${TAP_PROBE:-}" ] && printf '| ' && python3 benches/tap_records.py "$work/tap.jsonl" "$STREAMS" "$TOKENS"
     # and what it said of itself: lost segments, a window closed early (the first two warnings)
     [ -z "${TAP_PROBE:-}" ] && grep -m2 -o 'WARN.*' "$work/tap.err" | sed 's/^/ | /' | tr -d '\n' || true
     echo

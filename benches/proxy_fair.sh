@@ -49,13 +49,6 @@ touch "$work/stop"; wait $scraper
 cat "$work/scrapes"
 kill -TERM $sup; wait $sup || true
 if [ -n "${TAP:-}" ]; then
-  python3 - "$work/tap.jsonl" "$streams" "$rounds" <<'PY'
-import collections, json, sys
-recs = [json.loads(l) for l in open(sys.argv[1])]
-want = 2 * int(sys.argv[2]) * int(sys.argv[3])
-exact = sum(1 for r in recs if r.get("completion_tokens") == 256 and not r.get("error"))
-why = collections.Counter(r["error"] for r in recs if r.get("error"))
-print(f"tap: {len(recs)} records of {want} streams, {exact} with all 256 tokens, {sum(why.values())} errors {dict(why)}")
-PY
+  python3 benches/tap_records.py "$work/tap.jsonl" $((2 * streams * rounds)) 256; echo
 fi
 rm -rf "$work"

@@ -37,12 +37,6 @@ for leg in $(seq "$LEGS"); do
     sed -n 's/^added by the proxy: .*median TTFT \([^,]*\), p99 TTFT \([^,]*\),.*/median TTFT \1, p99 TTFT \2/p' |
     sed "s/^/leg $leg (watched :$watched) watched − unwatched: /"
   kill -TERM "$tap"; wait "$tap" 2>/dev/null || true
-  python3 - "$work/tap.jsonl" "$REQUESTS" "$TOKENS" <<'PY'
-import json, sys
-recs = [json.loads(l) for l in open(sys.argv[1])]
-n, t = int(sys.argv[2]), int(sys.argv[3])
-exact = sum(1 for r in recs if r.get("completion_tokens") == t and not r.get("error"))
-print(f"  tap: {len(recs)} records of {n} watched requests, {exact} with all {t} tokens")
-PY
+  printf '  ' && python3 benches/tap_records.py "$work/tap.jsonl" "$REQUESTS" "$TOKENS"; echo
 done
 python3 benches/tap_ttft.py "$work/ttfts"
