@@ -71,13 +71,13 @@ fn dispatch(command: Command) -> ExitCode {
             Err(e) => fail(e),
         },
         Command::Wait(args) => {
-            let rt = match build_runtime({
-                let mut b = tokio::runtime::Builder::new_current_thread();
-                b.enable_all();
-                b
-            }) {
+            // One thread, this one: nothing to be refused, so no build thread either.
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
                 Ok(rt) => rt,
-                Err(e) => return fail(e),
+                Err(e) => return fail(anyhow::anyhow!("cannot start the async runtime: {e}")),
             };
             match rt.block_on(wait::run(&args)) {
                 Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
@@ -185,7 +185,15 @@ fn threads_available(n: usize) -> anyhow::Result<()> {
 /// with an error instead of hanging (a refusal the pre-check could not see: the count of the
 /// user's tasks changed in between).
 fn build_runtime(mut builder: tokio::runtime::Builder) -> anyhow::Result<tokio::runtime::Runtime> {
-    let (tx, rx) = std::sync::mpsc::sync_channel::<Result<tokio::runtime::Runtime, String>>(1);
+    build_off_thread(move || builder.build())
+}
+
+/// Runs `build` on a thread of its own and returns what it built, or why it failed or panicked,
+/// without waiting for that thread to finish unwinding (tokio's may never).
+fn build_off_thread<T: Send + 'static>(
+    build: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Result<T, String>>(1);
     let hook = std::panic::take_hook();
     let panicked = tx.clone();
     std::panic::set_hook(Box::new(move |info| {
@@ -200,7 +208,7 @@ fn build_runtime(mut builder: tokio::runtime::Builder) -> anyhow::Result<tokio::
     let spawned = std::thread::Builder::new()
         .name("runtime-build".into())
         .spawn(move || {
-            let _ = tx.send(builder.build().map_err(|e| e.to_string()));
+            let _ = tx.send(build().map_err(|e| e.to_string()));
         });
     let built = match spawned {
         Ok(_) => rx
@@ -241,4 +249,64 @@ fn init_tracing(format: LogFormat) {
 /// sampler's hand-offs) never needs more, and idle workers woken to steal work cost CPU.
 fn runtime_threads() -> usize {
     2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// What tokio does when refused its second worker: it panics, and unwinding waits forever
+    /// for the first (here a guard whose drop never returns).
+    struct DropsNever;
+    impl Drop for DropsNever {
+        fn drop(&mut self) {
+            loop {
+                std::thread::park();
+            }
+        }
+    }
+
+    /// The panic hook is the process's: one of these tests at a time sets it.
+    static HOOK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn a_build_that_panics_and_never_finishes_unwinding_is_an_error_not_a_hang() {
+        let _hook = HOOK
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let built = build_off_thread(|| -> std::io::Result<()> {
+                let _first_worker = DropsNever;
+                panic!(
+                    "OS can't spawn worker thread: Resource temporarily unavailable (os error 11)"
+                );
+            });
+            let _ = tx.send(built.map_err(|e| e.to_string()));
+        });
+        let err = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("build_off_thread hung while the build's thread unwound")
+            .unwrap_err();
+        assert!(
+            err.starts_with("cannot start the async runtime: OS can't spawn worker thread"),
+            "{err}"
+        );
+        assert!(err.contains(THREAD_LIMIT_HINT), "{err}");
+    }
+
+    #[test]
+    fn a_build_that_succeeds_or_fails_gives_its_value_or_its_error() {
+        let _hook = HOOK
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        assert_eq!(build_off_thread(|| Ok(7)).unwrap(), 7);
+        let err =
+            build_off_thread(|| -> std::io::Result<()> { Err(std::io::Error::other("no epoll")) })
+                .unwrap_err();
+        assert!(err.to_string().contains("no epoll"), "{err}");
+        let rt = build_runtime(tokio::runtime::Builder::new_current_thread()).unwrap();
+        assert_eq!(rt.block_on(async { 1 + 1 }), 2);
+    }
 }
