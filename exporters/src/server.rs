@@ -9,6 +9,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
 use sglang_probes::sampler::SamplerHandle;
+use sglang_probes::sync::off_runtime;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -69,7 +70,13 @@ pub fn with_host(addr: &str) -> std::borrow::Cow<'_, str> {
 pub async fn bind(addr: &str) -> std::io::Result<(TcpListener, SocketAddr)> {
     let addr = with_host(addr);
     let mut last = None;
-    for a in tokio::net::lookup_host(addr.as_ref()).await? {
+    // Resolved off the runtime by our own helper: tokio's lookup_host would panic if refused its
+    // resolver thread.
+    let owned = addr.to_string();
+    let found = off_runtime(move || std::net::ToSocketAddrs::to_socket_addrs(owned.as_str()))
+        .await
+        .unwrap_or_else(|| Err(std::io::Error::other("resolving the address panicked")))?;
+    for a in found {
         match listen(a) {
             Ok(l) => {
                 let local = l.local_addr()?;
@@ -220,7 +227,7 @@ async fn window(req: &Request<Incoming>, shared: &Arc<Shared>) -> Response<Full<
         if let Some(s) = sampler {
             let n = name.clone();
             // Counter reads take milliseconds per GPU: off the async threads.
-            let _ = tokio::task::spawn_blocking(move || s.window_start(&n)).await;
+            let _ = off_runtime(move || s.window_start(&n)).await;
         }
         let mut v = serde_json::json!({ "started": name });
         if let Some(c) = closed {
@@ -247,18 +254,12 @@ async fn close_window(
     let (sampler, requests, parts) = (shared.sampler(), shared.requests(), shared.window_parts());
     let gpus = sampler.as_ref().map(|s| s.latest().len());
     let power = match sampler {
-        Some(s) => tokio::task::spawn_blocking(move || s.window_stop())
-            .await
-            .ok()
-            .flatten(),
+        Some(s) => off_runtime(move || s.window_stop()).await.flatten(),
         None => None,
     };
     // Blocking: the tap's settle waits (milliseconds) for its ring to be read up to the close.
     let reqs = match requests {
-        Some(r) => tokio::task::spawn_blocking(move || r.window_stop(gpus))
-            .await
-            .ok()
-            .flatten(),
+        Some(r) => off_runtime(move || r.window_stop(gpus)).await.flatten(),
         None => None,
     };
     let more: Vec<_> = parts.iter().filter_map(|p| p.stop()).collect();
@@ -275,7 +276,7 @@ async fn close_window(
     if let Some((_, r)) = reqs {
         if let Some(s) = shared.sampler() {
             let r2 = r.clone();
-            if let Ok(Some(t)) = tokio::task::spawn_blocking(move || traffic_power(&s, &r2)).await {
+            if let Some(Some(t)) = off_runtime(move || traffic_power(&s, &r2)).await {
                 v["traffic_power"] = t;
             }
         }
@@ -286,9 +287,9 @@ async fn close_window(
     }
     if let Some(path) = bench_result {
         v["bench"] = match shared.bench_hook() {
-            Some(hook) => tokio::task::spawn_blocking(move || hook(&path))
-                .await
-                .unwrap_or_else(|e| serde_json::json!({"error": e.to_string()})),
+            Some(hook) => off_runtime(move || hook(&path)).await.unwrap_or_else(
+                || serde_json::json!({"error": "the benchmark's evaluation failed (a panic: see the log)"}),
+            ),
             None => serde_json::json!({"error": "no benchmark evaluation in this process"}),
         };
     }

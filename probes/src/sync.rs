@@ -25,9 +25,40 @@ pub fn start_hint(e: &std::io::Error) -> &'static str {
     }
 }
 
+/// Runs `f` (blocking: driver calls, file reads, bounded waits) on a thread of its own and awaits
+/// its value; `None` if it panicked. Where the OS refuses the thread, `f` runs here instead, on
+/// the async thread that awaits it: slower, but done. (tokio's `spawn_blocking` panics when it is
+/// refused its first thread: a run at the limit on threads would end in a panic.)
+pub async fn off_runtime<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let job = std::sync::Arc::new(Mutex::new(Some(f)));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let theirs = job.clone();
+    let started = std::thread::Builder::new()
+        .name("off-runtime".into())
+        .spawn(move || {
+            if let Some(f) = lock(&theirs).take() {
+                let _ = tx.send(f());
+            }
+        });
+    match started {
+        Ok(_) => rx.await.ok(),
+        Err(e) => {
+            tracing::debug!("no thread for a blocking step ({e}); running it in place");
+            let f = lock(&job).take()?;
+            Some(f())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_blocking_step_gives_its_value_and_a_panicking_one_none() {
+        assert_eq!(off_runtime(|| 6 * 7).await, Some(42));
+        assert_eq!(off_runtime(|| -> u8 { panic!("step failed") }).await, None);
+    }
 
     #[test]
     fn a_refusal_for_want_of_files_says_ulimit_n_and_one_for_want_of_threads_ulimit_u() {

@@ -23,7 +23,7 @@ use crate::redact::{redact_argv, Secrets};
 use crate::sentinel::Sentinel;
 use crate::server_series::ServerSeries;
 use crate::startup::StartupProfile;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use machine::{Action, Input, Machine, Settings};
 use serde_json::{json, Map, Value};
 use sglang_exporters::metrics as exporters;
@@ -548,7 +548,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
     let status = s.supervise(&mut watch, services.signals).await;
     // What the tap copied before the server went down is read before the report is made.
     if let Some(tap) = tap {
-        let _ = tokio::task::spawn_blocking(move || tap.stop()).await;
+        let _ = sglang_probes::sync::off_runtime(move || tap.stop()).await;
     }
     // 4. Tear down.
     s.teardown(status, watch, services.sampler).await
@@ -630,8 +630,12 @@ impl Watch {
         .into_iter()
         .filter_map(|(stream, fd, term)| Some((stream, fd?, term)))
         .collect();
-        let readers = tee::spawn_log_threads(pipes, &shared, &log_tx)
-            .context("starting a log reader thread")?;
+        let readers = tee::spawn_log_threads(pipes, &shared, &log_tx).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot start a thread to read the server's output: {e}{}",
+                sglang_probes::sync::start_hint(&e)
+            )
+        })?;
         Ok(Watch {
             readers,
             log_rx,
@@ -1202,12 +1206,12 @@ impl Supervision {
         }
         if let Some(sampler) = sampler {
             // Blocking driver calls and a bounded wait: off the async threads.
-            let done = tokio::task::spawn_blocking(move || {
+            let done = sglang_probes::sync::off_runtime(move || {
                 let teardown = crate::gpu::teardown_check(&sampler, GPU_RELEASE_WAIT);
                 (teardown, sampler.stop())
             })
             .await;
-            if let Ok((teardown, window)) = done {
+            if let Some((teardown, window)) = done {
                 if teardown["clean"] == false {
                     tracing::error!("GPU memory still held after the server exited: {teardown}");
                 }
@@ -1265,20 +1269,22 @@ impl Supervision {
 
 /// Waits for the log threads in order: the readers, then the parser thread, which ends once it
 /// has parsed every read they handed it. So when this returns, every event is in `log_rx`.
+/// Polled rather than joined on a thread: that thread could be refused, and a reader whose pipe a
+/// process outside the tree holds open never ends.
 async fn join_readers(readers: Vec<std::thread::JoinHandle<StreamStats>>) -> Vec<StreamStats> {
-    let joined = tokio::task::spawn_blocking(move || {
-        readers
-            .into_iter()
-            .filter_map(|r| r.join().ok())
-            .collect::<Vec<_>>()
-    });
-    match tokio::time::timeout(DRAIN_TIMEOUT, joined).await {
-        Ok(Ok(stats)) => stats,
-        _ => {
-            tracing::warn!("the child's output pipes are still open (a process outside the tree holds them); not waiting further");
-            Vec::new()
+    let end = tokio::time::Instant::now() + DRAIN_TIMEOUT;
+    let mut stats = Vec::with_capacity(readers.len());
+    for r in readers {
+        while !r.is_finished() {
+            if tokio::time::Instant::now() >= end {
+                tracing::warn!("the child's output pipes are still open (a process outside the tree holds them); not waiting further");
+                return Vec::new();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        stats.extend(r.join().ok());
     }
+    stats
 }
 
 fn ago(secs: f64) -> String {
