@@ -328,6 +328,9 @@ impl Shared {
 /// which parses it meanwhile); whichever of them is done with it last hands it back for reuse.
 pub struct TerminalCopy {
     tx: Option<SyncSender<(Arc<Vec<u8>>, usize)>>,
+    /// Where the writer thread was refused (the limit on threads reached): the fd, written by the
+    /// caller itself, so that nothing is lost for want of a thread (`write_in_place`).
+    in_place: Option<Mutex<File>>,
     /// Our fd is a regular file or a device such as /dev/null: a write there finishes, so the
     /// queue waits for room instead of dropping (only a terminal or a pipe can stall for ever).
     lossless: bool,
@@ -374,8 +377,11 @@ impl TerminalCopy {
         } else {
             nix::unistd::dup(std::io::stderr())
         };
-        let mut out: Option<File> = dup.ok().map(File::from);
+        let out: Option<File> = dup.ok().map(File::from);
         let lossless = out.as_ref().is_some_and(cannot_stall);
+        // Kept for writing in place if the thread is refused.
+        let spare = out.as_ref().and_then(|f| f.try_clone().ok());
+        let mut out = out;
         let started = std::thread::Builder::new()
             .name(format!("terminal-{fd}"))
             .spawn(move || {
@@ -392,20 +398,53 @@ impl TerminalCopy {
                     recycle(chunk);
                 }
             });
-        match started {
-            Ok(_) => TerminalCopy {
-                tx: Some(tx),
-                lossless,
-                pending,
-                dropped,
-            },
-            Err(_) => TerminalCopy {
-                tx: None,
-                lossless,
-                pending,
-                dropped,
-            },
+        let (tx, in_place) = match started {
+            Ok(_) => (Some(tx), None),
+            Err(_) => (None, spare.map(Mutex::new)),
+        };
+        TerminalCopy {
+            tx,
+            in_place,
+            lossless,
+            pending,
+            dropped,
         }
+    }
+
+    /// Without the writer thread: write here. A file or /dev/null takes it all; a pipe or a
+    /// terminal takes what it has room for now, the rest dropped and counted, as the queue would.
+    fn write_in_place(&self, bytes: &[u8]) {
+        let Some(out) = &self.in_place else {
+            self.dropped
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            return;
+        };
+        let mut out = lock(out);
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            if !self.lossless {
+                let mut fds = [PollFd::new(out.as_fd(), PollFlags::POLLOUT)];
+                let ready = poll(&mut fds, PollTimeout::ZERO).unwrap_or(0) > 0
+                    && fds[0]
+                        .revents()
+                        .is_some_and(|r| r.contains(PollFlags::POLLOUT));
+                if !ready {
+                    break;
+                }
+            }
+            // A pipe ready for writing takes PIPE_BUF bytes without blocking.
+            let piece = if self.lossless {
+                rest
+            } else {
+                &rest[..rest.len().min(4096)]
+            };
+            match out.write(piece) {
+                Ok(n) if n > 0 => rest = &rest[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                _ => break,
+            }
+        }
+        self.dropped.fetch_add(rest.len() as u64, Ordering::Relaxed);
     }
 
     pub fn offer(&self, bytes: &[u8]) {
@@ -415,7 +454,8 @@ impl TerminalCopy {
     /// Queue `chunk[..n]` for the terminal, or drop it (counted) when the queue is full.
     fn offer_shared(&self, chunk: Arc<Vec<u8>>, n: usize) {
         let Some(tx) = &self.tx else {
-            self.dropped.fetch_add(n as u64, Ordering::Relaxed);
+            self.write_in_place(&chunk[..n]);
+            recycle(chunk);
             return;
         };
         self.pending.fetch_add(1, Ordering::Acquire);
