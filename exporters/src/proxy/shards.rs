@@ -44,13 +44,24 @@ impl Shards {
         let sweep_period = super::sweep::period();
         let spin = super::spin::enabled();
         for i in 0..n.max(1) {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
             let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
+            // The runtime is built on its thread: one built here and then refused its thread
+            // would be dropped here, inside the caller's runtime, which tokio forbids (a panic).
+            let (built_tx, built_rx) = std::sync::mpsc::sync_channel(1);
             std::thread::Builder::new()
                 .name(format!("proxy-{i}"))
                 .spawn(move || {
+                    let rt = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            let _ = built_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = built_tx.send(Ok(()));
                     rt.block_on(async move {
                         if let Some(period) = sweep_period {
                             // Tasks of this runtime run on this thread: the sweeper is this shard's.
@@ -64,6 +75,9 @@ impl Shards {
                         }
                     });
                 })?;
+            built_rx.recv().unwrap_or_else(|_| {
+                Err(std::io::Error::other("a proxy thread ended at its start"))
+            })?;
             queues.push(tx);
         }
         Ok(Shards { queues })
