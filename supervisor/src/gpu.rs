@@ -100,8 +100,12 @@ pub fn start_sampler(args: &RunArgs) -> Result<Option<Sampler>> {
         interval: args.sample_interval,
         energy_interval: args.energy_interval,
     };
-    let s = Sampler::start_with_energy_csv(probe, cfg, csv, energy_csv)
-        .context("starting the GPU sampler threads")?;
+    let s = Sampler::start_with_energy_csv(probe, cfg, csv, energy_csv).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot start the GPU sampler's threads: {e}{}",
+            sglang_probes::sync::start_hint(&e)
+        )
+    })?;
     tracing::info!(gpus = s.gpu_count(), backend = s.backend(), interval = ?args.sample_interval, "sampling GPUs");
     Ok(Some(s))
 }

@@ -37,7 +37,12 @@ pub fn preflight_unless_stopped(
             let found = crate::flags::preflight(&command, schema.as_deref());
             let _ = tx.send(found.map(|f| f.map(|(reject, event)| Preflight { reject, event })));
         })
-        .map_err(|e| anyhow!("cannot start the pre-flight's thread: {e}"))
+        .map_err(|e| {
+            anyhow!(
+                "cannot start the pre-flight's thread: {e}{}",
+                sglang_probes::sync::start_hint(&e)
+            )
+        })
         .map(|_| wait_unless_stopped(&rx));
     // One that came between the last look and the answer is still ours to act on.
     let stopped = match &outcome {
