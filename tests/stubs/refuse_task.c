@@ -1,0 +1,69 @@
+/* Fault injection for tests/tests/task_refusal.rs: preloaded into the supervisor, it refuses the
+ * Nth start of a thread or process (SGLSUP_REFUSE_TASK=N, counted from 1 over pthread_create,
+ * fork, posix_spawn and posix_spawnp together) with EAGAIN, as the OS does at the limit on
+ * processes and threads, and says so on stderr. The preload and its setting are removed from the
+ * environment at load, so what the supervisor starts runs without them. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static long refuse_at = -1;
+static long started = 0;
+
+__attribute__((constructor)) static void load(void) {
+    const char *n = getenv("SGLSUP_REFUSE_TASK");
+    if (n) refuse_at = atol(n);
+    unsetenv("SGLSUP_REFUSE_TASK");
+    unsetenv("LD_PRELOAD");
+}
+
+/* Whether this start is the one to refuse; says which it was when it is. */
+static int refuse(const char *what) {
+    long k = __atomic_add_fetch(&started, 1, __ATOMIC_SEQ_CST);
+    if (k != refuse_at) return 0;
+    char line[96];
+    int len = snprintf(line, sizeof line, "refuse_task: refused start %ld (%s)\n", k, what);
+    if (len > 0) (void)!write(2, line, (size_t)len);
+    return 1;
+}
+
+int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*f)(void *), void *arg) {
+    static int (*next)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+    if (!next) next = dlsym(RTLD_NEXT, "pthread_create");
+    if (refuse("pthread_create")) return EAGAIN;
+    return next(t, a, f, arg);
+}
+
+pid_t fork(void) {
+    static pid_t (*next)(void);
+    if (!next) next = dlsym(RTLD_NEXT, "fork");
+    if (refuse("fork")) {
+        errno = EAGAIN;
+        return -1;
+    }
+    return next();
+}
+
+int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+                const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
+    static int (*next)(pid_t *, const char *, const posix_spawn_file_actions_t *,
+                       const posix_spawnattr_t *, char *const[], char *const[]);
+    if (!next) next = dlsym(RTLD_NEXT, "posix_spawn");
+    if (refuse("posix_spawn")) return EAGAIN;
+    return next(pid, path, fa, attr, argv, envp);
+}
+
+int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
+                 const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
+    static int (*next)(pid_t *, const char *, const posix_spawn_file_actions_t *,
+                       const posix_spawnattr_t *, char *const[], char *const[]);
+    if (!next) next = dlsym(RTLD_NEXT, "posix_spawnp");
+    if (refuse("posix_spawnp")) return EAGAIN;
+    return next(pid, file, fa, attr, argv, envp);
+}
