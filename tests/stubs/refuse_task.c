@@ -50,20 +50,24 @@ pid_t fork(void) {
     return next();
 }
 
+typedef int (*spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t *,
+                        const posix_spawnattr_t *, char *const[], char *const[]);
+
+/* posix_spawn and posix_spawnp differ only in how the program is found. */
+static int spawn_next(const char *name, pid_t *pid, const char *prog,
+                      const posix_spawn_file_actions_t *fa, const posix_spawnattr_t *attr,
+                      char *const argv[], char *const envp[]) {
+    spawn_fn next = (spawn_fn)dlsym(RTLD_NEXT, name);
+    if (refuse(name)) return EAGAIN;
+    return next(pid, prog, fa, attr, argv, envp);
+}
+
 int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
                 const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
-    static int (*next)(pid_t *, const char *, const posix_spawn_file_actions_t *,
-                       const posix_spawnattr_t *, char *const[], char *const[]);
-    if (!next) next = dlsym(RTLD_NEXT, "posix_spawn");
-    if (refuse("posix_spawn")) return EAGAIN;
-    return next(pid, path, fa, attr, argv, envp);
+    return spawn_next("posix_spawn", pid, path, fa, attr, argv, envp);
 }
 
 int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
                  const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
-    static int (*next)(pid_t *, const char *, const posix_spawn_file_actions_t *,
-                       const posix_spawnattr_t *, char *const[], char *const[]);
-    if (!next) next = dlsym(RTLD_NEXT, "posix_spawnp");
-    if (refuse("posix_spawnp")) return EAGAIN;
-    return next(pid, file, fa, attr, argv, envp);
+    return spawn_next("posix_spawnp", pid, file, fa, attr, argv, envp);
 }
