@@ -70,12 +70,8 @@ pub fn with_host(addr: &str) -> std::borrow::Cow<'_, str> {
 pub async fn bind(addr: &str) -> std::io::Result<(TcpListener, SocketAddr)> {
     let addr = with_host(addr);
     let mut last = None;
-    // Resolved off the runtime by our own helper: tokio's lookup_host would panic if refused its
-    // resolver thread.
-    let owned = addr.to_string();
-    let found = off_runtime(move || std::net::ToSocketAddrs::to_socket_addrs(owned.as_str()))
-        .await
-        .unwrap_or_else(|| Err(std::io::Error::other("resolving the address panicked")))?;
+    // Not tokio's lookup_host: it would panic if refused its resolver thread.
+    let found = sglang_probes::resolve::resolve_addr(addr.as_ref()).await?;
     for a in found {
         match listen(a) {
             Ok(l) => {

@@ -216,9 +216,10 @@ async fn send(
     let body = Full::new(Bytes::from(json.unwrap_or_default().to_string()));
     let request = request.body(body).map_err(|_| Failure::BadTarget)?;
     let host = url.host.trim_start_matches('[').trim_end_matches(']');
-    let tcp = TcpStream::connect((host, url.port))
+    let addrs = crate::resolve::resolve(host, url.port)
         .await
         .map_err(Failure::Io)?;
+    let tcp = TcpStream::connect(&addrs[..]).await.map_err(Failure::Io)?;
     tcp.set_nodelay(true).map_err(Failure::Io)?;
     if url.tls {
         let stream = tls::connect(host, tcp).await.map_err(Failure::Io)?;

@@ -5,6 +5,7 @@ pub mod http;
 pub mod inferencex;
 pub mod lines;
 pub mod nvml;
+pub mod resolve;
 pub mod rocm;
 pub mod sampler;
 pub mod sync;

@@ -241,9 +241,11 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let stream = TcpStream::connect(addr)
+    let cannot = |e: std::io::Error| format!("upstream http://{addr}: cannot connect: {e}");
+    let addrs = sglang_probes::resolve::resolve_addr(addr)
         .await
-        .map_err(|e| format!("upstream http://{addr}: cannot connect: {e}"))?;
+        .map_err(cannot)?;
+    let stream = TcpStream::connect(&addrs[..]).await.map_err(cannot)?;
     let _ = stream.set_nodelay(true);
     let (socket, swept) = UpstreamSocket::new(stream);
     let (sender, driver) = handshake(TokioIo::new(socket))
