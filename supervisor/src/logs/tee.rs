@@ -20,6 +20,7 @@ use sglang_probes::sync::lock;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{
     sync_channel, Receiver, RecvTimeoutError, SendError, SyncSender, TrySendError,
@@ -379,8 +380,18 @@ impl TerminalCopy {
         };
         let out: Option<File> = dup.ok().map(File::from);
         let lossless = out.as_ref().is_some_and(cannot_stall);
-        // Kept for writing in place if the thread is refused.
-        let spare = out.as_ref().and_then(|f| f.try_clone().ok());
+        // Kept for writing in place if the thread is refused: a file as it is; a pipe or a
+        // terminal opened again without blocking, so that a full one refuses the write (dropped,
+        // counted) instead of stopping the caller, who may be the supervisor's own loop.
+        let spare = match &out {
+            Some(f) if lossless => f.try_clone().ok(),
+            Some(_) => std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(format!("/proc/self/fd/{fd}"))
+                .ok(),
+            None => None,
+        };
         let mut out = out;
         let started = std::thread::Builder::new()
             .name(format!("terminal-{fd}"))
@@ -412,36 +423,18 @@ impl TerminalCopy {
     }
 
     /// Without the writer thread: write here. A file or /dev/null takes it all; a pipe or a
-    /// terminal takes what it has room for now, the rest dropped and counted, as the queue would.
+    /// terminal (opened without blocking) takes what it has room for now, the rest dropped and
+    /// counted, as the queue would.
     fn write_in_place(&self, bytes: &[u8]) {
-        let Some(out) = &self.in_place else {
-            self.dropped
-                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-            return;
-        };
-        let mut out = lock(out);
         let mut rest = bytes;
-        while !rest.is_empty() {
-            if !self.lossless {
-                let mut fds = [PollFd::new(out.as_fd(), PollFlags::POLLOUT)];
-                let ready = poll(&mut fds, PollTimeout::ZERO).unwrap_or(0) > 0
-                    && fds[0]
-                        .revents()
-                        .is_some_and(|r| r.contains(PollFlags::POLLOUT));
-                if !ready {
-                    break;
+        if let Some(out) = &self.in_place {
+            let mut out = lock(out);
+            while !rest.is_empty() {
+                match out.write(rest) {
+                    Ok(n) if n > 0 => rest = &rest[n..],
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    _ => break,
                 }
-            }
-            // A pipe ready for writing takes PIPE_BUF bytes without blocking.
-            let piece = if self.lossless {
-                rest
-            } else {
-                &rest[..rest.len().min(4096)]
-            };
-            match out.write(piece) {
-                Ok(n) if n > 0 => rest = &rest[n..],
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                _ => break,
             }
         }
         self.dropped.fetch_add(rest.len() as u64, Ordering::Relaxed);
