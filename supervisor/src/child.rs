@@ -39,6 +39,20 @@ pub enum SpawnError {
     },
 }
 
+impl SpawnError {
+    /// Refused for want of processes, threads, files or memory: the program itself may be fine.
+    pub fn is_resource_limit(&self) -> bool {
+        match self {
+            SpawnError::NoReaper { .. } => true,
+            SpawnError::Exec { cause, .. } => matches!(
+                cause.raw_os_error(),
+                Some(nix::libc::EAGAIN | nix::libc::EMFILE | nix::libc::ENFILE | nix::libc::ENOMEM)
+            ),
+            SpawnError::Empty => false,
+        }
+    }
+}
+
 /// What a refused start means: the program not found or not runnable, or the system out of
 /// processes or files (the same command would start later).
 fn exec_hint(e: &std::io::Error) -> &'static str {

@@ -221,43 +221,50 @@ pub fn kill_python() {
 fn python_subprocess(python: &str, args: &[&str]) -> Result<Vec<u8>> {
     let mut argv: Vec<std::ffi::OsString> = vec![python.into()];
     argv.extend(args.iter().map(std::ffi::OsString::from));
-    let spawned = child::spawn(SpawnSpec {
-        argv: &argv,
-        // Its own group: past the timeout, whatever it started goes with it.
-        new_process_group: true,
-        die_with_parent: true,
-        stdin: Stdio::null(),
-        stdout: Stdio::piped(),
-        stderr: Stdio::piped(),
-    }, &[])
-    .with_context(|| format!("--sglang {python}: cannot run it (give a python3 path, a venv, a .whl, a source tree or a saved .json)"))?;
-    let read = |fd: Option<std::os::fd::OwnedFd>| -> Vec<u8> {
-        let mut out = Vec::new();
-        if let Some(fd) = fd {
-            let _ = std::fs::File::from(fd).read_to_end(&mut out);
-        }
-        out
-    };
+    let spawned = child::spawn(
+        SpawnSpec {
+            argv: &argv,
+            // Its own group: past the timeout, whatever it started goes with it.
+            new_process_group: true,
+            die_with_parent: true,
+            stdin: Stdio::null(),
+            stdout: Stdio::piped(),
+            stderr: Stdio::piped(),
+        },
+        &[],
+    )
+    .map_err(|e| {
+        // A program that could not start for want of threads or memory is no wrong path.
+        let what = if e.is_resource_limit() {
+            ""
+        } else {
+            " (give a python3 path, a venv, a .whl, a source tree or a saved .json)"
+        };
+        anyhow::anyhow!("--sglang {python}: cannot run it{what}: {e}")
+    })?;
     // Published before the look at PYTHON_STOPPED: a stop either sees the group or is seen here.
     PYTHON_GROUP.store(spawned.pid, Ordering::SeqCst);
     if PYTHON_STOPPED.load(Ordering::SeqCst) {
         let _ = child::send_signal(-spawned.pid, libc::SIGKILL);
     }
-    let (out_fd, err_fd) = (spawned.stdout, spawned.stderr);
-    let out_thread = std::thread::spawn(move || read(out_fd));
-    let err_thread = std::thread::spawn(move || read(err_fd));
+    // Its output is read here, not on threads of its own: a thread refused at the limit on
+    // threads would leave the interpreter running (and `std::thread::spawn` would panic).
     let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
+        .enable_all()
         .build()
         .context("a runtime to wait for the interpreter")?;
     let limit = match PYTHON_TIMEOUT_MS.load(Ordering::Relaxed) {
         0 => Duration::MAX,
         ms => Duration::from_millis(ms),
     };
-    let waited = rt.block_on(async { tokio::time::timeout(limit, spawned.exit).await });
+    let (out_fd, err_fd, exit) = (spawned.stdout, spawned.stderr, spawned.exit);
+    let waited = rt.block_on(async {
+        let all = async { tokio::join!(read_pipe(out_fd), read_pipe(err_fd), exit) };
+        tokio::time::timeout(limit, all).await
+    });
     let _ = PYTHON_GROUP.compare_exchange(spawned.pid, 0, Ordering::SeqCst, Ordering::SeqCst);
-    let status = match waited {
-        Ok(st) => st.ok(),
+    let (stdout, stderr, status) = match waited {
+        Ok((out, err, st)) => (out, err, st.ok()),
         Err(_) => {
             let _ = child::send_signal(-spawned.pid, libc::SIGKILL);
             anyhow::bail!(
@@ -266,8 +273,6 @@ fn python_subprocess(python: &str, args: &[&str]) -> Result<Vec<u8>> {
             );
         }
     };
-    let stdout = out_thread.join().unwrap_or_default();
-    let stderr = err_thread.join().unwrap_or_default();
     if status != Some(ExitStatus::Code(0)) {
         let stderr = String::from_utf8_lossy(&stderr);
         let last = stderr
@@ -906,6 +911,19 @@ pub fn preflight(
         "duration_s": crate::events::round_ms(t.elapsed().as_secs_f64()),
     });
     Ok(Some((reject, event)))
+}
+
+/// All a child's pipe gives until its writers close it (nothing for no pipe, or one that cannot
+/// be read).
+async fn read_pipe(fd: Option<std::os::fd::OwnedFd>) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    if let Some(mut pipe) =
+        fd.and_then(|fd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok())
+    {
+        let _ = pipe.read_to_end(&mut out).await;
+    }
+    out
 }
 
 #[cfg(test)]
