@@ -45,7 +45,8 @@ pub async fn off_runtime<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'stat
         Err(e) => {
             tracing::debug!("no thread for a blocking step ({e}); running it in place");
             let f = lock(&job).take()?;
-            Some(f())
+            // As on its thread: a panic is `None`, not the caller's unwinding.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok()
         }
     }
 }

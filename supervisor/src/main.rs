@@ -193,10 +193,16 @@ fn build_runtime(mut builder: tokio::runtime::Builder) -> anyhow::Result<tokio::
 fn build_off_thread<T: Send + 'static>(
     build: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> anyhow::Result<T> {
+    const BUILDER: &str = "runtime-build";
     let (tx, rx) = std::sync::mpsc::sync_channel::<Result<T, String>>(1);
-    let hook = std::panic::take_hook();
+    // The hook is the process's: a panic of any other thread goes on to the hook there was.
+    let previous = std::sync::Arc::new(std::panic::take_hook());
+    let others = previous.clone();
     let panicked = tx.clone();
     std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().name() != Some(BUILDER) {
+            return others(info);
+        }
         let why = info
             .payload()
             .downcast_ref::<String>()
@@ -206,7 +212,7 @@ fn build_off_thread<T: Send + 'static>(
         let _ = panicked.try_send(Err(why.to_string()));
     }));
     let spawned = std::thread::Builder::new()
-        .name("runtime-build".into())
+        .name(BUILDER.into())
         .spawn(move || {
             let _ = tx.send(build().map_err(|e| e.to_string()));
         });
@@ -216,7 +222,12 @@ fn build_off_thread<T: Send + 'static>(
             .unwrap_or_else(|_| Err("the async runtime could not be built".into())),
         Err(e) => Err(e.to_string()),
     };
-    std::panic::set_hook(hook);
+    // Ours is dropped first, so the hook there was is had back whole.
+    drop(std::panic::take_hook());
+    match std::sync::Arc::try_unwrap(previous) {
+        Ok(hook) => std::panic::set_hook(hook),
+        Err(shared) => std::panic::set_hook(Box::new(move |info| shared(info))),
+    }
     built.map_err(|why| anyhow::anyhow!("cannot start the async runtime: {why}{THREAD_LIMIT_HINT}"))
 }
 
@@ -294,6 +305,20 @@ mod tests {
             "{err}"
         );
         assert!(err.contains(THREAD_LIMIT_HINT), "{err}");
+    }
+
+    #[test]
+    fn another_threads_panic_during_the_build_is_not_taken_for_the_builds() {
+        let _hook = HOOK
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let built = build_off_thread(|| {
+            // A panic elsewhere while the build runs: its own, reported by the hook there was.
+            let other = std::thread::spawn(|| panic!("an unrelated panic"));
+            assert!(other.join().is_err());
+            Ok(5)
+        });
+        assert_eq!(built.unwrap(), 5);
     }
 
     #[test]

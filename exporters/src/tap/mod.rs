@@ -67,7 +67,7 @@ pub enum TapError {
         iface: String,
         error: std::io::Error,
     },
-    #[error("cannot start the tap's thread: {0}")]
+    #[error("cannot start the tap's thread: {0}{hint}", hint = sglang_probes::sync::start_hint(.0))]
     Thread(std::io::Error),
 }
 
