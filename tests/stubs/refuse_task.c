@@ -1,8 +1,9 @@
 /* Fault injection for tests/tests/task_refusal.rs: preloaded into the supervisor, it refuses the
  * Nth start of a thread or process (SGLSUP_REFUSE_TASK=N, counted from 1 over pthread_create,
  * fork, posix_spawn and posix_spawnp together) with EAGAIN, as the OS does at the limit on
- * processes and threads, and says so on stderr. The preload and its setting are removed from the
- * environment at load, so what the supervisor starts runs without them. */
+ * processes and threads, and says so on stderr and, with SGLSUP_REFUSE_NOTE=FILE, in FILE (for a
+ * stderr the test cannot read). The preload and its settings are removed from the environment at
+ * load, so what the supervisor starts runs without them. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -11,15 +12,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 static long refuse_at = -1;
 static long started = 0;
+static char note[4096];
 
 __attribute__((constructor)) static void load(void) {
     const char *n = getenv("SGLSUP_REFUSE_TASK");
     if (n) refuse_at = atol(n);
+    const char *f = getenv("SGLSUP_REFUSE_NOTE");
+    if (f) snprintf(note, sizeof note, "%s", f);
     unsetenv("SGLSUP_REFUSE_TASK");
+    unsetenv("SGLSUP_REFUSE_NOTE");
     unsetenv("LD_PRELOAD");
 }
 
@@ -29,7 +35,15 @@ static int refuse(const char *what) {
     if (k != refuse_at) return 0;
     char line[96];
     int len = snprintf(line, sizeof line, "refuse_task: refused start %ld (%s)\n", k, what);
-    if (len > 0) (void)!write(2, line, (size_t)len);
+    /* Not to a stderr the test does not read (it could be full and block this thread). */
+    if (len > 0 && !note[0]) (void)!write(2, line, (size_t)len);
+    if (len > 0 && note[0]) {
+        int fd = open(note, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            (void)!write(fd, line, (size_t)len);
+            close(fd);
+        }
+    }
     return 1;
 }
 
