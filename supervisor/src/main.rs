@@ -71,7 +71,7 @@ fn dispatch(command: Command) -> ExitCode {
             Err(e) => fail(e),
         },
         Command::Wait(args) => {
-            // One thread, this one: nothing to be refused, so no build thread either.
+            // A current-thread runtime starts no thread: nothing for the OS to refuse at its build.
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
