@@ -258,15 +258,37 @@ fn python_subprocess(python: &str, args: &[&str]) -> Result<Vec<u8>> {
         ms => Duration::from_millis(ms),
     };
     let (out_fd, err_fd, exit) = (spawned.stdout, spawned.stderr, spawned.exit);
-    let waited = rt.block_on(async {
-        let all = async { tokio::join!(read_pipe(out_fd), read_pipe(err_fd), exit) };
-        tokio::time::timeout(limit, all).await
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let (waited, all_read) = rt.block_on(async {
+        let mut reads = std::pin::pin!(async {
+            tokio::join!(
+                read_pipe(out_fd, &mut stdout),
+                read_pipe(err_fd, &mut stderr)
+            )
+        });
+        let mut exited = std::pin::pin!(tokio::time::timeout(limit, exit));
+        let mut all_read = false;
+        // Read while waiting for the exit, so a full pipe cannot stall the interpreter.
+        let waited = loop {
+            tokio::select! {
+                w = &mut exited => break w,
+                _ = &mut reads, if !all_read => all_read = true,
+            }
+        };
+        // Something it left running may hold its pipes open: what came so far is its answer.
+        if waited.is_ok() && !all_read {
+            all_read = tokio::time::timeout(PIPE_GRACE, &mut reads).await.is_ok();
+        }
+        (waited, all_read)
     });
     let _ = PYTHON_GROUP.compare_exchange(spawned.pid, 0, Ordering::SeqCst, Ordering::SeqCst);
-    let (stdout, stderr, status) = match waited {
-        Ok((out, err, st)) => (out, err, st.ok()),
+    if waited.is_err() || !all_read {
+        // Past the timeout, or a leftover still holding the pipes: the group goes.
+        let _ = child::send_signal(-spawned.pid, libc::SIGKILL);
+    }
+    let status = match waited {
+        Ok(st) => st.ok(),
         Err(_) => {
-            let _ = child::send_signal(-spawned.pid, libc::SIGKILL);
             anyhow::bail!(
                 "{python} did not finish reading SGLang's flags within {} and was killed (a hung interpreter or import?): raise --preflight-timeout (SGLANG_SUPERVISOR_PREFLIGHT_TIMEOUT), or pass --no-preflight",
                 humantime::format_duration(limit)
@@ -913,17 +935,21 @@ pub fn preflight(
     Ok(Some((reject, event)))
 }
 
-/// All a child's pipe gives until its writers close it (nothing for no pipe, or one that cannot
-/// be read).
-async fn read_pipe(fd: Option<std::os::fd::OwnedFd>) -> Vec<u8> {
+/// How long the interpreter's pipes may stay open after it exited (a process it left behind).
+const PIPE_GRACE: Duration = Duration::from_secs(2);
+
+/// Append all a child's pipe gives into `out` until its writers close it (nothing for no pipe, or
+/// one that cannot be read); what came stays in `out` if this is dropped before the end.
+async fn read_pipe(fd: Option<std::os::fd::OwnedFd>, out: &mut Vec<u8>) {
     use tokio::io::AsyncReadExt;
-    let mut out = Vec::new();
-    if let Some(mut pipe) =
-        fd.and_then(|fd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok())
-    {
-        let _ = pipe.read_to_end(&mut out).await;
+    let Some(mut pipe) = fd.and_then(|fd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok())
+    else {
+        return;
+    };
+    let mut chunk = vec![0; 64 << 10];
+    while let Ok(n @ 1..) = pipe.read(&mut chunk).await {
+        out.extend_from_slice(&chunk[..n]);
     }
-    out
 }
 
 #[cfg(test)]

@@ -376,6 +376,47 @@ fn a_hung_preflight_interpreter_is_killed_at_the_timeout_and_the_launch_goes_on(
 }
 
 #[test]
+fn an_interpreter_that_leaves_a_process_holding_its_pipes_gives_its_own_error_soon() {
+    let dir = temp_dir("leftover-py");
+    let py = dir.join("python3");
+    // Asked to read the flags it fails at once, leaving a process behind that holds its stderr.
+    let marker = format!("1000.{}", std::process::id() + 1);
+    shell_script(
+        &py,
+        &format!(
+            "case \"$1\" in -c) sleep {marker} & echo \"ModuleNotFoundError: No module named 'sglang'\" >&2; exit 1;; esac\nexit 0\n"
+        ),
+    );
+    let t0 = Instant::now();
+    let out = std::process::Command::new(supervisor_bin())
+        .args(["run", "--metrics-addr", "none", "--gpu-backend", "none"])
+        .args(["--", py.to_str().unwrap(), "-m", "sglang.launch_server"])
+        .env("SGLANG_SUPERVISOR_PREFLIGHT_TIMEOUT", "30s")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let took = t0.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Its own message, not "hung" (the reads, not the exit, were waiting), and not after 30 s.
+    assert!(
+        stderr.contains("cannot import SGLang's parser (ModuleNotFoundError"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("did not finish reading"), "{stderr}");
+    assert!(took < Duration::from_secs(10), "bounded: {took:?}");
+    let left: Vec<_> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&marker))
+        })
+        .collect();
+    assert!(left.is_empty(), "what the interpreter left was killed");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn a_log_file_that_takes_no_writes_is_a_warning_event_while_the_run_goes_on_and_in_the_report() {
     // /dev/full (ENOSPC) works for every user; /proc/version (EIO) where it opens for writing.
     let mut files = vec!["/dev/full"];
