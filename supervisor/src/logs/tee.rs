@@ -19,7 +19,7 @@ use serde_json::{Map, Value};
 use sglang_probes::sync::lock;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{
@@ -331,12 +331,20 @@ pub struct TerminalCopy {
     tx: Option<SyncSender<(Arc<Vec<u8>>, usize)>>,
     /// Where the writer thread was refused (the limit on threads reached): the fd, written by the
     /// caller itself, so that nothing is lost for want of a thread (`write_in_place`).
-    in_place: Option<Mutex<File>>,
+    in_place: Option<Mutex<InPlace>>,
     /// Our fd is a regular file or a device such as /dev/null: a write there finishes, so the
     /// queue waits for room instead of dropping (only a terminal or a pipe can stall for ever).
     lossless: bool,
     pending: Arc<AtomicU64>,
     pub dropped: Arc<AtomicU64>,
+}
+
+/// Where the terminal's bytes go when its writer thread was refused.
+enum InPlace {
+    /// A file, or a pipe or terminal opened again without blocking.
+    Write(File),
+    /// A socket (systemd's journal stream, a socketpair): sent without waiting.
+    Send(File),
 }
 
 /// Read buffers handed back by their last holder, so a busy log does not allocate (and fault in)
@@ -383,13 +391,23 @@ impl TerminalCopy {
         // Kept for writing in place if the thread is refused: a file as it is; a pipe or a
         // terminal opened again without blocking, so that a full one refuses the write (dropped,
         // counted) instead of stopping the caller, who may be the supervisor's own loop.
+        // A socket cannot be opened again (ENXIO): it is sent to with MSG_DONTWAIT.
         let spare = match &out {
-            Some(f) if lossless => f.try_clone().ok(),
-            Some(_) => std::fs::OpenOptions::new()
+            Some(f) if lossless => f.try_clone().ok().map(InPlace::Write),
+            Some(f) => std::fs::OpenOptions::new()
                 .write(true)
                 .custom_flags(libc::O_NONBLOCK)
                 .open(format!("/proc/self/fd/{fd}"))
-                .ok(),
+                .ok()
+                .map(InPlace::Write)
+                .or_else(|| {
+                    use std::os::unix::fs::FileTypeExt;
+                    let socket = f.metadata().is_ok_and(|m| m.file_type().is_socket());
+                    socket
+                        .then(|| f.try_clone().ok())
+                        .flatten()
+                        .map(InPlace::Send)
+                }),
             None => None,
         };
         let mut out = out;
@@ -430,7 +448,15 @@ impl TerminalCopy {
         if let Some(out) = &self.in_place {
             let mut out = lock(out);
             while !rest.is_empty() {
-                match out.write(rest) {
+                let written = match &mut *out {
+                    InPlace::Write(f) => f.write(rest),
+                    InPlace::Send(s) => {
+                        use nix::sys::socket::{send, MsgFlags};
+                        let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+                        send(s.as_raw_fd(), rest, flags).map_err(std::io::Error::from)
+                    }
+                };
+                match written {
                     Ok(n) if n > 0 => rest = &rest[n..],
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     _ => break,
