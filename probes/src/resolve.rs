@@ -15,8 +15,22 @@ const KEEP: Duration = Duration::from_secs(1);
 /// Names kept at once; past it the list starts again (a run names one or two).
 const NAMES: usize = 16;
 
-type Found = HashMap<(String, u16), (Instant, Vec<SocketAddr>)>;
+/// What a lookup gave: its addresses, or its error (kind and text), kept alike so that a name
+/// that fails is not looked up again by every connection of the next second.
+type Answer = Result<Vec<SocketAddr>, (io::ErrorKind, String)>;
+type Found = HashMap<(String, u16), (Instant, Answer)>;
 static FOUND: Mutex<Option<Found>> = Mutex::new(None);
+/// One lookup at a time: connections that miss together wait for the first one's answer
+/// instead of each starting a thread (a slow resolver would otherwise pile them up).
+static LOOKING_UP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn kept(key: &(String, u16)) -> Option<Answer> {
+    lock(&FOUND)
+        .as_ref()
+        .and_then(|f| f.get(key))
+        .filter(|(at, _)| at.elapsed() < KEEP)
+        .map(|(_, answer)| answer.clone())
+}
 
 /// The addresses of `host` (a name, an IP, or an IPv6 address in brackets) at `port`.
 pub async fn resolve(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
@@ -25,28 +39,41 @@ pub async fn resolve(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
         return Ok(vec![SocketAddr::new(ip, port)]);
     }
     let key = (bare.to_string(), port);
-    if let Some((at, addrs)) = lock(&FOUND).as_ref().and_then(|f| f.get(&key)) {
-        if at.elapsed() < KEEP {
-            return Ok(addrs.clone());
+    let answer = match kept(&key) {
+        Some(a) => a,
+        None => {
+            let _one = LOOKING_UP.lock().await;
+            match kept(&key) {
+                Some(a) => a,
+                None => {
+                    let answer = look_up(key.clone()).await;
+                    let mut found = lock(&FOUND);
+                    let map = found.get_or_insert_with(HashMap::new);
+                    if map.len() >= NAMES {
+                        map.clear();
+                    }
+                    map.insert(key, (Instant::now(), answer.clone()));
+                    answer
+                }
+            }
         }
-    }
-    let name = key.clone();
-    let addrs: Vec<SocketAddr> = off_runtime(move || name.to_socket_addrs().map(Iterator::collect))
+    };
+    answer.map_err(|(kind, text)| io::Error::new(kind, text))
+}
+
+async fn look_up(name: (String, u16)) -> Answer {
+    let bare = name.0.clone();
+    let found = off_runtime(move || name.to_socket_addrs().map(Iterator::collect::<Vec<_>>))
         .await
-        .unwrap_or_else(|| Err(io::Error::other("looking the name up panicked")))?;
-    if addrs.is_empty() {
-        return Err(io::Error::new(
+        .unwrap_or_else(|| Err(io::Error::other("looking the name up panicked")));
+    match found {
+        Ok(addrs) if addrs.is_empty() => Err((
             io::ErrorKind::NotFound,
             format!("{bare}: the name has no address"),
-        ));
+        )),
+        Ok(addrs) => Ok(addrs),
+        Err(e) => Err((e.kind(), e.to_string())),
     }
-    let mut found = lock(&FOUND);
-    let map = found.get_or_insert_with(HashMap::new);
-    if map.len() >= NAMES {
-        map.clear();
-    }
-    map.insert(key, (Instant::now(), addrs.clone()));
-    Ok(addrs)
 }
 
 /// The addresses of `host:port` (`[v6]:port` for IPv6), as [`resolve`] finds them.
@@ -85,10 +112,15 @@ mod tests {
                 .all(|a| a.ip().is_loopback() && a.port() == 30000),
             "{local:?}"
         );
-        assert!(lock(&FOUND)
-            .as_ref()
-            .is_some_and(|f| f.contains_key(&("localhost".to_string(), 30000))));
+        assert!(kept(&("localhost".to_string(), 30000)).is_some_and(|a| a.is_ok()));
         assert!(resolve_addr("localhost").await.is_err());
-        assert!(resolve("no-such-host.invalid", 1).await.is_err());
+        let first = resolve("no-such-host.invalid", 1).await.unwrap_err();
+        // A failure is kept too: the second answer is the first one's, looked up once.
+        assert!(kept(&("no-such-host.invalid".to_string(), 1)).is_some_and(|a| a.is_err()));
+        let again = resolve("no-such-host.invalid", 1).await.unwrap_err();
+        assert_eq!(
+            (first.kind(), first.to_string()),
+            (again.kind(), again.to_string())
+        );
     }
 }
