@@ -30,7 +30,18 @@ struct Case<'a> {
     options: &'a [&'a str],
     server: &'a [&'a str],
     ends: &'a [i32],
-    stalled_terminal: bool,
+    terminal: Terminal,
+}
+
+/// What the supervisor's stdout and stderr are.
+#[derive(PartialEq)]
+enum Terminal {
+    /// Pipes the test reads.
+    Pipe,
+    /// A pseudo-terminal nobody reads.
+    Stalled,
+    /// One end of a socket pair the test reads (systemd's journal stream is a socket).
+    Socket,
 }
 
 /// A pseudo-terminal whose reading end is held and never read: writes to it stall once it is
@@ -81,22 +92,40 @@ fn sweep(case: &Case<'_>) -> Vec<Outcome> {
             .arg("--")
             .args(case.server)
             .env("REPLAY_TAG", &tag);
-        let _terminal_reader = if case.stalled_terminal {
-            let (reader, terminal) = stalled_terminal();
-            cmd.stdin(std::process::Stdio::null())
-                .stdout(terminal.try_clone().unwrap())
-                .stderr(terminal);
-            Some(reader)
-        } else {
-            None
-        };
+        let mut _terminal_reader = None;
+        let mut socket_reader = None;
+        match case.terminal {
+            Terminal::Pipe => {}
+            Terminal::Stalled => {
+                let (reader, terminal) = stalled_terminal();
+                cmd.stdin(std::process::Stdio::null())
+                    .stdout(terminal.try_clone().unwrap())
+                    .stderr(terminal);
+                _terminal_reader = Some(reader);
+            }
+            Terminal::Socket => {
+                let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+                let theirs = std::os::fd::OwnedFd::from(theirs);
+                cmd.stdin(std::process::Stdio::null())
+                    .stdout(theirs.try_clone().unwrap())
+                    .stderr(theirs);
+                socket_reader = Some(std::thread::spawn(move || {
+                    let mut text = String::new();
+                    let _ = std::io::Read::read_to_string(&mut ours, &mut text);
+                    text
+                }));
+            }
+        }
         let out = cmd.output().unwrap();
+        drop(cmd); // our copies of the socket's end, so its reader sees the end
+        let from_socket = socket_reader.map(|r| r.join().unwrap());
         let refused = std::fs::read_to_string(&note).unwrap_or_default();
         if !refused.contains(&format!("refuse_task: refused start {n} ")) {
             // This run made fewer than n starts: every one has been refused once.
             break;
         }
-        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        let stderr =
+            from_socket.unwrap_or_else(|| String::from_utf8_lossy(&out.stderr).to_string());
         let last_line = stderr.lines().last().unwrap_or("").to_string();
         let elapsed = started.elapsed();
         let code = out.status.code();
@@ -123,7 +152,7 @@ fn sweep(case: &Case<'_>) -> Vec<Outcome> {
             "{name}, start {n} refused: the events file does not end with `exited`: {written}"
         );
         let spawned = written.contains(r#""event":"spawned""#);
-        if !case.stalled_terminal {
+        if case.terminal != Terminal::Stalled {
             if spawned {
                 // Our own messages were not lost with a refused writer thread.
                 assert!(
@@ -190,7 +219,7 @@ fn every_refused_start_of_a_bare_run_ends_it_cleanly_or_is_done_without() {
         ],
         server: &["sleep", "30"],
         ends: &[124],
-        stalled_terminal: false,
+        terminal: Terminal::Pipe,
     });
     for words in [
         "cannot start the pre-flight's thread",
@@ -232,7 +261,7 @@ fn every_refused_start_with_the_proxy_the_gpu_sampler_and_metrics_ends_it_cleanl
         ],
         server: &["sleep", "30"],
         ends: &[124],
-        stalled_terminal: false,
+        terminal: Terminal::Pipe,
     });
     for words in [
         "cannot start the GPU sampler's threads",
@@ -285,7 +314,7 @@ fn every_refused_start_of_a_run_whose_server_is_named_by_host_and_becomes_ready_
         ],
         server: &server,
         ends: &[0],
-        stalled_terminal: false,
+        terminal: Terminal::Pipe,
     });
     assert!(outcomes.iter().any(|o| o.code == 0), "no run became ready");
 }
@@ -307,7 +336,7 @@ fn every_refused_start_with_a_terminal_nobody_reads_ends_without_a_hang() {
         ],
         server: &server,
         ends: &[0],
-        stalled_terminal: true,
+        terminal: Terminal::Stalled,
     });
     assert!(outcomes.iter().any(|o| o.code == 0), "no run became ready");
 }
@@ -351,4 +380,23 @@ fn every_refused_start_of_a_flags_dump_through_an_interpreter_is_one_line_never_
     let _ = std::fs::remove_dir_all(&dir);
     // The reaper, the interpreter's fork and the runtime's threads at least.
     assert!(codes.len() >= 3, "only {codes:?} refused");
+}
+
+#[test]
+fn every_refused_start_with_stdout_and_stderr_on_a_socket_keeps_the_messages() {
+    let outcomes = sweep(&Case {
+        name: "refuse-socket",
+        options: &[
+            "--ready-timeout",
+            "1s",
+            "--metrics-addr",
+            "none",
+            "--gpu-backend",
+            "none",
+        ],
+        server: &["sleep", "30"],
+        ends: &[124],
+        terminal: Terminal::Socket,
+    });
+    assert!(outcomes.iter().any(|o| o.code == 124));
 }
