@@ -11,11 +11,17 @@ use std::process::Command;
 /// 32 clients, each sending 100-event requests back to back for 60 s, an event every 10 ms
 /// (`slower` times that inside the on-turns); on-turns of 5 s every 10 s, ready 50 ms after
 /// their start. Writes the client's stamps (RUN.chunks, RUN.begun) and the turns (KEYS).
-fn synthetic(dir: &Path, slower: f64) -> (String, String) {
+/// `lockstep`: the clients start together and send the next request 20 ms after the last event,
+/// so requests end in waves, as a real server's batch ends them.
+fn synthetic(dir: &Path, slower: f64, lockstep: bool) -> (String, String) {
     let on = |t: f64| t.rem_euclid(10.0) >= 5.0;
     let (mut events, mut begun) = (Vec::new(), Vec::new());
     for client in 0..32 {
-        let mut t = 1_000.0 + client as f64 / 32.0;
+        let mut t = if lockstep {
+            1_000.0
+        } else {
+            1_000.0 + client as f64 / 32.0
+        };
         while t < 1_060.0 {
             let n = begun.len();
             begun.push(t);
@@ -23,6 +29,9 @@ fn synthetic(dir: &Path, slower: f64) -> (String, String) {
             for _ in 0..100 {
                 events.push((t, n as f64));
                 t += if on(t) { 0.010 * slower } else { 0.010 };
+            }
+            if lockstep {
+                t += 0.010;
             }
         }
     }
@@ -68,9 +77,9 @@ fn ratio(out: &str, label: &str) -> f64 {
 
 /// keyed.py's output on a synthetic run; `test` names the run's folder apart from those of the
 /// tests beside it (they run at once).
-fn analyse(test: &str, slower: f64) -> String {
+fn analyse(test: &str, slower: f64, lockstep: bool) -> String {
     let dir = temp_dir(&format!("keyed-{test}-{}", (slower * 1000.0) as u64));
-    let (run, keys) = synthetic(&dir, slower);
+    let (run, keys) = synthetic(&dir, slower, lockstep);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/keyed.py");
     let out = Command::new("python3")
         .arg(&script)
@@ -84,7 +93,7 @@ fn analyse(test: &str, slower: f64) -> String {
 
 #[test]
 fn the_keyed_analysis_finds_a_two_percent_slowdown_in_the_on_turns() {
-    let out = analyse("slowdown", 1.02);
+    let out = analyse("slowdown", 1.02, false);
     let rate = ratio(&out, "events/s");
     let gap = ratio(&out, "mean gap (TPOT) ms");
     assert!(
@@ -108,7 +117,7 @@ fn the_keyed_analysis_finds_a_two_percent_slowdown_in_the_on_turns() {
 
 #[test]
 fn the_keyed_analysis_finds_nothing_where_nothing_differs() {
-    let out = analyse("null", 1.0);
+    let out = analyse("null", 1.0, false);
     for label in ["events/s", "mean gap (TPOT) ms", "median gap ms"] {
         let r = ratio(&out, label);
         assert!((0.995..1.005).contains(&r), "{label} on/off {r}:\n{out}");
@@ -116,13 +125,27 @@ fn the_keyed_analysis_finds_nothing_where_nothing_differs() {
 }
 
 #[test]
+fn requests_ending_in_waves_keep_the_on_turns_as_the_off_turns() {
+    // Each on-turn starts at the end of a request, where a wave of others ends too: judged at
+    // that instant, every on-turn was dropped and every off-turn kept (three GPU runs kept 1–2
+    // on-turns against 3–6 off-turns).
+    let out = analyse("waves", 1.02, true);
+    assert!(out.contains(" 6 on and 5 off"), "every turn kept:\n{out}");
+    let gap = ratio(&out, "mean gap (TPOT) ms");
+    assert!(
+        (1.015..1.025).contains(&gap),
+        "mean gap on/off {gap}:\n{out}"
+    );
+}
+
+#[test]
 fn saved_outputs_of_two_calls_pool_into_one_verdict_over_all_their_turns() {
     let dir = temp_dir("keyed-pool");
     let (slow, same) = (dir.join("slow.txt"), dir.join("same.txt"));
     // a call's summary holds each run's lines twice (after the run, and in the pooled verdict)
-    let slow_run = analyse("pool", 1.02);
+    let slow_run = analyse("pool", 1.02, false);
     std::fs::write(&slow, format!("{slow_run}{slow_run}")).unwrap();
-    std::fs::write(&same, analyse("pool", 1.0)).unwrap();
+    std::fs::write(&same, analyse("pool", 1.0, false)).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/keyed.py");
     let out = Command::new("python3")
         .arg(&script)
