@@ -332,6 +332,32 @@ fn a_terminal_copy_to_dev_null_loses_nothing() {
     assert_eq!(ex["log"]["terminal_dropped_bytes"], 0, "{ex}");
 }
 
+/// `run` of `py -m sglang.launch_server` with its pre-flight through `py` (a fake interpreter)
+/// bounded by `timeout`: what it printed and how long it took.
+fn launch_with_preflight(py: &std::path::Path, timeout: &str) -> (std::process::Output, Duration) {
+    let t0 = Instant::now();
+    let out = std::process::Command::new(supervisor_bin())
+        .args(["run", "--metrics-addr", "none", "--gpu-backend", "none"])
+        .args(["--", py.to_str().unwrap(), "-m", "sglang.launch_server"])
+        .env("SGLANG_SUPERVISOR_PREFLIGHT_TIMEOUT", timeout)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (out, t0.elapsed())
+}
+
+/// Processes whose command line holds `marker`.
+fn processes_with(marker: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker))
+        })
+        .count()
+}
+
 #[test]
 fn a_hung_preflight_interpreter_is_killed_at_the_timeout_and_the_launch_goes_on() {
     let dir = std::env::temp_dir().join(format!("sglsup-hung-py-{}", std::process::id()));
@@ -343,15 +369,7 @@ fn a_hung_preflight_interpreter_is_killed_at_the_timeout_and_the_launch_goes_on(
         &py,
         &format!("case \"$1\" in -c) exec sleep {marker};; esac\nexit 0\n"),
     );
-    let t0 = Instant::now();
-    let out = std::process::Command::new(supervisor_bin())
-        .args(["run", "--metrics-addr", "none", "--gpu-backend", "none"])
-        .args(["--", py.to_str().unwrap(), "-m", "sglang.launch_server"])
-        .env("SGLANG_SUPERVISOR_PREFLIGHT_TIMEOUT", "1s")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let took = t0.elapsed();
+    let (out, took) = launch_with_preflight(&py, "1s");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("did not finish reading SGLang's flags within 1s"),
@@ -363,15 +381,11 @@ fn a_hung_preflight_interpreter_is_killed_at_the_timeout_and_the_launch_goes_on(
     );
     assert_eq!(out.status.code(), Some(0), "the launch went on: {stderr}");
     assert!(took < Duration::from_secs(10), "bounded: {took:?}");
-    let hung: Vec<_> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            std::fs::read(e.path().join("cmdline"))
-                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&marker))
-        })
-        .collect();
-    assert!(hung.is_empty(), "the hung interpreter was killed");
+    assert_eq!(
+        processes_with(&marker),
+        0,
+        "the hung interpreter was killed"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -387,15 +401,7 @@ fn an_interpreter_that_leaves_a_process_holding_its_pipes_gives_its_own_error_so
             "case \"$1\" in -c) sleep {marker} & echo \"ModuleNotFoundError: No module named 'sglang'\" >&2; exit 1;; esac\nexit 0\n"
         ),
     );
-    let t0 = Instant::now();
-    let out = std::process::Command::new(supervisor_bin())
-        .args(["run", "--metrics-addr", "none", "--gpu-backend", "none"])
-        .args(["--", py.to_str().unwrap(), "-m", "sglang.launch_server"])
-        .env("SGLANG_SUPERVISOR_PREFLIGHT_TIMEOUT", "30s")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let took = t0.elapsed();
+    let (out, took) = launch_with_preflight(&py, "30s");
     let stderr = String::from_utf8_lossy(&out.stderr);
     // Its own message, not "hung" (the reads, not the exit, were waiting), and not after 30 s.
     assert!(
@@ -404,15 +410,11 @@ fn an_interpreter_that_leaves_a_process_holding_its_pipes_gives_its_own_error_so
     );
     assert!(!stderr.contains("did not finish reading"), "{stderr}");
     assert!(took < Duration::from_secs(10), "bounded: {took:?}");
-    let left: Vec<_> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            std::fs::read(e.path().join("cmdline"))
-                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&marker))
-        })
-        .collect();
-    assert!(left.is_empty(), "what the interpreter left was killed");
+    assert_eq!(
+        processes_with(&marker),
+        0,
+        "what the interpreter left was killed"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -295,50 +295,44 @@ fn replay_by_name(port: &str, flood: &str) -> Vec<String> {
     .to_vec()
 }
 
-#[test]
-fn every_refused_start_of_a_run_whose_server_is_named_by_host_and_becomes_ready_ends_cleanly() {
+/// Sweeps a run of a replay server named by host that becomes ready, writes `flood` bytes and
+/// exits 0 by itself, with `extra` options, and checks that some run got that far.
+fn sweep_a_ready_server(name: &str, flood: &str, extra: &[&str], terminal: Terminal) {
     let port = free_port().to_string();
-    let server = replay_by_name(&port, "0");
+    let server = replay_by_name(&port, flood);
     let server: Vec<&str> = server.iter().map(String::as_str).collect();
+    let mut options = vec![
+        "--ready-timeout",
+        "10s",
+        "--metrics-addr",
+        "none",
+        "--gpu-backend",
+        "none",
+    ];
+    options.extend_from_slice(extra);
     let outcomes = sweep(&Case {
-        name: "refuse-ready",
-        options: &[
-            "--ready-timeout",
-            "10s",
-            "--proxy-addr",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "none",
-            "--gpu-backend",
-            "none",
-        ],
+        name,
+        options: &options,
         server: &server,
         ends: &[0],
-        terminal: Terminal::Pipe,
+        terminal,
     });
     assert!(outcomes.iter().any(|o| o.code == 0), "no run became ready");
 }
 
 #[test]
+fn every_refused_start_of_a_run_whose_server_is_named_by_host_and_becomes_ready_ends_cleanly() {
+    sweep_a_ready_server(
+        "refuse-ready",
+        "0",
+        &["--proxy-addr", "127.0.0.1:0"],
+        Terminal::Pipe,
+    );
+}
+
+#[test]
 fn every_refused_start_with_a_terminal_nobody_reads_ends_without_a_hang() {
-    let port = free_port().to_string();
-    let server = replay_by_name(&port, "5000000");
-    let server: Vec<&str> = server.iter().map(String::as_str).collect();
-    let outcomes = sweep(&Case {
-        name: "refuse-stalled",
-        options: &[
-            "--ready-timeout",
-            "10s",
-            "--metrics-addr",
-            "none",
-            "--gpu-backend",
-            "none",
-        ],
-        server: &server,
-        ends: &[0],
-        terminal: Terminal::Stalled,
-    });
-    assert!(outcomes.iter().any(|o| o.code == 0), "no run became ready");
+    sweep_a_ready_server("refuse-stalled", "5000000", &[], Terminal::Stalled);
 }
 
 #[test]
