@@ -204,19 +204,21 @@ fn refused_with(outcomes: &[Outcome], words: &str) -> bool {
         .any(|o| o.code == 125 && o.last_line.contains(words))
 }
 
+/// A run with nothing but the server: ready or not within a second, no metrics, no GPUs.
+const BARE: [&str; 6] = [
+    "--ready-timeout",
+    "1s",
+    "--metrics-addr",
+    "none",
+    "--gpu-backend",
+    "none",
+];
+
 #[test]
 fn every_refused_start_of_a_bare_run_ends_it_cleanly_or_is_done_without() {
     let outcomes = sweep(&Case {
         name: "refuse-bare",
-        options: &[
-            "--no-tee",
-            "--ready-timeout",
-            "1s",
-            "--metrics-addr",
-            "none",
-            "--gpu-backend",
-            "none",
-        ],
+        options: &[&["--no-tee"][..], &BARE].concat(),
         server: &["sleep", "30"],
         ends: &[124],
         terminal: Terminal::Pipe,
@@ -380,14 +382,7 @@ fn every_refused_start_of_a_flags_dump_through_an_interpreter_is_one_line_never_
 fn every_refused_start_with_stdout_and_stderr_on_a_socket_keeps_the_messages() {
     let outcomes = sweep(&Case {
         name: "refuse-socket",
-        options: &[
-            "--ready-timeout",
-            "1s",
-            "--metrics-addr",
-            "none",
-            "--gpu-backend",
-            "none",
-        ],
+        options: &BARE,
         server: &["sleep", "30"],
         ends: &[124],
         terminal: Terminal::Socket,
