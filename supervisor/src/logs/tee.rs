@@ -381,36 +381,8 @@ impl TerminalCopy {
         let pending = Arc::new(AtomicU64::new(0));
         let (tx, rx) = sync_channel::<(Arc<Vec<u8>>, usize)>(TERMINAL_QUEUE_CHUNKS);
         let (d, p) = (dropped.clone(), pending.clone());
-        let dup = if fd == 1 {
-            nix::unistd::dup(std::io::stdout())
-        } else {
-            nix::unistd::dup(std::io::stderr())
-        };
-        let out: Option<File> = dup.ok().map(File::from);
+        let mut out = dup_ours(fd);
         let lossless = out.as_ref().is_some_and(cannot_stall);
-        // Kept for writing in place if the thread is refused: a file as it is; a pipe or a
-        // terminal opened again without blocking, so that a full one refuses the write (dropped,
-        // counted) instead of stopping the caller, who may be the supervisor's own loop.
-        // A socket cannot be opened again (ENXIO): it is sent to with MSG_DONTWAIT.
-        let spare = match &out {
-            Some(f) if lossless => f.try_clone().ok().map(InPlace::Write),
-            Some(f) => std::fs::OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(format!("/proc/self/fd/{fd}"))
-                .ok()
-                .map(InPlace::Write)
-                .or_else(|| {
-                    use std::os::unix::fs::FileTypeExt;
-                    let socket = f.metadata().is_ok_and(|m| m.file_type().is_socket());
-                    socket
-                        .then(|| f.try_clone().ok())
-                        .flatten()
-                        .map(InPlace::Send)
-                }),
-            None => None,
-        };
-        let mut out = out;
         let started = std::thread::Builder::new()
             .name(format!("terminal-{fd}"))
             .spawn(move || {
@@ -429,7 +401,7 @@ impl TerminalCopy {
             });
         let (tx, in_place) = match started {
             Ok(_) => (Some(tx), None),
-            Err(_) => (None, spare.map(Mutex::new)),
+            Err(_) => (None, in_place_writer(fd, lossless).map(Mutex::new)),
         };
         TerminalCopy {
             tx,
@@ -497,6 +469,37 @@ impl TerminalCopy {
         while self.pending.load(Ordering::Acquire) > 0 && Instant::now() < end {
             std::thread::sleep(Duration::from_millis(2));
         }
+    }
+}
+
+/// A copy of our stdout (`fd` 1) or stderr (2).
+fn dup_ours(fd: i32) -> Option<File> {
+    let d = if fd == 1 {
+        nix::unistd::dup(std::io::stdout())
+    } else {
+        nix::unistd::dup(std::io::stderr())
+    };
+    d.ok().map(File::from)
+}
+
+/// Our fd 1 or 2 for writing in place once its writer thread was refused: a file as it is; a
+/// pipe or a terminal opened again without blocking, so that a full one refuses the write
+/// (dropped, counted) instead of stopping the caller, who may be the supervisor's own loop; a
+/// socket, which cannot be opened again (ENXIO), sent to with MSG_DONTWAIT.
+fn in_place_writer(fd: i32, lossless: bool) -> Option<InPlace> {
+    use std::os::unix::fs::FileTypeExt;
+    if lossless {
+        return dup_ours(fd).map(InPlace::Write);
+    }
+    let reopened = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(format!("/proc/self/fd/{fd}"));
+    match reopened {
+        Ok(f) => Some(InPlace::Write(f)),
+        Err(_) => dup_ours(fd)
+            .filter(|f| f.metadata().is_ok_and(|m| m.file_type().is_socket()))
+            .map(InPlace::Send),
     }
 }
 
