@@ -44,26 +44,29 @@ impl SpawnError {
     pub fn is_resource_limit(&self) -> bool {
         match self {
             SpawnError::NoReaper { .. } => true,
-            SpawnError::Exec { cause, .. } => matches!(
-                cause.raw_os_error(),
-                Some(nix::libc::EAGAIN | nix::libc::EMFILE | nix::libc::ENFILE | nix::libc::ENOMEM)
-            ),
+            SpawnError::Exec { cause, .. } => limit_hint(cause).is_some(),
             SpawnError::Empty => false,
         }
     }
 }
 
-/// What a refused start means: the program not found or not runnable, or the system out of
-/// processes or files (the same command would start later).
-fn exec_hint(e: &std::io::Error) -> &'static str {
+/// The limit a refused start ran into, said with what to do: processes and threads, open files,
+/// or memory (the same command would start later). `None`: not a limit.
+fn limit_hint(e: &std::io::Error) -> Option<&'static str> {
     match e.raw_os_error() {
-        Some(nix::libc::EAGAIN) => sglang_probes::sync::THREAD_LIMIT_HINT,
-        Some(nix::libc::EMFILE | nix::libc::ENFILE) => {
-            " (the limit on open files is reached: `ulimit -n`; raise it or close other files)"
-        }
-        Some(nix::libc::ENOMEM) => " (out of memory)",
-        _ => " (is it installed and on PATH? the command is run as argv, without a shell)",
+        Some(nix::libc::EAGAIN) => Some(sglang_probes::sync::THREAD_LIMIT_HINT),
+        Some(nix::libc::EMFILE | nix::libc::ENFILE) => Some(
+            " (the limit on open files is reached: `ulimit -n`; raise it or close other files)",
+        ),
+        Some(nix::libc::ENOMEM) => Some(" (out of memory)"),
+        _ => None,
     }
+}
+
+/// What a refused start means: a limit reached, or else the program not found or not runnable.
+fn exec_hint(e: &std::io::Error) -> &'static str {
+    limit_hint(e)
+        .unwrap_or(" (is it installed and on PATH? the command is run as argv, without a shell)")
 }
 
 /// How a process ended, as `waitpid` told it.
