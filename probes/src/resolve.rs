@@ -43,33 +43,36 @@ pub async fn resolve(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
         Some(a) => a,
         None => {
             let _one = LOOKING_UP.lock().await;
+            // Another connection may have looked it up while this one waited.
             match kept(&key) {
                 Some(a) => a,
-                None => {
-                    let answer = look_up(key.clone()).await;
-                    let mut found = lock(&FOUND);
-                    let map = found.get_or_insert_with(HashMap::new);
-                    if map.len() >= NAMES {
-                        map.clear();
-                    }
-                    map.insert(key, (Instant::now(), answer.clone()));
-                    answer
-                }
+                None => remember(key, look_up(bare, port).await),
             }
         }
     };
     answer.map_err(|(kind, text)| io::Error::new(kind, text))
 }
 
-async fn look_up(name: (String, u16)) -> Answer {
-    let bare = name.0.clone();
+/// Keep `answer` for `key` (a second) and give it back.
+fn remember(key: (String, u16), answer: Answer) -> Answer {
+    let mut found = lock(&FOUND);
+    let map = found.get_or_insert_with(HashMap::new);
+    if map.len() >= NAMES {
+        map.clear();
+    }
+    map.insert(key, (Instant::now(), answer.clone()));
+    answer
+}
+
+async fn look_up(host: &str, port: u16) -> Answer {
+    let name = (host.to_string(), port);
     let found = off_runtime(move || name.to_socket_addrs().map(Iterator::collect::<Vec<_>>))
         .await
         .unwrap_or_else(|| Err(io::Error::other("looking the name up panicked")));
     match found {
         Ok(addrs) if addrs.is_empty() => Err((
             io::ErrorKind::NotFound,
-            format!("{bare}: the name has no address"),
+            format!("{host}: the name has no address"),
         )),
         Ok(addrs) => Ok(addrs),
         Err(e) => Err((e.kind(), e.to_string())),
