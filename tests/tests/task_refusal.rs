@@ -198,10 +198,16 @@ fn sweep(case: &Case<'_>) -> Vec<Outcome> {
     outcomes
 }
 
-fn refused_with(outcomes: &[Outcome], words: &str) -> bool {
-    outcomes
-        .iter()
-        .any(|o| o.code == 125 && o.last_line.contains(words))
+/// Some run of the sweep ended 125 with each of `lines` in its error line.
+fn assert_refused_with(outcomes: &[Outcome], lines: &[&str]) {
+    for words in lines {
+        assert!(
+            outcomes
+                .iter()
+                .any(|o| o.code == 125 && o.last_line.contains(words)),
+            "no run refused with {words:?}"
+        );
+    }
 }
 
 /// A run with nothing but the server: ready or not within a second, no metrics, no GPUs.
@@ -223,20 +229,18 @@ fn every_refused_start_of_a_bare_run_ends_it_cleanly_or_is_done_without() {
         ends: &[124],
         terminal: Terminal::Pipe,
     });
-    for words in [
-        "cannot start the pre-flight's thread",
-        "cannot start the supervisor's threads",
-        "cannot start the async runtime",
-        // A reaper refused would leave the server's exit unseen: nothing is started then.
-        "the thread that collects exit statuses could not be started",
-        "cannot start \"sleep\": Resource temporarily unavailable",
-        "cannot start a thread to read the server's output",
-    ] {
-        assert!(
-            refused_with(&outcomes, words),
-            "no run refused with {words:?}"
-        );
-    }
+    assert_refused_with(
+        &outcomes,
+        &[
+            "cannot start the pre-flight's thread",
+            "cannot start the supervisor's threads",
+            "cannot start the async runtime",
+            // A reaper refused would leave the server's exit unseen: nothing is started then.
+            "the thread that collects exit statuses could not be started",
+            "cannot start \"sleep\": Resource temporarily unavailable",
+            "cannot start a thread to read the server's output",
+        ],
+    );
     // And refusals the run carries on without (the sentinel, the parser thread, the terminal's
     // writer, the start-up profile): the server was started and stopped at its ready timeout.
     assert!(outcomes.iter().filter(|o| o.code == 124).count() >= 3);
@@ -265,16 +269,14 @@ fn every_refused_start_with_the_proxy_the_gpu_sampler_and_metrics_ends_it_cleanl
         ends: &[124],
         terminal: Terminal::Pipe,
     });
-    for words in [
-        "cannot start the GPU sampler's threads",
-        // A shard's runtime was dropped inside the async runtime: a panic, before.
-        "cannot start the proxy's threads",
-    ] {
-        assert!(
-            refused_with(&outcomes, words),
-            "no run refused with {words:?}"
-        );
-    }
+    assert_refused_with(
+        &outcomes,
+        &[
+            "cannot start the GPU sampler's threads",
+            // A shard's runtime was dropped inside the async runtime: a panic, before.
+            "cannot start the proxy's threads",
+        ],
+    );
 }
 
 /// A server named by host name that becomes ready and exits by itself: readiness is probed, and
