@@ -12,9 +12,13 @@ Run-to-run drift of a server (the H100 host's ran 50 % apart between runs of one
 reach a comparison made within seconds: each on-turn is held against the mean of the off-turns
 before and after it. The tap follows only connections it saw open, so an on-turn counts from
 when every request in flight began after the tap was ready (before that it reads a part of the
-traffic only); an off-turn counts from the tap's exit. Only turns with the run at full
-concurrency count (in flight at the turn's start, middle and end at least 90 % of CONC): the ramp
-up and the drain are left out.
+traffic only); an off-turn likewise counts from when every request in flight began after the tap's
+exit. The same rule for both matters: in lockstep (fixed lengths, requests ending in waves) the
+end of the last request in flight is where a wave ends and the next one's prefill begins, with no
+events for a while; an on-turn counted from there and an off-turn from an ordinary instant read a
+slowdown of 4 % where there was none (tests/tests/keyed_analysis.rs). Only turns with the run at
+full concurrency count (on average over the turn at least 90 % of CONC in flight): the ramp up
+and the drain are left out.
 
 Per turn, as the client saw it: events per second (SGLang's native stream sends one event per
 decode step of a request: its tokens), the median and the mean gap between a request's events
@@ -55,19 +59,19 @@ def load(run):
     return times, numbers, begun
 
 
-def turns(keys_file, fully_watched):
-    """[(start, end, on)]: each on-turn, from when the tap watched every request in flight
-    (`fully_watched(ready)`), and the off-turn after it (the last one's end is unknown)."""
+def turns(keys_file, all_begun_after):
+    """[(start, end, on)]: each on-turn, from when every request in flight began after the tap
+    was ready (`all_begun_after(ready)`), and the off-turn after it, from when every request in
+    flight began after the tap's exit (the last off-turn's end is unknown)."""
     ons = []
     with open(keys_file) as f:
         for line in f:
-            start, ready, end = map(float, line.split())
-            ons.append((start, fully_watched(ready), end))
+            ons.append(tuple(map(float, line.split())))
     out = []
-    for k, (start, watched, end) in enumerate(ons):
-        out.append((watched, end, True))
+    for k, (start, ready, end) in enumerate(ons):
+        out.append((all_begun_after(ready), end, True))
         if k + 1 < len(ons):
-            out.append((end, ons[k + 1][0], False))
+            out.append((all_begun_after(end), ons[k + 1][0], False))
     return out
 
 
@@ -96,12 +100,12 @@ def per_turn(conc, run, keys_file):
     e2es = sorted((begun[n], last[n], last[n] - begun[n]) for n in first if n in begun)
     e2e_times = [x[0] for x in e2es]
 
-    def fully_watched(ready):
-        # the last end of a request that began before the tap was ready and was still running
-        return max([ready] + [last[n] for n in first if begun.get(n, ready) < ready < last[n]])
+    def all_begun_after(t):
+        # the last end of a request that began before t and was still running at t
+        return max([t] + [last[n] for n in first if begun.get(n, t) < t < last[n]])
 
     rows = []
-    for a, b, on in turns(keys_file, fully_watched):
+    for a, b, on in turns(keys_file, all_begun_after):
         if b - a < 0.5:
             rows.append(None)  # a turn too short to measure once its start is left out
             continue
