@@ -45,8 +45,8 @@
 #        nothing is measured).
 #        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
 #        (scripts/gpu/pysample: S/pysample/RUN.folded; with PYSAMPLE_MODE=profile, cProfile: RUN.prof.txt).
-#   S's knobs: BENCH_TIMEOUT=S ends a bench_serving run after S seconds (300; a killed run leaves
-#   no results); DEADLINE_S=N starts no round that would end past N seconds from the script's start
+#   S's knobs: BENCH_TIMEOUT=S ends a bench_serving run after S seconds (300, or 2 x RUN_S; a
+#   killed run leaves no results of bench_serving's, but the keyed arm's stamps are kept); DEADLINE_S=N starts no round that would end past N seconds from the script's start
 #   (the summary still prints: set it below the command's timeout); SERVER_EXTRA / SERVER_ENV add
 #   server flags / environment; ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
 #   WARM_FULL=N runs N full-size benchmarks straight to the server before the measured ones (its
@@ -299,7 +299,10 @@ PY
       PROMPTS=$(python3 -c 'import json, sys
 b = [json.loads(l.replace("Infinity", "1e999")) for l in open(sys.argv[1])][-1]
 print(max(1024, int(float(sys.argv[2]) * b["output_throughput"] / 256) // 256 * 256))' "$P/warmfull-1.jsonl" "$RUN_S")
-      say "S: $PROMPTS prompts a run (RUN_S=$RUN_S at the warm-up's throughput)"
+      # a warm-up can run faster than the long run after it (20.5k against 17.7k tokens/s on the
+      # H100 host): unless told otherwise, a run may take twice RUN_S before it is stopped
+      BENCH_TIMEOUT=${BENCH_TIMEOUT:-$((2 * RUN_S))}
+      say "S: $PROMPTS prompts a run (RUN_S=$RUN_S at the warm-up's throughput), stopped after $BENCH_TIMEOUT s"
     fi
     s0=$(procs stats "$SUP"); sleep 3; s1=$(procs stats "$SUP")
     python3 - "$s0" "$s1" <<'PY'
