@@ -5,8 +5,9 @@ the off-turns beside them (scripts/gpu/proxy_acceptance.sh, SIDES=keyed).
          keyed.py --pool OUTPUT [OUTPUT ...]
     RUN   the prefix of a client's event stamps (RUN.chunks, RUN.begun: scripts/gpu/clientstamps,
           BENCH_CHUNKS=RUN)
-    KEYS  one line per on-turn: "START READY END" (Unix seconds): the tap's start, when it
-          was ready (watching), and its exit
+    KEYS  one line per on-turn: "START READY END [KIND]" (Unix seconds): the tap's start, when
+          it was ready (watching), and its exit; KIND (SIDES=keyedmix) says which supervisor the
+          turn held: "tap" (run --tap) or "ctl" (the same without --tap)
 
 Run-to-run drift of a server (the H100 host's ran 50 % apart between runs of one arm) does not
 reach a comparison made within seconds: each on-turn is held against the mean of the off-turns
@@ -26,9 +27,14 @@ decode step of a request: its tokens), the median and the mean gap between a req
 E2E of the requests begun and ended in it (when at least 8 were). Per run and
 over all runs: the geometric mean of the on/off ratios with a 95 % interval (Student's t).
 
+With on-turns of two kinds in one run (keyedmix: the tap and its control in turn), each kind is
+held against the off-turns beside it, and each tap turn against the control turns on either side
+(tap/ctl): what the tap adds over a supervisor that measures nothing, within one run.
+
 Each run's ratios are also printed on one "keyed-ratios {json}" line: --pool reads those lines
 from saved outputs (a call's summary.txt: its stamps are too large to bring back) and gives the
-same verdicts over the runs of several calls, by concurrency and arm (keyed, keyedctl).
+same verdicts over the runs of several calls, by concurrency and arm (keyed, keyedctl,
+keyedmix/tap, keyedmix/ctl, keyedmix/tap-vs-ctl).
 """
 import bisect
 import json
@@ -60,18 +66,20 @@ def load(run):
 
 
 def turns(keys_file, all_begun_after):
-    """[(start, end, on)]: each on-turn, from when every request in flight began after the tap
-    was ready (`all_begun_after(ready)`), and the off-turn after it, from when every request in
-    flight began after the tap's exit (the last off-turn's end is unknown)."""
+    """[(start, end, kind)]: each on-turn (kind "on", or the KIND its line names), from when every
+    request in flight began after the tap was ready (`all_begun_after(ready)`), and the off-turn
+    after it (kind None), from when every request in flight began after the tap's exit (the
+    last off-turn's end is unknown)."""
     ons = []
     with open(keys_file) as f:
         for line in f:
-            ons.append(tuple(map(float, line.split())))
+            fields = line.split()
+            ons.append((*map(float, fields[:3]), fields[3] if len(fields) > 3 else "on"))
     out = []
-    for k, (start, ready, end) in enumerate(ons):
-        out.append((all_begun_after(ready), end, True))
+    for k, (start, ready, end, kind) in enumerate(ons):
+        out.append((all_begun_after(ready), end, kind))
         if k + 1 < len(ons):
-            out.append((all_begun_after(end), ons[k + 1][0], False))
+            out.append((all_begun_after(end), ons[k + 1][0], None))
     return out
 
 
@@ -104,8 +112,9 @@ def per_turn(conc, run, keys_file):
         # the last end of a request that began before t and was still running at t
         return max([t] + [last[n] for n in first if begun.get(n, t) < t < last[n]])
 
-    rows = []
-    for a, b, on in turns(keys_file, all_begun_after):
+    rows, kinds = [], []
+    for a, b, kind in turns(keys_file, all_begun_after):
+        kinds.append(kind)
         if b - a < 0.5:
             rows.append(None)  # a turn too short to measure once its start is left out
             continue
@@ -122,22 +131,25 @@ def per_turn(conc, run, keys_file):
         tt = [x[1] for x in ttfts[bisect.bisect_left(ttft_times, a):bisect.bisect_left(ttft_times, b)]]
         # requests wholly inside the turn (a turn several E2Es long holds some)
         e2e = [x[2] for x in e2es[bisect.bisect_left(e2e_times, a):bisect.bisect_left(e2e_times, b)] if x[1] <= b]
-        rows.append({"on": on, "span": b - a, "rate": events / (b - a), "whole": len(e2e),
+        rows.append({"on": kind is not None, "kind": kind, "span": b - a, "rate": events / (b - a), "whole": len(e2e),
                      "e2e_p50": st.median(e2e) * 1e3 if len(e2e) >= 8 else None,
                      "gap_p50": st.median(g) * 1e3 if g else None,
                      "gap_mean": st.fmean(g) * 1e3 if g else None,
                      "ttft_p50": st.median(tt) * 1e3 if tt else None})
-    return rows
+    return rows, kinds
 
 
-def ratios(rows, key):
-    """Each kept on-turn against the mean of the kept off-turns on either side of it."""
+def ratios(rows, kinds, key, kind="on", against=None):
+    """Each kept on-turn of `kind` against the mean of the kept turns beside it: the off-turns
+    on either side (`against` None), or the on-turns of kind `against` on either side (turns
+    alternate on and off, so those are two away). `kinds`: each turn's kind, kept or not."""
+    step = 1 if against is None else 2
     out = []
     for k, r in enumerate(rows):
-        if not r or not r["on"] or r[key] is None:
+        if not r or kinds[k] != kind or r[key] is None:
             continue
-        beside = [rows[j][key] for j in (k - 1, k + 1)
-                  if 0 <= j < len(rows) and rows[j] and rows[j][key] is not None]
+        beside = [rows[j][key] for j in (k - step, k + step)
+                  if 0 <= j < len(rows) and kinds[j] == against and rows[j] and rows[j][key] is not None]
         if beside:
             out.append(r[key] / st.fmean(beside))
     return out
@@ -173,9 +185,11 @@ def pool(outputs):
             for line in f:
                 if line.startswith("keyed-ratios "):
                     d = json.loads(line[len("keyed-ratios "):])
-                    runs[(d["conc"], d["run"])] = d["ratios"]
-        for (conc, run), found in runs.items():
-            g = groups.setdefault((conc, arm(run)), {"runs": 0, **{k: [] for _, k in METRICS}})
+                    runs[(d["conc"], d["run"], d.get("kind"))] = d["ratios"]
+        for (conc, run, kind), found in runs.items():
+            name = arm(run) + (f"/{kind}" if kind else "")
+            what = {None: "on/off", "tap-vs-ctl": "tap/ctl"}.get(kind, f"{kind}/off")
+            g = groups.setdefault((conc, name), {"runs": 0, "ratio": what, **{k: [] for _, k in METRICS}})
             g["runs"] += 1
             for _, key in METRICS:
                 g[key] += found.get(key, [])
@@ -183,7 +197,7 @@ def pool(outputs):
         sys.exit(f"keyed.py --pool: no keyed-ratios line in {', '.join(outputs)}")
     for (conc, name), g in sorted(groups.items()):
         for label, key in METRICS:
-            print(f"keyed, pooled, c={conc} {name} ({g['runs']} runs), {label}: on/off {verdict(g[key])}")
+            print(f"keyed, pooled, c={conc} {name} ({g['runs']} runs), {label}: {g['ratio']} {verdict(g[key])}")
 
 
 def main(argv):
@@ -192,10 +206,10 @@ def main(argv):
     if len(argv) < 3 or len(argv) % 2 != 1:
         sys.exit(__doc__)
     conc = int(argv[0])
-    every = {key: [] for _, key in METRICS}
+    every = {}  # comparison -> metric -> ratios over all runs
     for run, keys_file in zip(argv[1::2], argv[2::2]):
         try:
-            rows = per_turn(conc, run, keys_file)
+            rows, kinds = per_turn(conc, run, keys_file)
         except (OSError, ValueError) as e:
             print(f"keyed {run}: not read ({e})")
             continue
@@ -206,16 +220,35 @@ def main(argv):
               f" {sum(r['whole'] for r in on)} and {sum(r['whole'] for r in off)} requests wholly in them"
               f" (median on {st.median([r['span'] for r in on]) if on else 0:.2f} s, off"
               f" {st.median([r['span'] for r in off]) if off else 0:.2f} s)")
-        found = {}
-        for label, key in METRICS:
-            rs = found[key] = ratios(rows, key)
-            every[key] += rs
-            med = lambda side: st.median([r[key] for r in side if r[key] is not None] or [float("nan")])
-            print(f"    {label}: on median {med(on):.3f}, off median {med(off):.3f}; on/off {verdict(rs)}")
-        print("keyed-ratios " + json.dumps({"conc": conc, "run": os.path.basename(run), "ratios": found}))
+        for kind, against in comparisons(kinds):
+            a, b = kind, against or "off"
+            side = lambda k: [r for r in kept if r["kind"] == k]
+            if kind != "on":
+                print(f"  {a}/{b}: {len(side(kind))} {a} turns kept, {len(side(against))} {b}")
+            found = {}
+            for label, key in METRICS:
+                rs = found[key] = ratios(rows, kinds, key, kind, against)
+                every.setdefault(f"{a}/{b}", {}).setdefault(key, []).extend(rs)
+                med = lambda turns: st.median([r[key] for r in turns if r[key] is not None] or [float("nan")])
+                print(f"    {label}: {a} median {med(side(kind)):.3f}, {b} median {med(side(against)):.3f};"
+                      f" {a}/{b} {verdict(rs)}")
+            line = {"conc": conc, "run": os.path.basename(run), "ratios": found}
+            if kind != "on":
+                line["kind"] = kind if against is None else f"{kind}-vs-{against}"
+            print("keyed-ratios " + json.dumps(line))
     if len(argv) > 3:
-        for label, key in METRICS:
-            print(f"keyed, all runs at c={conc}, {label}: on/off {verdict(every[key])}")
+        for name, found in every.items():
+            for label, key in METRICS:
+                print(f"keyed, all runs at c={conc}, {label}: {name} {verdict(found.get(key, []))}")
+
+
+def comparisons(kinds):
+    """[(kind, against)]: the on-turns against the off-turns beside them, and with the tap and
+    its control in turn (keyedmix), each against the off-turns and the tap against the control."""
+    on = set(kinds) - {None}
+    if on == {"tap", "ctl"}:
+        return [("tap", None), ("ctl", None), ("tap", "ctl")]
+    return [(k, None) for k in sorted(on)]
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@
 #        or more: at c=256 the default 1024 prompts make a run shorter than one turn, and an
 #        interval of ±1 % wants some seven on-turns (docs/real-gpu.md, "Eighteenth session"). SIDES="keyed keyedctl" adds
 #        its control: the same supervisor keyed in turns without --tap (what the method reads when
-#        nothing is measured).
+#        nothing is measured). SIDES="keyedmix": both in one run, the on-turns alternating the tap
+#        and its control, so keyed.py also holds each tap turn against the control turns on either
+#        side (tap/ctl), with no drift between runs in it.
 #        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
 #        (scripts/gpu/pysample: S/pysample/RUN.folded; with PYSAMPLE_MODE=profile, cProfile: RUN.prof.txt).
 #   S's knobs: BENCH_TIMEOUT=S ends a bench_serving run after S seconds (300, or 2 x RUN_S; a
@@ -161,21 +163,26 @@ tap_start() { # tap_start NAME [--tap]: a second supervisor attached to the serv
   for _ in $(seq 300); do grep -q '"event":"ready"' "$P/$1-events.jsonl" 2>/dev/null && return 0; sleep 0.05; done
   say "tap $1: not ready"; tail -5 "$P/$1.err"; kill -KILL "$TAPSUP"; return 1
 }
-keyer() { # keyer NAME STOPFILE [--tap]: the tap (tap_start NAME-K --tap) on for a turn, then off for a turn,
+keyer() { # keyer NAME STOPFILE [--tap|--mix]: the tap (tap_start NAME-K --tap) on for a turn, then off for a turn,
   # until STOPFILE exists; each on-turn's "START READY END" (its process's start, its ready event,
-  # its exit) goes to $P/NAME.keys. A turn lasts KEY_MS (8000) to 1.5 x KEY_MS ms at random: long
+  # its exit) goes to $P/NAME.keys. --mix: the on-turns alternate the tap and its control (no
+  # --tap), each line ending "tap" or "ctl". A turn lasts KEY_MS (8000) to 1.5 x KEY_MS ms at random: long
   # enough that the tap, which follows only connections it saw open, watches every request for
   # most of it (keyed.py leaves out the rest); random, since the requests of a fixed-length
   # benchmark end in waves, and a fixed period could beat with them.
-  local k=0 t0 t1
+  local k=0 t0 t1 how kind
   turn() { local ms=$(( ${KEY_MS:-8000} + RANDOM % (${KEY_MS:-8000} / 2) )); sleep "$((ms / 1000)).$(printf %03d $((ms % 1000)))"; }
   while [ ! -e "$2" ]; do
+    how=${3:-}; kind=
+    if [ "$how" = --mix ]; then
+      if [ $((k % 2)) = 0 ]; then how=--tap; kind=" tap"; else how=; kind=" ctl"; fi
+    fi
     t0=$(date +%s.%N)
-    tap_start "$1-$k" "${3:-}" || break
+    tap_start "$1-$k" "$how" || break
     t1=$(date +%s.%N)
     turn
     kill -TERM "$TAPSUP"; wait "$TAPSUP"
-    echo "$t0 $t1 $(date +%s.%N)" >> "$P/$1.keys"
+    echo "$t0 $t1 $(date +%s.%N)$kind" >> "$P/$1.keys"
     k=$((k + 1))
     [ -e "$2" ] || turn
   done
@@ -368,18 +375,19 @@ PY
           post "http://$MET/-/window/start?name=c$conc-$side-$i" > /dev/null
           [ -n "${PYSAMPLE:-}" ] && echo "start c$conc-$side-$i" > "$P/pysample/m" && mv "$P/pysample/m" "$P/pysample/mark"
           t_run=$SECONDS; w_run=$(date +%s.%N)
-          if [ "$side" = keyed ] || [ "$side" = keyedctl ]; then
+          if [ "$side" = keyed ] || [ "$side" = keyedctl ] || [ "$side" = keyedmix ]; then
             # one run straight to the server, the tap keyed on and off beside it every few seconds:
             # each on-turn against the off-turns around it (scripts/gpu/keyed.py), so a drift
             # between runs, which sequential pairs cannot tell from the tap, cancels. keyedctl is
             # its control: the same supervisor started and stopped in turns, without --tap.
             halves=("$side"); stopf=$P/$side-c$conc-$i.stop
-            keyer "tap-$side-c$conc-$i" "$stopf" $([ "$side" = keyed ] && echo --tap) & keyer_pid=$!
+            case $side in keyed) how=--tap ;; keyedmix) how=--mix ;; *) how= ;; esac
+            keyer "tap-$side-c$conc-$i" "$stopf" $how & keyer_pid=$!
             CHUNKS=1 DATASET=random-ids bench "$PORT" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
             touch "$stopf"; wait "$keyer_pid"
             python3 "$HERE/scripts/gpu/keyed.py" "$conc" "$P/c$conc-$side-$i.jsonl" "$P/tap-$side-c$conc-$i.keys"
             # what the tap recorded over its turns (requests cut by a turn's edge end as errors)
-            [ "$side" = keyed ] && cat "$P"/tap-keyed-c"$conc"-"$i"-*-requests.jsonl 2>/dev/null | python3 -c '
+            [ "$side" != keyedctl ] && cat "$P"/tap-"$side"-c"$conc"-"$i"-*-requests.jsonl 2>/dev/null | python3 -c '
 import json, sys
 r = [json.loads(l) for l in sys.stdin]
 ok = [x for x in r if not x.get("error")]
@@ -500,7 +508,7 @@ for conc, sides in sorted(runs.items()):
                   f"{arm}/{base} of medians {st.median(pv) / st.median(dv):.4f}, median of round ratios {st.median(ratios):.4f}, "
                   f"geometric mean of round ratios {gm:.4f}, {ci} ({len(logs)} pairs)")
 PY
-    for conc in ${CONCS:-256 512}; do for side in keyed keyedctl; do  # keyed runs' turns pooled
+    for conc in ${CONCS:-256 512}; do for side in keyed keyedctl keyedmix; do  # keyed runs' turns pooled
       keyed=(); for k in "$P"/tap-$side-c"$conc"-*.keys; do
         [ -f "$k" ] || continue; i=${k##*-}; keyed+=("$P/c$conc-$side-${i%.keys}.jsonl" "$k"); done
       [ ${#keyed[@]} -gt 2 ] && { echo "$side:"; python3 "$HERE/scripts/gpu/keyed.py" "$conc" "${keyed[@]}"; }

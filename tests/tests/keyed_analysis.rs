@@ -8,14 +8,38 @@ use common::{temp_dir, ExpectSuccess};
 use std::path::Path;
 use std::process::Command;
 
-/// 32 clients, each sending 100-event requests back to back for 60 s, an event every 10 ms
-/// (`slower` times that inside the on-turns); on-turns of 5 s every 10 s, ready 50 ms after
-/// their start. Writes the client's stamps (RUN.chunks, RUN.begun) and the turns (KEYS).
-/// `lockstep`: the clients start together and send the next request 20 ms after the last event,
-/// so requests end in waves, as a real server's batch ends them. `ttft`: the time to first token
-/// (a wave's prefill, when no request sends an event).
-fn synthetic(dir: &Path, slower: f64, lockstep: bool, ttft: f64) -> (String, String) {
-    let on = |t: f64| t.rem_euclid(10.0) >= 5.0;
+/// A synthetic run's shape: 32 clients, each sending 100-event requests back to back for 60 s,
+/// an event every 10 ms (`slower` times that inside the slowed on-turns); on-turns of 5 s every
+/// 10 s, ready 50 ms after their start.
+#[derive(Clone, Copy)]
+struct Shape {
+    slower: f64,
+    /// The clients start together and send the next request 20 ms after the last event, so
+    /// requests end in waves, as a real server's batch ends them.
+    lockstep: bool,
+    /// The time to first token (a wave's prefill, when no request sends an event).
+    ttft: f64,
+    /// On-turns alternate the tap (slowed) and its control (not), as SIDES=keyedmix runs them.
+    mix: bool,
+}
+
+const PLAIN: Shape = Shape {
+    slower: 1.0,
+    lockstep: false,
+    ttft: 0.004,
+    mix: false,
+};
+
+/// Writes the client's stamps (RUN.chunks, RUN.begun) and the turns (KEYS) of a run of `shape`.
+fn synthetic(dir: &Path, shape: Shape) -> (String, String) {
+    let Shape {
+        slower,
+        lockstep,
+        ttft,
+        mix,
+    } = shape;
+    // on-turn k spans 1005 + 10k .. 1010 + 10k; with `mix` only the even ones (the tap's) slow
+    let on = |t: f64| t.rem_euclid(10.0) >= 5.0 && !(mix && ((t - 1_005.0) / 10.0) as i64 % 2 == 1);
     let (mut events, mut begun) = (Vec::new(), Vec::new());
     for client in 0..32 {
         let mut t = if lockstep {
@@ -53,7 +77,12 @@ fn synthetic(dir: &Path, slower: f64, lockstep: bool, ttft: f64) -> (String, Str
     let turns: String = (0..6)
         .map(|k| {
             let start = 1_005.0 + 10.0 * k as f64;
-            format!("{start} {} {}\n", start + 0.05, start + 5.0)
+            let kind = match (mix, k % 2) {
+                (false, _) => "",
+                (true, 0) => " tap",
+                (true, _) => " ctl",
+            };
+            format!("{start} {} {}{kind}\n", start + 0.05, start + 5.0)
         })
         .collect();
     std::fs::write(&keys, turns).unwrap();
@@ -65,11 +94,16 @@ fn synthetic(dir: &Path, slower: f64, lockstep: bool, ttft: f64) -> (String, Str
 
 /// keyed.py's on/off ratio for the metric whose line starts with `label`.
 fn ratio(out: &str, label: &str) -> f64 {
+    ratio_of(out, label, "on/off")
+}
+
+/// keyed.py's ratio `which` ("tap/ctl", ...) on the first line that starts with `label` and has it.
+fn ratio_of(out: &str, label: &str, which: &str) -> f64 {
     let line = out
         .lines()
-        .find(|l| l.trim_start().starts_with(label))
-        .unwrap_or_else(|| panic!("no {label} line in:\n{out}"));
-    let after = line.split("on/off ").nth(1).unwrap();
+        .find(|l| l.trim_start().starts_with(label) && l.contains(which))
+        .unwrap_or_else(|| panic!("no {label} line with {which} in:\n{out}"));
+    let after = line.split(&format!("{which} ")).nth(1).unwrap();
     let value = after.split(',').next().unwrap().trim();
     value
         .parse()
@@ -78,9 +112,9 @@ fn ratio(out: &str, label: &str) -> f64 {
 
 /// keyed.py's output on a synthetic run; `test` names the run's folder apart from those of the
 /// tests beside it (they run at once).
-fn analyse(test: &str, slower: f64, lockstep: bool, ttft: f64) -> String {
-    let dir = temp_dir(&format!("keyed-{test}-{}", (slower * 1000.0) as u64));
-    let (run, keys) = synthetic(&dir, slower, lockstep, ttft);
+fn analyse(test: &str, shape: Shape) -> String {
+    let dir = temp_dir(&format!("keyed-{test}-{}", (shape.slower * 1000.0) as u64));
+    let (run, keys) = synthetic(&dir, shape);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/keyed.py");
     let out = Command::new("python3")
         .arg(&script)
@@ -89,12 +123,20 @@ fn analyse(test: &str, slower: f64, lockstep: bool, ttft: f64) -> String {
         .unwrap()
         .expect_success("keyed.py");
     let _ = std::fs::remove_dir_all(&dir);
-    String::from_utf8(out.stdout).unwrap()
+    let out = String::from_utf8(out.stdout).unwrap();
+    println!("{test}:\n{out}"); // shown with --nocapture, or when the test fails
+    out
 }
 
 #[test]
 fn the_keyed_analysis_finds_a_two_percent_slowdown_in_the_on_turns() {
-    let out = analyse("slowdown", 1.02, false, 0.004);
+    let out = analyse(
+        "slowdown",
+        Shape {
+            slower: 1.02,
+            ..PLAIN
+        },
+    );
     let rate = ratio(&out, "events/s");
     let gap = ratio(&out, "mean gap (TPOT) ms");
     assert!(
@@ -118,7 +160,7 @@ fn the_keyed_analysis_finds_a_two_percent_slowdown_in_the_on_turns() {
 
 #[test]
 fn the_keyed_analysis_finds_nothing_where_nothing_differs() {
-    let out = analyse("null", 1.0, false, 0.004);
+    let out = analyse("null", PLAIN);
     for label in ["events/s", "mean gap (TPOT) ms", "median gap ms"] {
         let r = ratio(&out, label);
         assert!((0.995..1.005).contains(&r), "{label} on/off {r}:\n{out}");
@@ -130,7 +172,14 @@ fn requests_ending_in_waves_keep_the_on_turns_as_the_off_turns() {
     // Each on-turn starts at the end of a request, where a wave of others ends too: judged at
     // that instant, every on-turn was dropped and every off-turn kept (three GPU runs kept 1–2
     // on-turns against 3–6 off-turns).
-    let out = analyse("waves", 1.02, true, 0.004);
+    let out = analyse(
+        "waves",
+        Shape {
+            slower: 1.02,
+            lockstep: true,
+            ..PLAIN
+        },
+    );
     assert!(out.contains(" 6 on and 5 off"), "every turn kept:\n{out}");
     let gap = ratio(&out, "mean gap (TPOT) ms");
     assert!(
@@ -145,7 +194,14 @@ fn an_on_turn_that_starts_where_a_wave_ends_is_not_read_as_slower() {
     // that is where a wave ends and the next wave's prefill begins, when no events come. Counted
     // from an ordinary instant, the off-turns held no such gap, and this run, with nothing
     // slower, read 0.958 (0.928–0.988); a GPU run read three of four on-turns 13 % slower.
-    let out = analyse("phase", 1.0, true, 0.3);
+    let out = analyse(
+        "phase",
+        Shape {
+            lockstep: true,
+            ttft: 0.3,
+            ..PLAIN
+        },
+    );
     let rate = ratio(&out, "events/s");
     assert!(
         (0.99..1.01).contains(&rate),
@@ -154,13 +210,41 @@ fn an_on_turn_that_starts_where_a_wave_ends_is_not_read_as_slower() {
 }
 
 #[test]
+fn the_tap_and_its_control_in_turn_are_each_held_against_the_off_turns_and_each_other() {
+    // SIDES=keyedmix: the tap's turns 2 % slower, its control's not
+    let out = analyse(
+        "mix",
+        Shape {
+            slower: 1.02,
+            mix: true,
+            ..PLAIN
+        },
+    );
+    for (which, lo, hi) in [
+        ("tap/off", 0.975, 0.985),
+        ("ctl/off", 0.995, 1.005),
+        ("tap/ctl", 0.975, 0.985),
+    ] {
+        let rate = ratio_of(&out, "events/s", which);
+        assert!((lo..hi).contains(&rate), "events/s {which} {rate}:\n{out}");
+    }
+    assert!(out.contains(" 3 tap turns kept, 3 ctl"), "{out}");
+}
+
+#[test]
 fn saved_outputs_of_two_calls_pool_into_one_verdict_over_all_their_turns() {
     let dir = temp_dir("keyed-pool");
     let (slow, same) = (dir.join("slow.txt"), dir.join("same.txt"));
     // a call's summary holds each run's lines twice (after the run, and in the pooled verdict)
-    let slow_run = analyse("pool", 1.02, false, 0.004);
+    let slow_run = analyse(
+        "pool",
+        Shape {
+            slower: 1.02,
+            ..PLAIN
+        },
+    );
     std::fs::write(&slow, format!("{slow_run}{slow_run}")).unwrap();
-    std::fs::write(&same, analyse("pool", 1.0, false, 0.004)).unwrap();
+    std::fs::write(&same, analyse("pool", PLAIN)).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/keyed.py");
     let out = Command::new("python3")
         .arg(&script)
