@@ -74,7 +74,7 @@ mkdir -p "$O"
 exec > >(tee "$O/summary.txt") 2>&1
 say() { echo "[acceptance $(date +%T.%3N)] $*"; }
 ulimit -n "$(ulimit -Hn)"
-nproc; lscpu | grep -iE "numa|model name|^cpu\(s\)|mhz|thread|core|socket"; echo "SMT siblings: $(cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null | sort -u | tr '\n' ' ')"
+uname -r; nproc; lscpu | grep -iE "numa|model name|^cpu\(s\)|mhz|thread|core|socket"; echo "SMT siblings: $(cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null | sort -u | tr '\n' ' ')"
 which perf strace py-spy gdb 2>/dev/null; python3 -c 'import importlib.util as u; print("uvloop", bool(u.find_spec("uvloop")), "httptools", bool(u.find_spec("httptools")), "h11", bool(u.find_spec("h11")))'
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -2
 
