@@ -4,7 +4,8 @@ the off-turns beside them (scripts/gpu/proxy_acceptance.sh, SIDES=keyed).
   usage: keyed.py CONC RUN KEYS [RUN KEYS ...]
          keyed.py --pool OUTPUT [OUTPUT ...]
     RUN   the prefix of a client's event stamps (RUN.chunks, RUN.begun: scripts/gpu/clientstamps,
-          BENCH_CHUNKS=RUN)
+          BENCH_CHUNKS=RUN), and of RUN.cpu if there is one ("UNIX USER_S SYSTEM_S" lines: the
+          server's HTTP process's CPU so far, sampled beside the run)
     KEYS  one line per on-turn: "START READY END [KIND]" (Unix seconds): the tap's start, when
           it was ready (watching), and its exit; KIND (SIDES=keyedmix) says which supervisor the
           turn held: "tap" (run --tap) or "ctl" (the same without --tap)
@@ -24,8 +25,11 @@ and the drain are left out.
 Per turn, as the client saw it: events per second (SGLang's native stream sends one event per
 decode step of a request: its tokens), the median and the mean gap between a request's events
 (the mean is the TPOT of the slice), the median TTFT of the requests begun in it, and the median
-E2E of the requests begun and ended in it (when at least 8 were). Per run and
-over all runs: the geometric mean of the on/off ratios with a 95 % interval (Student's t).
+E2E of the requests begun and ended in it (when at least 8 were); with RUN.cpu beside the
+stamps, the server's HTTP process's user and system CPU per event over the turn (the tap's copy of
+each segment is paid in the system time of that process, which sets the pace when saturated).
+Per run and over all runs: the geometric mean of the on/off ratios with a 95 % interval
+(Student's t).
 
 With on-turns of two kinds in one run (keyedmix: the tap and its control in turn), each kind is
 held against the off-turns beside it, and each tap turn against the control turns on either side
@@ -49,7 +53,8 @@ T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
         2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
 METRICS = [("events/s", "rate"), ("median gap ms", "gap_p50"), ("mean gap (TPOT) ms", "gap_mean"),
-           ("median TTFT ms", "ttft_p50"), ("median E2E ms", "e2e_p50")]
+           ("median TTFT ms", "ttft_p50"), ("median E2E ms", "e2e_p50"),
+           ("HTTP process user us/event", "cpu_user"), ("HTTP process system us/event", "cpu_sys")]
 
 
 def load(run):
@@ -83,8 +88,31 @@ def turns(keys_file, all_begun_after):
     return out
 
 
+def load_cpu(run):
+    """RUN.cpu ("UNIX USER_S SYSTEM_S": the server's HTTP process's CPU so far, sampled every
+    0.1 s beside the run) as a function of time to (user, system) seconds, linear between
+    samples; None without the file (runs from before it was written)."""
+    try:
+        with open(run + ".cpu") as f:
+            rows = [tuple(map(float, line.split())) for line in f if len(line.split()) == 3]
+    except FileNotFoundError:
+        return None
+    if len(rows) < 2:
+        return None
+    at = [r[0] for r in rows]
+
+    def cpu(t):
+        k = min(max(bisect.bisect_left(at, t), 1), len(rows) - 1)
+        (t0, u0, s0), (t1, u1, s1) = rows[k - 1], rows[k]
+        w = (t - t0) / (t1 - t0) if t1 > t0 else 0.0
+        return u0 + (u1 - u0) * w, s0 + (s1 - s0) * w
+
+    return cpu
+
+
 def per_turn(conc, run, keys_file):
     times, numbers, begun = load(run)
+    cpu = load_cpu(run)
     first, last, prev = {}, {}, {}
     gaps = []  # (time of the later event, gap)
     for t, n in zip(times, numbers):
@@ -135,8 +163,19 @@ def per_turn(conc, run, keys_file):
                      "e2e_p50": st.median(e2e) * 1e3 if len(e2e) >= 8 else None,
                      "gap_p50": st.median(g) * 1e3 if g else None,
                      "gap_mean": st.fmean(g) * 1e3 if g else None,
-                     "ttft_p50": st.median(tt) * 1e3 if tt else None})
+                     "ttft_p50": st.median(tt) * 1e3 if tt else None,
+                     **cpu_per_event(cpu, a, b, events)})
     return rows, kinds
+
+
+def cpu_per_event(cpu, a, b, events):
+    """The HTTP process's user and system CPU per event over [a, b], in µs: the tap's copy of
+    each segment is paid in the system time of the process that sends it, and that process sets
+    the pace when saturated, so this is its cost read directly."""
+    if cpu is None or not events:
+        return {"cpu_user": None, "cpu_sys": None}
+    (u0, s0), (u1, s1) = cpu(a), cpu(b)
+    return {"cpu_user": (u1 - u0) / events * 1e6, "cpu_sys": (s1 - s0) / events * 1e6}
 
 
 def ratios(rows, kinds, key, kind="on", against=None):
@@ -197,7 +236,8 @@ def pool(outputs):
         sys.exit(f"keyed.py --pool: no keyed-ratios line in {', '.join(outputs)}")
     for (conc, name), g in sorted(groups.items()):
         for label, key in METRICS:
-            print(f"keyed, pooled, c={conc} {name} ({g['runs']} runs), {label}: {g['ratio']} {verdict(g[key])}")
+            if g[key] or key not in ("cpu_user", "cpu_sys"):
+                print(f"keyed, pooled, c={conc} {name} ({g['runs']} runs), {label}: {g['ratio']} {verdict(g[key])}")
 
 
 def main(argv):
@@ -227,6 +267,8 @@ def main(argv):
                 print(f"  {a}/{b}: {len(side(kind))} {a} turns kept, {len(side(against))} {b}")
             found = {}
             for label, key in METRICS:
+                if key.startswith("cpu_") and all(r[key] is None for r in kept):
+                    continue  # not measured in this run (no RUN.cpu)
                 rs = found[key] = ratios(rows, kinds, key, kind, against)
                 every.setdefault(f"{a}/{b}", {}).setdefault(key, []).extend(rs)
                 med = lambda turns: st.median([r[key] for r in turns if r[key] is not None] or [float("nan")])
@@ -239,7 +281,8 @@ def main(argv):
     if len(argv) > 3:
         for name, found in every.items():
             for label, key in METRICS:
-                print(f"keyed, all runs at c={conc}, {label}: {name} {verdict(found.get(key, []))}")
+                if key in found:
+                    print(f"keyed, all runs at c={conc}, {label}: {name} {verdict(found[key])}")
 
 
 def comparisons(kinds):

@@ -383,8 +383,11 @@ PY
             halves=("$side"); stopf=$P/$side-c$conc-$i.stop
             case $side in keyed) how=--tap ;; keyedmix) how=--mix ;; *) how= ;; esac
             keyer "tap-$side-c$conc-$i" "$stopf" $how & keyer_pid=$!
+            # the HTTP process's CPU beside it, on the supervisor's CPUs: what the tap costs it
+            main_pid=$(procs stats "$SUP" | python3 -c "import json,sys; print(json.load(sys.stdin)[\"main\"][\"pid\"])")
+            "${SUP_PREFIX[@]}" python3 "$HERE/scripts/gpu/cpu_trace.py" "$main_pid" "$P/c$conc-$side-$i.jsonl.cpu" "$stopf" & cpu_pid=$!
             CHUNKS=1 DATASET=random-ids bench "$PORT" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
-            touch "$stopf"; wait "$keyer_pid"
+            touch "$stopf"; wait "$keyer_pid" "$cpu_pid"
             python3 "$HERE/scripts/gpu/keyed.py" "$conc" "$P/c$conc-$side-$i.jsonl" "$P/tap-$side-c$conc-$i.keys"
             # what the tap recorded over its turns (requests cut by a turn's edge end as errors)
             [ "$side" != keyedctl ] && cat "$P"/tap-"$side"-c"$conc"-"$i"-*-requests.jsonl 2>/dev/null | python3 -c '

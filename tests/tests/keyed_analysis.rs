@@ -73,6 +73,24 @@ fn synthetic(dir: &Path, shape: Shape) -> (String, String) {
         .map(|(n, t)| format!("{n} {t:.6}\n"))
         .collect();
     std::fs::write(format!("{}.begun", run.display()), lines).unwrap();
+    // the server's HTTP process: 45 µs of user time an event, 4.5 µs of system time, 5.0 µs in
+    // the slowed turns (the tap's copy of each segment), sampled every 0.1 s as RUN.cpu
+    let (mut user, mut sys, mut next) = (0.0, 0.0, events.iter().peekable());
+    let samples: String = (0..=600)
+        .map(|k| {
+            let at = 1_000.0 + k as f64 * 0.1;
+            while let Some((t, _)) = next.next_if(|(t, _)| *t <= at) {
+                user += 45e-6;
+                sys += if on(*t) && slower != 1.0 {
+                    5.0e-6
+                } else {
+                    4.5e-6
+                };
+            }
+            format!("{at:.6} {user:.6} {sys:.6}\n")
+        })
+        .collect();
+    std::fs::write(format!("{}.cpu", run.display()), samples).unwrap();
     let keys = dir.join("run.keys");
     let turns: String = (0..6)
         .map(|k| {
@@ -156,6 +174,21 @@ fn the_keyed_analysis_finds_a_two_percent_slowdown_in_the_on_turns() {
         out.contains(" 6 on and 5 off"),
         "every turn at full concurrency:\n{out}"
     );
+}
+
+#[test]
+fn the_http_process_cost_an_event_is_read_turn_by_turn() {
+    let out = analyse(
+        "cpu",
+        Shape {
+            slower: 1.02,
+            ..PLAIN
+        },
+    );
+    let sys = ratio(&out, "HTTP process system us/event");
+    let user = ratio(&out, "HTTP process user us/event");
+    assert!((1.10..1.12).contains(&sys), "system on/off {sys}:\n{out}");
+    assert!((0.995..1.005).contains(&user), "user on/off {user}:\n{out}");
 }
 
 #[test]
