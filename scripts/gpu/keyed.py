@@ -102,6 +102,8 @@ def load_cpu(run):
     at = [r[0] for r in rows]
 
     def cpu(t):
+        if not at[0] <= t <= at[-1]:
+            return None  # outside the trace (it stopped early): not read as no CPU at all
         k = min(max(bisect.bisect_left(at, t), 1), len(rows) - 1)
         (t0, u0, s0), (t1, u1, s1) = rows[k - 1], rows[k]
         w = (t - t0) / (t1 - t0) if t1 > t0 else 0.0
@@ -140,11 +142,17 @@ def per_turn(conc, run, keys_file):
         # the last end of a request that began before t and was still running at t
         return max([t] + [last[n] for n in first if begun.get(n, t) < t < last[n]])
 
+    last_begin = starts[-1] if starts else 0.0
     rows, kinds = [], []
     for a, b, kind in turns(keys_file, all_begun_after):
         kinds.append(kind)
         if b - a < 0.5:
             rows.append(None)  # a turn too short to measure once its start is left out
+            continue
+        if b > last_begin:
+            # past the last request's begin the run drains (or was stopped by its timeout); the
+            # keys end with an on-turn, so only on-turns would hold that tail
+            rows.append(None)
             continue
         # At full concurrency on average over the turn. Not the least of a few instants: an
         # on-turn's start is the end of a request (the last one the tap did not see begin),
@@ -172,9 +180,10 @@ def cpu_per_event(cpu, a, b, events):
     """The HTTP process's user and system CPU per event over [a, b], in µs: the tap's copy of
     each segment is paid in the system time of the process that sends it, and that process sets
     the pace when saturated, so this is its cost read directly."""
-    if cpu is None or not events:
+    ends = (cpu(a), cpu(b)) if cpu is not None and events else (None, None)
+    if None in ends:
         return {"cpu_user": None, "cpu_sys": None}
-    (u0, s0), (u1, s1) = cpu(a), cpu(b)
+    (u0, s0), (u1, s1) = ends
     return {"cpu_user": (u1 - u0) / events * 1e6, "cpu_sys": (s1 - s0) / events * 1e6}
 
 
@@ -189,22 +198,34 @@ def ratios(rows, kinds, key, kind="on", against=None):
             continue
         beside = [rows[j][key] for j in (k - step, k + step)
                   if 0 <= j < len(rows) and kinds[j] == against and rows[j] and rows[j][key] is not None]
-        if beside:
+        # both sides or none: a turn held against one side only takes the drift of a turn's
+        # length, and which turns have one side depends on where the ramp and the drain fell
+        if len(beside) == 2 and r[key] > 0 and min(beside) > 0:
             out.append(r[key] / st.fmean(beside))
     return out
 
 
-def verdict(rs):
+def verdict(rs, shared=True):
+    """The geometric mean of the ratios and its 95 % interval. `shared`: neighbouring ratios
+    share a turn in their denominators (on/off: an off-turn between two on-turns; tap/ctl: a
+    control turn between two tap turns), which correlates them: the variance of their mean is
+    2σ²/n where their spread reads 1.5σ², so the interval is widened by √(4/3) (a helper's Monte
+    Carlo: coverage 0.91 without, 0.95 with). keyedmix's tap/off and ctl/off share nothing."""
     if not rs:
-        return "no on-turn at full concurrency"
+        return "no turn at full concurrency with kept turns on both sides"
     logs = [math.log(r) for r in rs]
     gm = math.exp(st.fmean(logs))
     if len(logs) < 2:
         return f"{gm:.4f} (one turn: no interval)"
     t = T975[min(len(logs) - 1, len(T975)) - 1] if len(logs) <= 31 else 1.96
-    half = t * st.stdev(logs) / math.sqrt(len(logs))
+    half = t * st.stdev(logs) / math.sqrt(len(logs)) * (math.sqrt(4 / 3) if shared else 1.0)
     lo, hi = math.exp(st.fmean(logs) - half), math.exp(st.fmean(logs) + half)
-    return f"{gm:.4f}, 95 % interval {lo:.4f}..{hi:.4f}, {len(rs)} on-turns"
+    return f"{gm:.4f}, 95 % interval {lo:.4f}..{hi:.4f}, {len(rs)} turns"
+
+
+def shares_turns(kind, against):
+    """Whether neighbouring ratios of this comparison share a turn (see `verdict`)."""
+    return against is not None or kind == "on"
 
 
 def arm(run):
@@ -228,7 +249,10 @@ def pool(outputs):
         for (conc, run, kind), found in runs.items():
             name = arm(run) + (f"/{kind}" if kind else "")
             what = {None: "on/off", "tap-vs-ctl": "tap/ctl"}.get(kind, f"{kind}/off")
-            g = groups.setdefault((conc, name), {"runs": 0, "ratio": what, **{k: [] for _, k in METRICS}})
+            # a saved line's kind: none (on/off), "tap-vs-ctl", or a kind against the off-turns
+            shared = kind in (None, "tap-vs-ctl")
+            g = groups.setdefault((conc, name), {"runs": 0, "ratio": what, "shared": shared,
+                                                 **{k: [] for _, k in METRICS}})
             g["runs"] += 1
             for _, key in METRICS:
                 g[key] += found.get(key, [])
@@ -237,7 +261,7 @@ def pool(outputs):
     for (conc, name), g in sorted(groups.items()):
         for label, key in METRICS:
             if g[key] or key not in ("cpu_user", "cpu_sys"):
-                print(f"keyed, pooled, c={conc} {name} ({g['runs']} runs), {label}: {g['ratio']} {verdict(g[key])}")
+                print(f"keyed, pooled, c={conc} {name} ({g['runs']} runs), {label}: {g['ratio']} {verdict(g[key], g['shared'])}")
 
 
 def main(argv):
@@ -246,43 +270,50 @@ def main(argv):
     if len(argv) < 3 or len(argv) % 2 != 1:
         sys.exit(__doc__)
     conc = int(argv[0])
-    every = {}  # comparison -> metric -> ratios over all runs
+    every = {}  # (comparison, shares turns) -> metric -> ratios over all runs
     for run, keys_file in zip(argv[1::2], argv[2::2]):
         try:
-            rows, kinds = per_turn(conc, run, keys_file)
+            report_run(conc, run, keys_file, every)
         except (OSError, ValueError) as e:
             print(f"keyed {run}: not read ({e})")
-            continue
-        kept = [r for r in rows if r]
-        on = [r for r in kept if r["on"]]
-        off = [r for r in kept if not r["on"]]
-        print(f"keyed {run}: {len(rows)} turns, {len(on)} on and {len(off)} off at full concurrency,"
-              f" {sum(r['whole'] for r in on)} and {sum(r['whole'] for r in off)} requests wholly in them"
-              f" (median on {st.median([r['span'] for r in on]) if on else 0:.2f} s, off"
-              f" {st.median([r['span'] for r in off]) if off else 0:.2f} s)")
-        for kind, against in comparisons(kinds):
-            a, b = kind, against or "off"
-            side = lambda k: [r for r in kept if r["kind"] == k]
-            if kind != "on":
-                print(f"  {a}/{b}: {len(side(kind))} {a} turns kept, {len(side(against))} {b}")
-            found = {}
-            for label, key in METRICS:
-                if key.startswith("cpu_") and all(r[key] is None for r in kept):
-                    continue  # not measured in this run (no RUN.cpu)
-                rs = found[key] = ratios(rows, kinds, key, kind, against)
-                every.setdefault(f"{a}/{b}", {}).setdefault(key, []).extend(rs)
-                med = lambda turns: st.median([r[key] for r in turns if r[key] is not None] or [float("nan")])
-                print(f"    {label}: {a} median {med(side(kind)):.3f}, {b} median {med(side(against)):.3f};"
-                      f" {a}/{b} {verdict(rs)}")
-            line = {"conc": conc, "run": os.path.basename(run), "ratios": found}
-            if kind != "on":
-                line["kind"] = kind if against is None else f"{kind}-vs-{against}"
-            print("keyed-ratios " + json.dumps(line))
+        except Exception as e:  # one run's failure must not cost the others' verdicts
+            print(f"keyed {run}: not analysed ({e!r})")
     if len(argv) > 3:
-        for name, found in every.items():
+        for (name, shared), found in every.items():
             for label, key in METRICS:
                 if key in found:
-                    print(f"keyed, all runs at c={conc}, {label}: {name} {verdict(found[key])}")
+                    print(f"keyed, all runs at c={conc}, {label}: {name} {verdict(found[key], shared)}")
+
+
+def report_run(conc, run, keys_file, every):
+    """One run's turns and verdicts, its "keyed-ratios" lines, and its ratios added to `every`."""
+    rows, kinds = per_turn(conc, run, keys_file)
+    kept = [r for r in rows if r]
+    on = [r for r in kept if r["on"]]
+    off = [r for r in kept if not r["on"]]
+    print(f"keyed {run}: {len(rows)} turns, {len(on)} on and {len(off)} off at full concurrency,"
+          f" {sum(r['whole'] for r in on)} and {sum(r['whole'] for r in off)} requests wholly in them"
+          f" (median on {st.median([r['span'] for r in on]) if on else 0:.2f} s, off"
+          f" {st.median([r['span'] for r in off]) if off else 0:.2f} s)")
+    for kind, against in comparisons(kinds):
+        a, b = kind, against or "off"
+        shared = shares_turns(kind, against)
+        side = lambda k: [r for r in kept if r["kind"] == k]
+        if kind != "on":
+            print(f"  {a}/{b}: {len(side(kind))} {a} turns and {len(side(against))} {b} turns at full concurrency")
+        found = {}
+        for label, key in METRICS:
+            if key.startswith("cpu_") and all(r[key] is None for r in kept):
+                continue  # not measured in this run (no RUN.cpu)
+            rs = found[key] = ratios(rows, kinds, key, kind, against)
+            every.setdefault((f"{a}/{b}", shared), {}).setdefault(key, []).extend(rs)
+            med = lambda turns: st.median([r[key] for r in turns if r[key] is not None] or [float("nan")])
+            print(f"    {label}: {a} median {med(side(kind)):.3f}, {b} median {med(side(against)):.3f};"
+                  f" {a}/{b} {verdict(rs, shared)}")
+        line = {"conc": conc, "run": os.path.basename(run), "ratios": found}
+        if kind != "on":
+            line["kind"] = kind if against is None else f"{kind}-vs-{against}"
+        print("keyed-ratios " + json.dumps(line))
 
 
 def comparisons(kinds):
