@@ -47,8 +47,9 @@
 #        side (tap/ctl), with no drift between runs in it.
 #        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
 #        (scripts/gpu/pysample: S/pysample/RUN.folded; with PYSAMPLE_MODE=profile, cProfile: RUN.prof.txt).
-#   S's knobs: BENCH_TIMEOUT=S ends a bench_serving run after S seconds (300, or 2 x RUN_S; a
-#   killed run leaves no results of bench_serving's, but the keyed arm's stamps are kept); DEADLINE_S=N starts no round that would end past N seconds from the script's start
+#   S's knobs: BENCH_TIMEOUT=S ends a bench_serving run after S seconds (300, or 2 x RUN_S but
+#   not past DEADLINE_S less 60 s; a killed run leaves no results of bench_serving's, but the keyed
+#   arm's stamps are kept); DEADLINE_S=N starts no round that would end past N seconds from the script's start
 #   (the summary still prints: set it below the command's timeout); SERVER_EXTRA / SERVER_ENV add
 #   server flags / environment; ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
 #   WARM_FULL=N runs N full-size benchmarks straight to the server before the measured ones (its
@@ -171,7 +172,8 @@ keyer() { # keyer NAME STOPFILE [--tap|--mix]: the tap (tap_start NAME-K --tap) 
   # most of it (keyed.py leaves out the rest); random, since the requests of a fixed-length
   # benchmark end in waves, and a fixed period could beat with them.
   local k=0 t0 t1 how kind
-  turn() { local ms=$(( ${KEY_MS:-8000} + RANDOM % (${KEY_MS:-8000} / 2) )); sleep "$((ms / 1000)).$(printf %03d $((ms % 1000)))"; }
+  # a turn ends early once STOPFILE exists: the run is over, and its drain is not measured
+  turn() { local n=$(( (${KEY_MS:-8000} + RANDOM % (${KEY_MS:-8000} / 2)) / 200 )); while [ "$n" -gt 0 ] && [ ! -e "$1" ]; do sleep 0.2; n=$((n - 1)); done; }
   while [ ! -e "$2" ]; do
     how=${3:-}; kind=
     if [ "$how" = --mix ]; then
@@ -180,11 +182,11 @@ keyer() { # keyer NAME STOPFILE [--tap|--mix]: the tap (tap_start NAME-K --tap) 
     t0=$(date +%s.%N)
     tap_start "$1-$k" "$how" || break
     t1=$(date +%s.%N)
-    turn
+    turn "$2"
     kill -TERM "$TAPSUP"; wait "$TAPSUP"
     echo "$t0 $t1 $(date +%s.%N)$kind" >> "$P/$1.keys"
     k=$((k + 1))
-    [ -e "$2" ] || turn
+    [ -e "$2" ] || turn "$2"
   done
 }
 # the host's TCP counters that say whether connections waited on a full listen queue (SYNs
@@ -204,13 +206,13 @@ bench() { # bench PORT BACKEND CONC PROMPTS OUTFILE [RANGE]
   if [ -n "${CLIENT_STAMPS:-}${BARRIER:-}${CHUNKS:-}" ]; then
     stamps=(env "PYTHONPATH=$HERE/scripts/gpu/clientstamps:$PYTHONPATH" ${CLIENT_STAMPS:+"BENCH_STAMPS=$5.stamps"} ${BARRIER:+"BENCH_BARRIER=$BARRIER"} ${CHUNKS:+"BENCH_CHUNKS=$5"})
   fi
-  "${CLIENT_PREFIX[@]}" "${stamps[@]}" timeout "${BENCH_TIMEOUT:-300}" python3 -m sglang.bench_serving --backend "$2" --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" \
+  "${CLIENT_PREFIX[@]}" "${stamps[@]}" timeout -k 30 "${BENCH_TIMEOUT:-300}" python3 -m sglang.bench_serving --backend "$2" --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" \
     --tokenizer "$B/tiny-llama" --dataset-name "${DATASET:-random}" --dataset-path "$B/tiny-llama/sharegpt_mini.json" \
     --random-input-len 256 --random-output-len 256 --random-range-ratio "${6:-1.0}" --num-prompts "$4" \
     --max-concurrency "$3" --seed "${SEED:-1}" --disable-tqdm --output-details --output-file "$5" > "$5.txt" 2>&1
   local rc=$?
   if [ "$rc" != 0 ] && grep -qE "No module named|ImportError" "$5.txt"; then
-    PYTHONPATH="$HERE/dev-device/stubs-fallback:$PYTHONPATH" timeout "${BENCH_TIMEOUT:-300}" python3 -m sglang.bench_serving --backend "$2" \
+    PYTHONPATH="$HERE/dev-device/stubs-fallback:$PYTHONPATH" timeout -k 30 "${BENCH_TIMEOUT:-300}" python3 -m sglang.bench_serving --backend "$2" \
       --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" --tokenizer "$B/tiny-llama" --dataset-name "${DATASET:-random}" \
       --dataset-path "$B/tiny-llama/sharegpt_mini.json" --random-input-len 256 --random-output-len 256 \
       --random-range-ratio "${6:-1.0}" --num-prompts "$4" --max-concurrency "$3" --seed "${SEED:-1}" --disable-tqdm \
@@ -307,8 +309,15 @@ PY
 b = [json.loads(l.replace("Infinity", "1e999")) for l in open(sys.argv[1])][-1]
 print(max(1024, int(float(sys.argv[2]) * b["output_throughput"] / 256) // 256 * 256))' "$P/warmfull-1.jsonl" "$RUN_S")
       # a warm-up can run faster than the long run after it (20.5k against 17.7k tokens/s on the
-      # H100 host): unless told otherwise, a run may take twice RUN_S before it is stopped
-      BENCH_TIMEOUT=${BENCH_TIMEOUT:-$((2 * RUN_S))}
+      # H100 host): unless told otherwise, a run may take twice RUN_S before it is stopped, but
+      # not past DEADLINE_S less a minute (a timeout past the call's own limit never fires, and
+      # then the stamps it would save are lost with the call)
+      if [ -z "${BENCH_TIMEOUT:-}" ]; then
+        BENCH_TIMEOUT=$((2 * ${RUN_S%.*}))
+        if [ -n "${DEADLINE_S:-}" ] && [ $((DEADLINE_S - SECONDS - 60)) -lt "$BENCH_TIMEOUT" ]; then
+          BENCH_TIMEOUT=$((DEADLINE_S - SECONDS - 60 > 60 ? DEADLINE_S - SECONDS - 60 : 60))
+        fi
+      fi
       say "S: $PROMPTS prompts a run (RUN_S=$RUN_S at the warm-up's throughput), stopped after $BENCH_TIMEOUT s"
     fi
     s0=$(procs stats "$SUP"); sleep 3; s1=$(procs stats "$SUP")

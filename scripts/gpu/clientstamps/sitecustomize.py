@@ -110,7 +110,13 @@ if _path or _barrier or _chunks:
             import signal
             import sys
 
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+            def _stop(*_):
+                # once: a second SIGTERM while Python unwinds must not cut the write short
+                # (`timeout -k` kills for good if the unwinding hangs)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                sys.exit(143)
+
+            signal.signal(signal.SIGTERM, _stop)
 
             @atexit.register
             def _write_chunks():
