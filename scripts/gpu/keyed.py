@@ -143,9 +143,10 @@ def per_turn(conc, run, keys_file):
         return max([t] + [last[n] for n in first if begun.get(n, t) < t < last[n]])
 
     last_begin = starts[-1] if starts else 0.0
-    rows, kinds = [], []
+    rows, kinds, spans = [], [], []
     for a, b, kind in turns(keys_file, all_begun_after):
         kinds.append(kind)
+        spans.append((a, b))
         if b - a < 0.5:
             rows.append(None)  # a turn too short to measure once its start is left out
             continue
@@ -173,7 +174,7 @@ def per_turn(conc, run, keys_file):
                      "gap_mean": st.fmean(g) * 1e3 if g else None,
                      "ttft_p50": st.median(tt) * 1e3 if tt else None,
                      **cpu_per_event(cpu, a, b, events)})
-    return rows, kinds
+    return rows, kinds, spans
 
 
 def cpu_per_event(cpu, a, b, events):
@@ -287,7 +288,13 @@ def main(argv):
 
 def report_run(conc, run, keys_file, every):
     """One run's turns and verdicts, its "keyed-ratios" lines, and its ratios added to `every`."""
-    rows, kinds = per_turn(conc, run, keys_file)
+    rows, kinds, spans = per_turn(conc, run, keys_file)
+    # every turn as measured (null: not counted), so that what pairs with what can be asked
+    # again of a saved summary: the stamps themselves are too large to bring back
+    print("keyed-turns " + json.dumps({"conc": conc, "run": os.path.basename(run), "turns": [
+        {"from": round(a, 3), "to": round(b, 3), "kind": kind,
+         "measured": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} if r else None}
+        for (a, b), kind, r in zip(spans, kinds, rows)]}))
     kept = [r for r in rows if r]
     on = [r for r in kept if r["on"]]
     off = [r for r in kept if not r["on"]]
