@@ -44,7 +44,9 @@
 #        its control: the same supervisor keyed in turns without --tap (what the method reads when
 #        nothing is measured). SIDES="keyedmix": both in one run, the on-turns alternating the tap
 #        and its control, so keyed.py also holds each tap turn against the control turns on either
-#        side (tap/ctl), with no drift between runs in it.
+#        side (tap/ctl), with no drift between runs in it. KEYED_BACKEND=sglang-oai-chat runs the keyed
+#        arms on InferenceX's path (OpenAI chat streams: events of ~250 bytes, where SGLang's
+#        native stream, the default, repeats the whole text so far in every event).
 #        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
 #        (scripts/gpu/pysample: S/pysample/RUN.folded; with PYSAMPLE_MODE=profile, cProfile: RUN.prof.txt).
 #   S's knobs: BENCH_TIMEOUT=S ends a bench_serving run after S seconds (300, or 2 x RUN_S but
@@ -395,7 +397,7 @@ PY
             # the HTTP process's CPU beside it, on the supervisor's CPUs: what the tap costs it
             main_pid=$(procs stats "$SUP" | python3 -c "import json,sys; print(json.load(sys.stdin)[\"main\"][\"pid\"])")
             "${SUP_PREFIX[@]}" python3 "$HERE/scripts/gpu/cpu_trace.py" "$main_pid" "$P/c$conc-$side-$i.jsonl.cpu" "$stopf" & cpu_pid=$!
-            CHUNKS=1 DATASET=random-ids bench "$PORT" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
+            CHUNKS=1 DATASET=random-ids bench "$PORT" "${KEYED_BACKEND:-sglang}" "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
             touch "$stopf"; wait "$keyer_pid" "$cpu_pid"
             python3 "$HERE/scripts/gpu/keyed.py" "$conc" "$P/c$conc-$side-$i.jsonl" "$P/tap-$side-c$conc-$i.keys"
             # what the tap recorded over its turns (requests cut by a turn's edge end as errors)
