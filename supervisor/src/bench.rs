@@ -70,9 +70,45 @@ pub fn fields(o: &Map<String, Value>) -> BenchFields {
 /// longer one counts as a line that is not a request.
 const MAX_RECORD_LINE: usize = 64 << 20;
 
-/// The requests of a requests log (JSON lines), and how many lines were not requests. Read a
-/// line at a time: a day's log is hundreds of MB, its requests' figures are what is kept.
-pub fn read_requests_log(path: &Path) -> Result<(Vec<RequestRecord>, usize), String> {
+/// What a benchmark's span is found from: a request's times, outcome and output tokens. Its
+/// ITLs, most of a record's bytes, are skipped unread: a sweep's log of 8k-token requests holds
+/// hundreds of MB of them, and the span needs none.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct SpanRecord {
+    pub start_unix: f64,
+    pub e2e_s: f64,
+    pub status: u16,
+    pub completion_tokens: Option<u64>,
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+}
+
+impl SpanRecord {
+    fn failed(&self) -> bool {
+        self.error.is_some() || self.status >= 400
+    }
+}
+
+/// A line of the log that is a request: both its times are numbers.
+trait Request: serde::de::DeserializeOwned {
+    fn timed(&self) -> bool;
+}
+
+impl Request for SpanRecord {
+    fn timed(&self) -> bool {
+        self.start_unix.is_finite() && self.e2e_s.is_finite()
+    }
+}
+
+impl Request for RequestRecord {
+    fn timed(&self) -> bool {
+        self.start_unix.is_finite() && self.e2e_s.is_finite()
+    }
+}
+
+/// Each request of a requests log (JSON lines), one at a time, to `each`; returns how many lines
+/// were not requests. A day's log is hundreds of MB: nothing of it is held here.
+fn each_request<T: Request>(path: &Path, mut each: impl FnMut(T)) -> Result<usize, String> {
     use sglang_probes::lines::{CappedLines, Line};
     let cannot = |e: &dyn std::fmt::Display| {
         format!(
@@ -88,7 +124,7 @@ pub fn read_requests_log(path: &Path) -> Result<(Vec<RequestRecord>, usize), Str
     }
     let file = std::fs::File::open(path).map_err(|e| cannot(&e))?;
     let reader = std::io::BufReader::with_capacity(1 << 16, file);
-    let (mut records, mut bad) = (Vec::new(), 0);
+    let mut bad = 0;
     for (i, line) in CappedLines::new(reader, MAX_RECORD_LINE).enumerate() {
         let line = match line.map_err(|e| cannot(&e))? {
             Line::Text(t) => t,
@@ -106,19 +142,49 @@ pub fn read_requests_log(path: &Path) -> Result<(Vec<RequestRecord>, usize), Str
         if line.trim().is_empty() {
             continue;
         }
-        match serde_json::from_str::<RequestRecord>(line) {
-            Ok(r) if r.start_unix.is_finite() && r.e2e_s.is_finite() => records.push(r),
+        match serde_json::from_str::<T>(line) {
+            Ok(r) if r.timed() => each(r),
             _ => bad += 1,
         }
     }
+    Ok(bad)
+}
+
+/// The requests of a requests log, whole (the HTML page's distributions), and how many lines
+/// were not requests.
+pub fn read_requests_log(path: &Path) -> Result<(Vec<RequestRecord>, usize), String> {
+    let mut records = Vec::new();
+    let bad = each_request(path, |r| records.push(r))?;
     Ok((records, bad))
 }
 
+/// What of each request a benchmark's span is found from, and how many lines were not requests.
+pub fn read_span_records(path: &Path) -> Result<(Vec<SpanRecord>, usize), String> {
+    let mut records = Vec::new();
+    let bad = each_request(path, |r| records.push(r))?;
+    Ok((records, bad))
+}
+
+/// The request figures over a span, read from the log a request at a time (a second pass after
+/// [`read_span_records`]: the ITLs are held only as the window keeps them). Lines the log gained
+/// since the first pass (a live run) began after the span, and are left out as such.
+pub fn summary_from_log(
+    path: &Path,
+    span: (f64, f64),
+    gpus: Option<usize>,
+) -> Result<Value, String> {
+    let mut w = sglang_exporters::report::LatencyWindow::opened_at(span.0);
+    each_request(path, |r: RequestRecord| {
+        if r.start_unix <= span.1 {
+            w.record(&r);
+        }
+    })?;
+    w.close_at(span.1);
+    Ok(w.summary(gpus))
+}
+
 /// The benchmark's span and where it came from. `Err`: no span can be had (one line, what to do).
-pub fn span(
-    b: &BenchResult,
-    records: Option<&[RequestRecord]>,
-) -> Result<(f64, f64, Value), String> {
+pub fn span(b: &BenchResult, records: Option<&[SpanRecord]>) -> Result<(f64, f64, Value), String> {
     let f = &b.fields;
     if let (Some(s), Some(e)) = (f.start_unix, f.end_unix) {
         return Ok((s, e, json!({"source": "bench_result"})));
@@ -166,15 +232,12 @@ pub fn span(
 /// end) is closest to the result's `duration`, the latest on a tie. Returns its last end and what
 /// matched. Without `completed`, the log's last end.
 fn derived_end(
-    records: &[RequestRecord],
+    records: &[SpanRecord],
     duration: f64,
     f: &BenchFields,
 ) -> Option<(f64, &'static str)> {
-    let end_of = |r: &RequestRecord| r.start_unix + r.e2e_s;
-    let mut ok: Vec<&RequestRecord> = records
-        .iter()
-        .filter(|r| r.error.is_none() && r.status < 400)
-        .collect();
+    let end_of = |r: &SpanRecord| r.start_unix + r.e2e_s;
+    let mut ok: Vec<&SpanRecord> = records.iter().filter(|r| !r.failed()).collect();
     ok.sort_by(|a, b| a.start_unix.total_cmp(&b.start_unix));
     let n = f
         .completed
@@ -229,12 +292,13 @@ fn derived_end(
 }
 
 /// The bench window's JSON: name, the result's path, the span, request figures over it (when the
-/// requests are known), power over it (when telemetry is), with InferenceX's energy per token.
+/// requests log is given, with the count of its lines that were not requests), power over it
+/// (when telemetry is), with InferenceX's energy per token.
 pub fn assemble(
     name: &str,
     b: &BenchResult,
     (start, end, source): (f64, f64, Value),
-    requests: Option<(&[RequestRecord], usize)>,
+    requests: Option<(&Path, usize)>,
     power: Option<SpanPower>,
     gpus: Option<usize>,
 ) -> Value {
@@ -250,8 +314,10 @@ pub fn assemble(
     if let (Some(o), Some(src)) = (w["span"].as_object_mut(), source.as_object()) {
         o.extend(src.clone());
     }
-    if let Some((records, bad)) = requests {
-        let mut r = sglang_exporters::report::summary_over_span(records, (start, end), gpus);
+    if let Some((log, bad)) = requests {
+        // (read once already for the span: an error now is the file changing under us)
+        let mut r =
+            summary_from_log(log, (start, end), gpus).unwrap_or_else(|e| json!({ "error": e }));
         if bad > 0 {
             r["requests_log_bad_lines"] = bad.into();
         }
@@ -312,7 +378,7 @@ pub fn live(
 ) -> Value {
     let eval = || -> Result<Value, String> {
         let b = load(Path::new(path))?;
-        let requests = requests_log.map(read_requests_log).transpose()?;
+        let requests = requests_log.map(read_span_records).transpose()?;
         let span = span(&b, requests.as_ref().map(|(r, _)| r.as_slice()))?;
         let power = sampler.map(|s| s.power_over((span.0, span.1)));
         let gpus = sampler.map(|s| s.latest().len()).filter(|n| *n > 0);
@@ -320,7 +386,7 @@ pub fn live(
             "bench",
             &b,
             span,
-            requests.as_ref().map(|(r, bad)| (r.as_slice(), *bad)),
+            requests_log.zip(requests.as_ref().map(|(_, bad)| *bad)),
             power,
             gpus,
         );
@@ -355,6 +421,13 @@ mod tests {
         }
     }
 
+    /// What the span is found from, as read back from the lines the proxy wrote.
+    fn span_records(log: &[RequestRecord]) -> Vec<SpanRecord> {
+        log.iter()
+            .map(|r| serde_json::from_slice(&serde_json::to_vec(r).unwrap()).unwrap())
+            .collect()
+    }
+
     fn result(duration: f64, completed: i64, tokens: i64) -> BenchResult {
         BenchResult {
             path: "bench.jsonl".into(),
@@ -382,6 +455,7 @@ mod tests {
             req(111.4, 2.8, 31),
             req(111.6, 2.4, 41),
         ];
+        let log = span_records(&log);
         let (start, end, source) = span(&result(2.05, 4, 100), Some(&log)).unwrap();
         assert_eq!(end, 103.0, "benchmark A's last end, not the log's");
         assert!((start - 100.95).abs() < 1e-9);
@@ -396,7 +470,7 @@ mod tests {
 
     #[test]
     fn without_token_totals_the_duration_decides() {
-        let log = [req(100.0, 0.5, 7), req(101.0, 1.0, 10), req(101.1, 1.0, 10)];
+        let log = span_records(&[req(100.0, 0.5, 7), req(101.0, 1.0, 10), req(101.1, 1.0, 10)]);
         let mut b = result(1.1, 2, 0);
         b.fields.total_output_tokens = None;
         let (_, end, source) = span(&b, Some(&log)).unwrap();

@@ -181,7 +181,7 @@ fn bench_window(args: &ReportArgs, events: &[Value]) -> Result<Option<Value>, St
     let requests = args
         .requests_log
         .as_deref()
-        .map(|p| match crate::bench::read_requests_log(p)? {
+        .map(|p| match crate::bench::read_span_records(p)? {
             (r, bad) if r.is_empty() => Err(format!(
                 "--requests-log {}: no request in it ({bad} lines without a finite start_unix \
                  and e2e_s); pass the file `run --requests-log` wrote while the benchmark ran",
@@ -227,7 +227,9 @@ fn bench_window(args: &ReportArgs, events: &[Value]) -> Result<Option<Value>, St
         &args.name,
         &b,
         span,
-        requests.as_ref().map(|(r, bad)| (r.as_slice(), *bad)),
+        args.requests_log
+            .as_deref()
+            .zip(requests.as_ref().map(|(_, bad)| *bad)),
         power,
         gpus,
     )))
