@@ -231,19 +231,31 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
 }
 
-/// The figures of the requests that started inside `[start, end]` (unix seconds), e.g. a
-/// benchmark's own span read back from a requests log.
-pub fn summary_over_span<'a>(
-    records: impl IntoIterator<Item = &'a RequestRecord>,
-    (start, end): (f64, f64),
-    gpus: Option<usize>,
-) -> Value {
-    let mut w = LatencyWindow::opened_at(start);
-    for r in records.into_iter().filter(|r| r.start_unix <= end) {
-        w.record(r);
+/// The figures of the requests that started inside `[start, end]` (unix seconds), fed one at a
+/// time: a benchmark's own span read back from a requests log too large to hold.
+pub struct SpanSummary {
+    window: LatencyWindow,
+    end: f64,
+}
+
+impl SpanSummary {
+    pub fn new((start, end): (f64, f64)) -> Self {
+        SpanSummary {
+            window: LatencyWindow::opened_at(start),
+            end,
+        }
     }
-    w.close_at(end);
-    w.summary(gpus)
+
+    pub fn add(&mut self, r: &RequestRecord) {
+        if r.start_unix <= self.end {
+            self.window.record(r);
+        }
+    }
+
+    pub fn summary(mut self, gpus: Option<usize>) -> Value {
+        self.window.close_at(self.end);
+        self.window.summary(gpus)
+    }
 }
 
 /// The proxy's request statistics: the whole run, and the named window in progress.
@@ -397,7 +409,9 @@ mod tests {
             rec(10.0, 0.1, 1.0, 3),
             rec(12.0, 0.1, 3.0, 3),
         ];
-        let s = summary_over_span(&recs, (10.0, 12.0), None);
+        let mut span = SpanSummary::new((10.0, 12.0));
+        recs.iter().for_each(|r| span.add(r));
+        let s = span.summary(None);
         assert_eq!(s["completed"], 2);
         assert_eq!(s["duration"], 5.0);
         assert_eq!(s["window_duration_s"], 2.0);

@@ -173,14 +173,9 @@ pub fn summary_from_log(
     span: (f64, f64),
     gpus: Option<usize>,
 ) -> Result<Value, String> {
-    let mut w = sglang_exporters::report::LatencyWindow::opened_at(span.0);
-    each_request(path, |r: RequestRecord| {
-        if r.start_unix <= span.1 {
-            w.record(&r);
-        }
-    })?;
-    w.close_at(span.1);
-    Ok(w.summary(gpus))
+    let mut figures = sglang_exporters::report::SpanSummary::new(span);
+    each_request(path, |r: RequestRecord| figures.add(&r))?;
+    Ok(figures.summary(gpus))
 }
 
 /// The benchmark's span and where it came from. `Err`: no span can be had (one line, what to do).
