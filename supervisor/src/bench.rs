@@ -464,6 +464,21 @@ mod tests {
     }
 
     #[test]
+    fn a_span_record_reads_a_requests_outcome_without_its_itls() {
+        let mut ok = req(100.0, 0.5, 7);
+        ok.itl_s = vec![0.01; 4096];
+        let mut left = req(101.0, 0.5, 7);
+        left.error = Some("client disconnected".into());
+        let mut refused = req(102.0, 0.5, 7);
+        refused.status = 503;
+        let read = span_records(&[ok, left, refused]);
+        let failed: Vec<bool> = read.iter().map(SpanRecord::failed).collect();
+        assert_eq!(failed, [false, true, true]);
+        assert_eq!(read[0].completion_tokens, Some(7));
+        assert_eq!((read[0].start_unix, read[0].e2e_s), (100.0, 0.5));
+    }
+
+    #[test]
     fn without_token_totals_the_duration_decides() {
         let log = span_records(&[req(100.0, 0.5, 7), req(101.0, 1.0, 10), req(101.1, 1.0, 10)]);
         let mut b = result(1.1, 2, 0);
