@@ -106,9 +106,14 @@ impl Request for RequestRecord {
     }
 }
 
-/// Each request of a requests log (JSON lines), one at a time, to `each`; returns how many lines
-/// were not requests. A day's log is hundreds of MB: nothing of it is held here.
-fn each_request<T: Request>(path: &Path, mut each: impl FnMut(T)) -> Result<usize, String> {
+/// Each request of a requests log (JSON lines), one at a time, to `each`, of its first `upto`
+/// bytes (None: as long as it is when opened); returns how many lines were not requests and how
+/// many bytes were read. A day's log is hundreds of MB: nothing of it is held here.
+fn each_request<T: Request>(
+    path: &Path,
+    upto: Option<u64>,
+    mut each: impl FnMut(T),
+) -> Result<(usize, u64), String> {
     use sglang_probes::lines::{CappedLines, Line};
     let cannot = |e: &dyn std::fmt::Display| {
         format!(
@@ -123,7 +128,12 @@ fn each_request<T: Request>(path: &Path, mut each: impl FnMut(T)) -> Result<usiz
         Err(e) => return Err(cannot(&e)),
     }
     let file = std::fs::File::open(path).map_err(|e| cannot(&e))?;
-    let reader = std::io::BufReader::with_capacity(1 << 16, file);
+    // A live run appends as we read: a fixed length is one snapshot for every pass.
+    let len = match upto {
+        Some(n) => n,
+        None => file.metadata().map_err(|e| cannot(&e))?.len(),
+    };
+    let reader = std::io::BufReader::with_capacity(1 << 16, std::io::Read::take(file, len));
     let mut bad = 0;
     for (i, line) in CappedLines::new(reader, MAX_RECORD_LINE).enumerate() {
         let line = match line.map_err(|e| cannot(&e))? {
@@ -147,35 +157,47 @@ fn each_request<T: Request>(path: &Path, mut each: impl FnMut(T)) -> Result<usiz
             _ => bad += 1,
         }
     }
-    Ok(bad)
+    Ok((bad, len))
 }
 
 /// The requests of a requests log, whole (the HTML page's distributions), and how many lines
 /// were not requests.
 pub fn read_requests_log(path: &Path) -> Result<(Vec<RequestRecord>, usize), String> {
     let mut records = Vec::new();
-    let bad = each_request(path, |r| records.push(r))?;
+    let (bad, _) = each_request(path, None, |r| records.push(r))?;
     Ok((records, bad))
 }
 
-/// What of each request a benchmark's span is found from, and how many lines were not requests.
-pub fn read_span_records(path: &Path) -> Result<(Vec<SpanRecord>, usize), String> {
-    let mut records = Vec::new();
-    let bad = each_request(path, |r| records.push(r))?;
-    Ok((records, bad))
+/// A requests log as first read for a benchmark's span: what of each request the span is found
+/// from, how many lines were not requests, and how much of the file that was.
+pub struct SpanLog<'a> {
+    pub path: &'a Path,
+    pub records: Vec<SpanRecord>,
+    pub bad: usize,
+    len: u64,
 }
 
-/// The request figures over a span, read from the log a request at a time (a second pass after
-/// [`read_span_records`]: the ITLs are held only as the window keeps them). Lines the log gained
-/// since the first pass (a live run) began after the span, and are left out as such.
-pub fn summary_from_log(
-    path: &Path,
-    span: (f64, f64),
-    gpus: Option<usize>,
-) -> Result<Value, String> {
-    let mut figures = sglang_exporters::report::SpanSummary::new(span);
-    each_request(path, |r: RequestRecord| figures.add(&r))?;
-    Ok(figures.summary(gpus))
+impl<'a> SpanLog<'a> {
+    pub fn read(path: &'a Path) -> Result<SpanLog<'a>, String> {
+        let mut records = Vec::new();
+        let (bad, len) = each_request(path, None, |r| records.push(r))?;
+        Ok(SpanLog {
+            path,
+            records,
+            bad,
+            len,
+        })
+    }
+
+    /// The request figures over a span, the same bytes read again a request at a time: the
+    /// ITLs are held only as the window keeps them.
+    pub fn summary(&self, span: (f64, f64), gpus: Option<usize>) -> Result<Value, String> {
+        let mut figures = sglang_exporters::report::SpanSummary::new(span);
+        each_request(self.path, Some(self.len), |r: RequestRecord| {
+            figures.add(&r)
+        })?;
+        Ok(figures.summary(gpus))
+    }
 }
 
 /// The benchmark's span and where it came from. `Err`: no span can be had (one line, what to do).
@@ -293,7 +315,7 @@ pub fn assemble(
     name: &str,
     b: &BenchResult,
     (start, end, source): (f64, f64, Value),
-    requests: Option<(&Path, usize)>,
+    requests: Option<&SpanLog>,
     power: Option<SpanPower>,
     gpus: Option<usize>,
 ) -> Value {
@@ -309,12 +331,13 @@ pub fn assemble(
     if let (Some(o), Some(src)) = (w["span"].as_object_mut(), source.as_object()) {
         o.extend(src.clone());
     }
-    if let Some((log, bad)) = requests {
+    if let Some(log) = requests {
         // (read once already for the span: an error now is the file changing under us)
-        let mut r =
-            summary_from_log(log, (start, end), gpus).unwrap_or_else(|e| json!({ "error": e }));
-        if bad > 0 {
-            r["requests_log_bad_lines"] = bad.into();
+        let mut r = log
+            .summary((start, end), gpus)
+            .unwrap_or_else(|e| json!({ "error": e }));
+        if log.bad > 0 {
+            r["requests_log_bad_lines"] = log.bad.into();
         }
         w["requests"] = r;
     }
@@ -373,18 +396,11 @@ pub fn live(
 ) -> Value {
     let eval = || -> Result<Value, String> {
         let b = load(Path::new(path))?;
-        let requests = requests_log.map(read_span_records).transpose()?;
-        let span = span(&b, requests.as_ref().map(|(r, _)| r.as_slice()))?;
+        let requests = requests_log.map(SpanLog::read).transpose()?;
+        let span = span(&b, requests.as_ref().map(|l| l.records.as_slice()))?;
         let power = sampler.map(|s| s.power_over((span.0, span.1)));
         let gpus = sampler.map(|s| s.latest().len()).filter(|n| *n > 0);
-        let mut w = assemble(
-            "bench",
-            &b,
-            span,
-            requests_log.zip(requests.as_ref().map(|(_, bad)| *bad)),
-            power,
-            gpus,
-        );
+        let mut w = assemble("bench", &b, span, requests.as_ref(), power, gpus);
         if requests_log.is_none() {
             w["requests_note"] =
                 "no --requests-log in this run: the request figures over the benchmark's span need it"
@@ -476,6 +492,30 @@ mod tests {
         assert_eq!(failed, [false, true, true]);
         assert_eq!(read[0].completion_tokens, Some(7));
         assert_eq!((read[0].start_unix, read[0].e2e_s), (100.0, 0.5));
+    }
+
+    #[test]
+    fn the_figures_are_read_from_the_same_bytes_as_the_span_though_the_log_grows() {
+        // A live run's proxy appends while `window/stop?bench_result=` reads the log twice.
+        let path =
+            std::env::temp_dir().join(format!("sglsup-spanlog-{}.jsonl", std::process::id()));
+        let line = |r: &RequestRecord| [serde_json::to_vec(r).unwrap(), b"\n".to_vec()].concat();
+        let first: Vec<u8> = [req(100.0, 0.5, 7), req(100.5, 0.5, 7)]
+            .iter()
+            .flat_map(line)
+            .collect();
+        std::fs::write(&path, first).unwrap();
+        let log = SpanLog::read(&path).unwrap();
+        // a request begun inside the span, logged after the first read
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut file, &line(&req(100.7, 0.1, 7))).unwrap();
+        let figures = log.summary((100.0, 101.0), None).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!((log.records.len(), log.bad), (2, 0));
+        assert_eq!(figures["completed"], 2, "{figures}");
     }
 
     #[test]

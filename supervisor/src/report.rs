@@ -181,16 +181,17 @@ fn bench_window(args: &ReportArgs, events: &[Value]) -> Result<Option<Value>, St
     let requests = args
         .requests_log
         .as_deref()
-        .map(|p| match crate::bench::read_span_records(p)? {
-            (r, bad) if r.is_empty() => Err(format!(
-                "--requests-log {}: no request in it ({bad} lines without a finite start_unix \
+        .map(|p| match crate::bench::SpanLog::read(p)? {
+            log if log.records.is_empty() => Err(format!(
+                "--requests-log {}: no request in it ({} lines without a finite start_unix \
                  and e2e_s); pass the file `run --requests-log` wrote while the benchmark ran",
-                p.display()
+                p.display(),
+                log.bad
             )),
-            read => Ok(read),
+            log => Ok(log),
         })
         .transpose()?;
-    let span = crate::bench::span(&b, requests.as_ref().map(|(r, _)| r.as_slice()))?;
+    let span = crate::bench::span(&b, requests.as_ref().map(|l| l.records.as_slice()))?;
     let expected = args.expected_gpus.or_else(|| expected_gpus(events));
     let power = match &args.power_csv {
         Some(csv) if !csv.is_file() => {
@@ -227,9 +228,7 @@ fn bench_window(args: &ReportArgs, events: &[Value]) -> Result<Option<Value>, St
         &args.name,
         &b,
         span,
-        args.requests_log
-            .as_deref()
-            .zip(requests.as_ref().map(|(_, bad)| *bad)),
+        requests.as_ref(),
         power,
         gpus,
     )))
