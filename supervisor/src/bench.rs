@@ -71,16 +71,72 @@ pub fn fields(o: &Map<String, Value>) -> BenchFields {
 const MAX_RECORD_LINE: usize = 64 << 20;
 
 /// What a benchmark's span is found from: a request's times, outcome and output tokens. Its
-/// ITLs, most of a record's bytes, are skipped unread: a sweep's log of 8k-token requests holds
-/// hundreds of MB of them, and the span needs none.
+/// ITLs, most of a record's bytes, are checked but not kept: a sweep's log of 8k-token requests
+/// holds hundreds of MB of them, and the span needs none. Every field of [`RequestRecord`] is
+/// read with its type, so a line is a request here exactly when it is one there.
 #[derive(Debug, Clone, serde::Deserialize)]
+#[allow(dead_code)] // read to check the line as RequestRecord would, not used
 pub struct SpanRecord {
+    ts: Text,
     pub start_unix: f64,
-    pub e2e_s: f64,
+    endpoint: Text,
     pub status: u16,
+    stream: bool,
+    #[serde(default)]
+    ttft_s: Option<f64>,
+    #[serde(default)]
+    tpot_s: Option<f64>,
+    pub e2e_s: f64,
+    #[serde(default)]
+    itl_s: Numbers,
+    prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
     #[serde(default)]
-    error: Option<serde::de::IgnoredAny>,
+    error: Option<Text>,
+}
+
+/// A string checked and not kept.
+#[derive(Debug, Clone)]
+struct Text;
+
+impl<'de> serde::Deserialize<'de> for Text {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Any;
+        impl serde::de::Visitor<'_> for Any {
+            type Value = Text;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Text, E> {
+                Ok(Text)
+            }
+        }
+        d.deserialize_str(Any)
+    }
+}
+
+/// A list of numbers checked one by one and not kept.
+#[derive(Debug, Clone, Default)]
+struct Numbers;
+
+impl<'de> serde::Deserialize<'de> for Numbers {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Each;
+        impl<'de> serde::de::Visitor<'de> for Each {
+            type Value = Numbers;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of numbers")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Numbers, A::Error> {
+                while seq.next_element::<f64>()?.is_some() {}
+                Ok(Numbers)
+            }
+        }
+        d.deserialize_seq(Each)
+    }
 }
 
 impl SpanRecord {
@@ -516,6 +572,38 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         assert_eq!((log.records.len(), log.bad), (2, 0));
         assert_eq!(figures["completed"], 2, "{figures}");
+    }
+
+    #[test]
+    fn a_line_is_a_request_for_the_span_exactly_when_it_is_one_for_the_figures() {
+        let good = serde_json::to_value(req(100.0, 0.5, 7)).unwrap();
+        let mut lines = vec![good.clone()];
+        for (field, value) in [
+            ("ts", Value::Null),
+            ("endpoint", json!(3)),
+            ("stream", json!("yes")),
+            ("status", json!(70_000)),
+            ("error", json!({"why": "x"})),
+            ("itl_s", json!([0.1, "0.2"])),
+            ("itl_s", Value::Null),
+            ("ttft_s", json!("fast")),
+            ("prompt_tokens", json!(-1)),
+            ("completion_tokens", json!(1.5)),
+        ] {
+            let mut bad = good.clone();
+            bad[field] = value;
+            lines.push(bad);
+        }
+        let mut missing = good.clone();
+        missing.as_object_mut().unwrap().remove("stream");
+        lines.push(missing);
+        for line in &lines {
+            let text = line.to_string();
+            let full = serde_json::from_str::<RequestRecord>(&text).is_ok();
+            let light = serde_json::from_str::<SpanRecord>(&text).is_ok();
+            assert_eq!(light, full, "{text}");
+        }
+        assert!(serde_json::from_str::<SpanRecord>(&good.to_string()).is_ok());
     }
 
     #[test]
