@@ -162,34 +162,65 @@ impl Request for RequestRecord {
     }
 }
 
-/// Each request of a requests log (JSON lines), one at a time, to `each`, of its first `upto`
-/// bytes (None: as long as it is when opened); returns how many lines were not requests and how
-/// many bytes were read. A day's log is hundreds of MB: nothing of it is held here.
-fn each_request<T: Request>(
-    path: &Path,
-    upto: Option<u64>,
-    mut each: impl FnMut(T),
-) -> Result<(usize, u64), String> {
-    use sglang_probes::lines::{CappedLines, Line};
-    let cannot = |e: &dyn std::fmt::Display| {
+/// The requests log, opened for reading, or the one-line error.
+struct Log<'a> {
+    path: &'a Path,
+    file: std::fs::File,
+}
+
+impl<'a> Log<'a> {
+    fn open(path: &'a Path) -> Result<Log<'a>, String> {
+        // Asked before opening: opening a FIFO blocks, and /dev/zero would never end.
+        match std::fs::metadata(path) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => return Err(Log::cannot(path, &"not a regular file")),
+            Err(e) => return Err(Log::cannot(path, &e)),
+        }
+        let file = std::fs::File::open(path).map_err(|e| Log::cannot(path, &e))?;
+        Ok(Log { path, file })
+    }
+
+    fn cannot(path: &Path, e: &dyn std::fmt::Display) -> String {
         format!(
             "--requests-log {}: cannot read it ({e}); pass the file `run --requests-log` wrote",
             path.display()
         )
-    };
-    // Asked before opening: opening a FIFO blocks, and /dev/zero would never end.
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_file() => {}
-        Ok(_) => return Err(cannot(&"not a regular file")),
-        Err(e) => return Err(cannot(&e)),
     }
-    let file = std::fs::File::open(path).map_err(|e| cannot(&e))?;
-    // A live run appends as we read: a fixed length is one snapshot for every pass.
-    let len = match upto {
-        Some(n) => n,
-        None => file.metadata().map_err(|e| cannot(&e))?.len(),
+}
+
+/// Counts the bytes read through it.
+struct Counted<R> {
+    inner: R,
+    read: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+/// Each request of a requests log (JSON lines), one at a time, to `each`, from its start: up to
+/// `upto` bytes, or (None) to its end; returns how many lines were not requests and how many bytes
+/// were read. A day's log is hundreds of MB: nothing of it is held here.
+fn each_request<T: Request>(
+    log: &Log,
+    upto: Option<u64>,
+    mut each: impl FnMut(T),
+) -> Result<(usize, u64), String> {
+    use sglang_probes::lines::{CappedLines, Line};
+    use std::io::{Read, Seek};
+    let cannot = |e: &dyn std::fmt::Display| Log::cannot(log.path, e);
+    let mut file = &log.file;
+    file.seek(std::io::SeekFrom::Start(0))
+        .map_err(|e| cannot(&e))?;
+    let mut counted = Counted {
+        inner: file.take(upto.unwrap_or(u64::MAX)),
+        read: 0,
     };
-    let reader = std::io::BufReader::with_capacity(1 << 16, std::io::Read::take(file, len));
+    let reader = std::io::BufReader::with_capacity(1 << 16, &mut counted);
     let mut bad = 0;
     for (i, line) in CappedLines::new(reader, MAX_RECORD_LINE).enumerate() {
         let line = match line.map_err(|e| cannot(&e))? {
@@ -213,21 +244,23 @@ fn each_request<T: Request>(
             _ => bad += 1,
         }
     }
-    Ok((bad, len))
+    Ok((bad, counted.read))
 }
 
 /// The requests of a requests log, whole (the HTML page's distributions), and how many lines
 /// were not requests.
 pub fn read_requests_log(path: &Path) -> Result<(Vec<RequestRecord>, usize), String> {
     let mut records = Vec::new();
-    let (bad, _) = each_request(path, None, |r| records.push(r))?;
+    let (bad, _) = each_request(&Log::open(path)?, None, |r| records.push(r))?;
     Ok((records, bad))
 }
 
 /// A requests log as first read for a benchmark's span: what of each request the span is found
-/// from, how many lines were not requests, and how much of the file that was.
+/// from, how many lines were not requests, and how much of the file that was. The file stays
+/// open: the second read is of the same file (renamed, replaced or deleted since, as a rotated
+/// log is) and of the same bytes (a live run appends).
 pub struct SpanLog<'a> {
-    pub path: &'a Path,
+    log: Log<'a>,
     pub records: Vec<SpanRecord>,
     pub bad: usize,
     len: u64,
@@ -235,10 +268,11 @@ pub struct SpanLog<'a> {
 
 impl<'a> SpanLog<'a> {
     pub fn read(path: &'a Path) -> Result<SpanLog<'a>, String> {
+        let log = Log::open(path)?;
         let mut records = Vec::new();
-        let (bad, len) = each_request(path, None, |r| records.push(r))?;
+        let (bad, len) = each_request(&log, None, |r| records.push(r))?;
         Ok(SpanLog {
-            path,
+            log,
             records,
             bad,
             len,
@@ -249,7 +283,7 @@ impl<'a> SpanLog<'a> {
     /// ITLs are held only as the window keeps them.
     pub fn summary(&self, span: (f64, f64), gpus: Option<usize>) -> Result<Value, String> {
         let mut figures = sglang_exporters::report::SpanSummary::new(span);
-        each_request(self.path, Some(self.len), |r: RequestRecord| {
+        each_request(&self.log, Some(self.len), |r: RequestRecord| {
             figures.add(&r)
         })?;
         Ok(figures.summary(gpus))
@@ -572,6 +606,36 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         assert_eq!((log.records.len(), log.bad), (2, 0));
         assert_eq!(figures["completed"], 2, "{figures}");
+    }
+
+    #[test]
+    fn the_figures_come_from_the_file_first_read_though_its_name_now_holds_another() {
+        // A rotated log: renamed away and replaced (or deleted) between the two reads.
+        let dir = std::env::temp_dir().join(format!("sglsup-spanlog-rot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("requests.jsonl");
+        let text: Vec<u8> = [req(100.0, 0.5, 7), req(100.5, 0.5, 7)]
+            .iter()
+            .flat_map(|r| [serde_json::to_vec(r).unwrap(), b"\n".to_vec()].concat())
+            .collect();
+        std::fs::write(&path, &text).unwrap();
+        let log = SpanLog::read(&path).unwrap();
+        std::fs::rename(&path, dir.join("requests.jsonl.1")).unwrap();
+        std::fs::write(&path, b"").unwrap();
+        let figures = log.summary((100.0, 101.0), None).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(figures["completed"], 2, "{figures}");
+    }
+
+    #[test]
+    fn a_file_that_says_it_is_empty_is_read_to_its_end() {
+        // /proc files (and some network filesystems) give a size of 0 for what they hold
+        let (records, bad) = read_requests_log(Path::new("/proc/self/status")).unwrap();
+        assert!(records.is_empty());
+        assert!(
+            bad > 5,
+            "every line of /proc/self/status read, none a request: {bad}"
+        );
     }
 
     #[test]
