@@ -20,7 +20,10 @@ end of the last request in flight is where a wave ends and the next one's prefil
 events for a while; an on-turn counted from there and an off-turn from an ordinary instant read a
 slowdown of 4 % where there was none (tests/tests/keyed_analysis.rs). Only turns with the run at
 full concurrency count (on average over the turn at least 90 % of CONC in flight): the ramp up
-and the drain are left out.
+and the drain are left out. A turn is held against its neighbours only when both were kept, and
+none counts past the last request's begin: the keys start and end with an on-turn, so the run's
+ramp and its end (a drain, or a client stopped by its timeout) otherwise fell in on-turns held
+against one side alone (a run stopped in its last on-turn read 0.992 with nothing slower).
 
 Per turn, as the client saw it: events per second (SGLang's native stream sends one event per
 decode step of a request: its tokens), the median and the mean gap between a request's events
