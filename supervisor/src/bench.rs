@@ -188,20 +188,6 @@ impl<'a> Log<'a> {
     }
 }
 
-/// Counts the bytes read through it.
-struct Counted<R> {
-    inner: R,
-    read: u64,
-}
-
-impl<R: std::io::Read> std::io::Read for Counted<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.read += n as u64;
-        Ok(n)
-    }
-}
-
 /// Each request of a requests log (JSON lines), one at a time, to `each`, from its start: up to
 /// `upto` bytes, or (None) to its end; returns how many lines were not requests and how many bytes
 /// were read. A day's log is hundreds of MB: nothing of it is held here.
@@ -216,11 +202,7 @@ fn each_request<T: Request>(
     let mut file = &log.file;
     file.seek(std::io::SeekFrom::Start(0))
         .map_err(|e| cannot(&e))?;
-    let mut counted = Counted {
-        inner: file.take(upto.unwrap_or(u64::MAX)),
-        read: 0,
-    };
-    let reader = std::io::BufReader::with_capacity(1 << 16, &mut counted);
+    let reader = std::io::BufReader::with_capacity(1 << 16, file.take(upto.unwrap_or(u64::MAX)));
     let mut bad = 0;
     for (i, line) in CappedLines::new(reader, MAX_RECORD_LINE).enumerate() {
         let line = match line.map_err(|e| cannot(&e))? {
@@ -244,7 +226,9 @@ fn each_request<T: Request>(
             _ => bad += 1,
         }
     }
-    Ok((bad, counted.read))
+    // Read to its end (or `upto`): where the file's offset stands is how much that was.
+    let read = file.stream_position().map_err(|e| cannot(&e))?;
+    Ok((bad, read))
 }
 
 /// The requests of a requests log, whole (the HTML page's distributions), and how many lines
