@@ -156,6 +156,7 @@ start_sup() { # start_sup DIR
   say "ready after $(grep -o '"event":"ready"[^}]*' "$1/events.jsonl" | grep -o '"elapsed_s":[0-9.]*'); proxy on $PPORT"
 }
 procs() { python3 "$HERE/scripts/gpu/server_procs.py" "$@"; }  # the server tree's CPU, per process
+http_pid() { procs stats "$SUP" | python3 -c 'import json, sys; print(json.load(sys.stdin)["main"]["pid"])'; }  # the server's HTTP process
 tap_start() { # tap_start NAME [--tap]: a second supervisor attached to the server's port (run --upstream), pid in TAPSUP
   # (NAME starts with "tap-": the summary reads every S/c*-*-*.jsonl as a benchmark result);
   # without --tap it measures nothing: the control arm, started and stopped the same way
@@ -351,7 +352,7 @@ PY
       # A compiled client against the real server (benches' proxy-bench): waves of CONC streams of
       # 256 tokens, straight and through the proxy alternately, per client kind; with the server's
       # main (HTTP) process's CPU per event written in each arm. bench_serving's own loop is out.
-      main_pid=$(procs stats "$SUP" | python3 -c "import json,sys; print(json.load(sys.stdin)[\"main\"][\"pid\"])")
+      main_pid=$(http_pid)
       for conc in ${CONCS:-256 512}; do for c in ${COMPILED_CLIENTS:-one-thread threads}; do
         say "C: proxy-bench c=$conc client $c (server main pid $main_pid)"
         "${CLIENT_PREFIX[@]}" env PROXY_BENCH_CLIENT=$c timeout 200 "$BINDIR/proxy-bench" "127.0.0.1:$PORT" "127.0.0.1:$PPORT" \
@@ -395,7 +396,7 @@ PY
             case $side in keyed) how=--tap ;; keyedmix) how=--mix ;; *) how= ;; esac
             keyer "tap-$side-c$conc-$i" "$stopf" $how & keyer_pid=$!
             # the HTTP process's CPU beside it, on the supervisor's CPUs: what the tap costs it
-            main_pid=$(procs stats "$SUP" | python3 -c "import json,sys; print(json.load(sys.stdin)[\"main\"][\"pid\"])")
+            main_pid=$(http_pid)
             "${SUP_PREFIX[@]}" python3 "$HERE/scripts/gpu/cpu_trace.py" "$main_pid" "$P/c$conc-$side-$i.jsonl.cpu" "$stopf" & cpu_pid=$!
             CHUNKS=1 DATASET=random-ids bench "$PORT" "${KEYED_BACKEND:-sglang}" "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
             touch "$stopf"; wait "$keyer_pid" "$cpu_pid"
