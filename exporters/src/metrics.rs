@@ -1,15 +1,23 @@
 //! The `/metrics` content: one `prometheus-client` registry whose collector reads, at scrape time,
 //! the supervisor's status (updated by the lifecycle), the GPU sampler's cached samples and the
-//! cached copy of the server's own `sglang:*` metrics. A scrape never calls NVML or SGLang.
+//! cached copy of the server's own `sglang:*` metrics. A scrape never calls NVML; it fetches the
+//! server's `/metrics` only when its copy is older than [`UPSTREAM_MAX_AGE`] (see
+//! [`Shared::refresh_upstream`]).
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
+use sglang_probes::http::HttpUrl;
 use sglang_probes::sampler::SamplerHandle;
 use sglang_probes::sync::lock;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How old the copy of the server's series may be before a scrape of ours fetches it again.
+pub const UPSTREAM_MAX_AGE: Duration = Duration::from_secs(5);
+/// How long a scrape of ours waits on the server's `/metrics` before rendering without it.
+pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Lifecycle states, exported one-hot as `server_state{state}`.
 pub const STATES: &[&str] = &["starting", "ready", "stopping", "exited", "failed"];
@@ -34,10 +42,19 @@ pub struct Upstream {
     pub fetched_at: Option<Instant>,
 }
 
+/// Where the server's `/metrics` is, once it is ready to be asked, and the one fetch that may be
+/// in flight.
+#[derive(Debug)]
+pub struct UpstreamSource {
+    url: HttpUrl,
+    fetching: tokio::sync::Mutex<()>,
+}
+
 #[derive(Default)]
 pub struct Shared {
     pub status: Mutex<Status>,
     pub upstream: Mutex<Upstream>,
+    pub upstream_source: Mutex<Option<Arc<UpstreamSource>>>,
     pub gpus: Mutex<Option<SamplerHandle>>,
     pub window_sink: Mutex<Option<WindowSink>>,
     pub requests: Mutex<Option<Arc<crate::report::RequestStats>>>,
@@ -142,6 +159,51 @@ impl Shared {
 
     pub fn window_parts(&self) -> Vec<Arc<dyn WindowPart>> {
         lock(&self.window_parts).clone()
+    }
+
+    /// From now on (`Some`) a scrape of ours brings the server's own series with it; `None` when
+    /// the server no longer answers (it is stopping or gone).
+    pub fn fetch_upstream_from(&self, url: Option<HttpUrl>) {
+        *lock(&self.upstream_source) = url.map(|url| {
+            Arc::new(UpstreamSource {
+                url,
+                fetching: tokio::sync::Mutex::new(()),
+            })
+        });
+    }
+
+    /// Brings the copy of the server's series up to date before a scrape renders it. Each fetch
+    /// costs the server's HTTP process (the one that sets a benchmark's pace) a merge of every
+    /// process's metric files, so the server is asked only as often as we are, at most every
+    /// [`UPSTREAM_MAX_AGE`], and never while nobody reads ours. One scrape fetches; the others
+    /// that come meanwhile render the copy there is rather than wait.
+    pub async fn refresh_upstream(&self) {
+        let Some(source) = lock(&self.upstream_source).clone() else {
+            return;
+        };
+        let fresh = |u: &Upstream| u.fetched_at.is_some_and(|t| t.elapsed() < UPSTREAM_MAX_AGE);
+        if fresh(&lock(&self.upstream)) {
+            return;
+        }
+        let Ok(_fetching) = source.fetching.try_lock() else {
+            return;
+        };
+        if fresh(&lock(&self.upstream)) {
+            return; // fetched while this scrape looked
+        }
+        match sglang_probes::http::get_body(&source.url, UPSTREAM_TIMEOUT, 16 << 20).await {
+            Ok((200, body)) => {
+                self.set_upstream(Some(String::from_utf8_lossy(&body).into_owned()), true)
+            }
+            Ok((code, _)) => {
+                tracing::debug!("GET {}: {code}", source.url);
+                self.set_upstream(None, false);
+            }
+            Err(e) => {
+                tracing::debug!("{e}");
+                self.set_upstream(None, false);
+            }
+        }
     }
 
     pub fn set_upstream(&self, text: Option<String>, ok: bool) {
@@ -268,7 +330,15 @@ impl Collector for StatusCollector {
                 &[(Labels::new(), c)],
             )?;
         }
-        let up = lock(&self.0.upstream).clone();
+        // (not the text: it is appended by `render`)
+        let up = {
+            let u = lock(&self.0.upstream);
+            Upstream {
+                text: None,
+                ok: u.ok,
+                fetched_at: u.fetched_at,
+            }
+        };
         if let Some(ok) = up.ok {
             gauge(
                 &mut enc,

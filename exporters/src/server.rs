@@ -342,6 +342,7 @@ async fn handle(
                 .get(hyper::header::ACCEPT)
                 .and_then(|a| a.to_str().ok())
                 .is_some_and(|a| a.contains("application/openmetrics-text"));
+            shared.refresh_upstream().await;
             match render(&registry, &shared, om) {
                 Ok(body) => {
                     let ctype = if om {

@@ -1147,3 +1147,98 @@ fn colour_only_on_a_terminal_and_never_with_no_color() {
         "a pipe gets none: {err:?}"
     );
 }
+
+/// A server that answers `/health` and `/metrics` and counts the `/metrics` requests.
+fn counting_metrics_server() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let fetched = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = fetched.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let count = count.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line);
+                while let Ok(n) = reader.read_line(&mut String::new()) {
+                    if n <= 2 {
+                        break; // the blank line that ends the head
+                    }
+                }
+                let body = if line.starts_with("GET /metrics ") {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 3\n"
+                } else {
+                    ""
+                };
+                let _ = write!(
+                    &conn,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    (port, fetched)
+}
+
+#[test]
+fn the_servers_own_metrics_are_fetched_only_when_ours_are_scraped() {
+    // Each fetch costs the server's HTTP process, the one that sets a benchmark's pace, a merge
+    // of every process's metric files: a supervisor nobody scrapes must never ask for them.
+    use std::sync::atomic::Ordering;
+    let (port, fetched) = counting_metrics_server();
+    let dir = temp_dir("upstream-demand");
+    let events = dir.join("events.jsonl");
+    #[allow(clippy::disallowed_methods)] // the binary under test
+    let mut sup = std::process::Command::new(supervisor_bin())
+        .args(["run", "--upstream", &format!("http://127.0.0.1:{port}")])
+        .args(["--ready-on", "http", "--metrics-addr", "127.0.0.1:0"])
+        .args([
+            "--gpu-backend",
+            "none",
+            "--no-preflight",
+            "--no-tee",
+            "--events",
+        ])
+        .arg(&events)
+        .args(["--", "sleep", "1000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = wait_event_at(&events, "listening", T)["metrics"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_event_at(&events, "ready", T);
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        fetched.load(Ordering::SeqCst),
+        0,
+        "fetched with nobody asking"
+    );
+    // the first scrape brings the server's series with it
+    let (_, body) = http(&addr, "GET", "/metrics", "");
+    assert!(body.contains("sglang:num_running_reqs 3"), "{body}");
+    assert!(
+        body.contains("sglang_supervisor_upstream_scrape_ok 1"),
+        "{body}"
+    );
+    // scrapes within 5 s of that fetch render its copy
+    for _ in 0..5 {
+        let (_, body) = http(&addr, "GET", "/metrics", "");
+        assert!(body.contains("sglang:num_running_reqs 3"), "{body}");
+    }
+    assert_eq!(fetched.load(Ordering::SeqCst), 1);
+    // a scrape after that fetches again
+    std::thread::sleep(Duration::from_millis(5_100));
+    http(&addr, "GET", "/metrics", "");
+    assert_eq!(fetched.load(Ordering::SeqCst), 2);
+    unsafe { libc::kill(sup.id() as i32, libc::SIGTERM) };
+    sup.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

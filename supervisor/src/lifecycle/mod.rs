@@ -45,9 +45,6 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
 const KILL_WAIT: Duration = Duration::from_secs(2);
 /// `/server_info` after readiness: one cheap request.
 const INFO_TIMEOUT: Duration = Duration::from_secs(3);
-/// The server's own `/metrics` is fetched this often, with this timeout.
-const UPSTREAM_METRICS_PERIOD: Duration = Duration::from_secs(5);
-const UPSTREAM_METRICS_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the GPUs may take to list no process of the dead server (the driver frees memory
 /// asynchronously).
 const GPU_RELEASE_WAIT: Duration = Duration::from_secs(5);
@@ -1027,11 +1024,10 @@ impl Supervision {
                 }
             });
         }
-        if self.upstream_metrics != Some(false) {
-            tokio::spawn(fetch_upstream_metrics(
-                self.url.with_path("/metrics"),
-                self.metrics.clone(),
-            ));
+        if self.upstream_metrics != Some(false) && !self.node.serves_no_api() {
+            // fetched by our own scrapes, when there are any: never on a timer of ours
+            self.metrics
+                .fetch_upstream_from(Some(self.url.with_path("/metrics")));
         }
         if let Some(up) = self.http_up_at {
             self.metrics
@@ -1151,6 +1147,7 @@ impl Supervision {
             ExitStatus::Code(c) => (Some(c), None),
             ExitStatus::Signal(n) => (None, Some(n)),
         };
+        self.metrics.fetch_upstream_from(None);
         self.metrics.update(|st| {
             st.state = if requested || status == ExitStatus::Code(0) {
                 "exited"
@@ -1356,27 +1353,6 @@ fn args_info(args: &serde_json::Map<String, Value>) -> Vec<(String, String)> {
             Some((k.to_string(), v))
         })
         .collect()
-}
-
-/// Keep a cached copy of the server's own `/metrics` (short timeout, every few seconds), so a
-/// scrape of ours never waits on the server. Ends with the process.
-async fn fetch_upstream_metrics(url: HttpUrl, metrics: Arc<exporters::Shared>) {
-    loop {
-        match sglang_probes::http::get_body(&url, UPSTREAM_METRICS_TIMEOUT, 16 << 20).await {
-            Ok((200, body)) => {
-                metrics.set_upstream(Some(String::from_utf8_lossy(&body).into_owned()), true)
-            }
-            Ok((code, _)) => {
-                tracing::debug!("GET {url}: {code}");
-                metrics.set_upstream(None, false);
-            }
-            Err(e) => {
-                tracing::debug!("{e}");
-                metrics.set_upstream(None, false);
-            }
-        }
-        tokio::time::sleep(UPSTREAM_METRICS_PERIOD).await;
-    }
 }
 
 fn run_on_ready(cmd: &str) {
