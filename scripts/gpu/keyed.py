@@ -2,7 +2,7 @@
 the off-turns beside them (scripts/gpu/proxy_acceptance.sh, SIDES=keyed).
 
   usage: keyed.py CONC RUN KEYS [RUN KEYS ...]
-         keyed.py --pool OUTPUT [OUTPUT ...]
+         keyed.py --pool [--backend NAME] OUTPUT [OUTPUT ...]
     RUN   the prefix of a client's event stamps (RUN.chunks, RUN.begun: scripts/gpu/clientstamps,
           BENCH_CHUNKS=RUN), and of RUN.cpu if there is one ("UNIX USER_S SYSTEM_S" lines: the
           server's HTTP process's CPU so far, sampled beside the run)
@@ -38,10 +38,15 @@ With on-turns of two kinds in one run (keyedmix: the tap and its control in turn
 held against the off-turns beside it, and each tap turn against the control turns on either side
 (tap/ctl): what the tap adds over a supervisor that measures nothing, within one run.
 
-Each run's ratios are also printed on one "keyed-ratios {json}" line: --pool reads those lines
-from saved outputs (a call's summary.txt: its stamps are too large to bring back) and gives the
-same verdicts over the runs of several calls, by concurrency and arm (keyed, keyedctl,
-keyedmix/tap, keyedmix/ctl, keyedmix/tap-vs-ctl).
+Each run's ratios are also printed on one "keyed-ratios {json}" line, with the client's backend
+(bench_serving's "Backend:" line in RUN.txt): --pool reads those lines from saved outputs (a
+call's summary.txt: its stamps are too large to bring back) and gives the same verdicts over the
+runs of several calls, by concurrency, backend and what is compared: tap/off (the keyed arm's
+on-turns and keyedmix's tap turns), ctl/off (keyedctl's and keyedmix's control turns) and tap/ctl
+(keyedmix). A pooled interval is widened as for shared turns if any of its runs' ratios share
+turns (keyed's do, keyedmix's tap/off do not): wider than it need be, never narrower. A line
+without a backend (saved before it was printed) counts as --backend's (default: sglang, the only
+one run before).
 """
 import bisect
 import json
@@ -239,7 +244,29 @@ def arm(run):
     return "-".join(parts[1:-1]) if len(parts) >= 3 and parts[0].startswith("c") else name
 
 
-def pool(outputs):
+def compared(arm_name, kind):
+    """What a saved line's ratios compare: keyed's on-turns and keyedmix's tap turns are both the
+    tap against the off-turns; keyedctl's and keyedmix's control turns both its control."""
+    if kind == "tap-vs-ctl":
+        return "tap/ctl"
+    if kind in ("tap", "ctl"):
+        return f"{kind}/off"
+    return {"keyed": "tap/off", "keyedctl": "ctl/off"}.get(arm_name, f"{arm_name} on/off")
+
+
+def backend_of(run):
+    """The client's backend, from bench_serving's own output beside the stamps (RUN.txt)."""
+    try:
+        with open(run + ".txt", errors="replace") as f:
+            for line in f:
+                if line.startswith("Backend:"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def pool(outputs, default_backend):
     groups = {}
     for path in outputs:
         # a summary prints a run's line twice (after the run, and again pooled at the end): once
@@ -249,28 +276,33 @@ def pool(outputs):
             for line in f:
                 if line.startswith("keyed-ratios "):
                     d = json.loads(line[len("keyed-ratios "):])
-                    runs[(d["conc"], d["run"], d.get("kind"))] = d["ratios"]
-        for (conc, run, kind), found in runs.items():
+                    runs[(d["conc"], d["run"], d.get("kind"))] = d
+        for (conc, run, kind), d in runs.items():
+            backend = d.get("backend") or default_backend
+            g = groups.setdefault((conc, backend, compared(arm(run), kind)),
+                                  {"arms": {}, "shared": False, **{k: [] for _, k in METRICS}})
             name = arm(run) + (f"/{kind}" if kind else "")
-            what = {None: "on/off", "tap-vs-ctl": "tap/ctl"}.get(kind, f"{kind}/off")
+            g["arms"][name] = g["arms"].get(name, 0) + 1
             # a saved line's kind: none (on/off), "tap-vs-ctl", or a kind against the off-turns
-            shared = kind in (None, "tap-vs-ctl")
-            g = groups.setdefault((conc, name), {"runs": 0, "ratio": what, "shared": shared,
-                                                 **{k: [] for _, k in METRICS}})
-            g["runs"] += 1
+            g["shared"] |= kind in (None, "tap-vs-ctl")
             for _, key in METRICS:
-                g[key] += found.get(key, [])
+                g[key] += d["ratios"].get(key, [])
     if not groups:
         sys.exit(f"keyed.py --pool: no keyed-ratios line in {', '.join(outputs)}")
-    for (conc, name), g in sorted(groups.items()):
+    for (conc, backend, what), g in sorted(groups.items()):
+        arms = ", ".join(f"{a} {n} run{'s' if n > 1 else ''}" for a, n in sorted(g["arms"].items()))
         for label, key in METRICS:
             if g[key] or key not in ("cpu_user", "cpu_sys"):
-                print(f"keyed, pooled, c={conc} {name} ({g['runs']} runs), {label}: {g['ratio']} {verdict(g[key], g['shared'])}")
+                print(f"keyed, pooled, c={conc} {backend} {what} ({arms}), {label}: {verdict(g[key], g['shared'])}")
 
 
 def main(argv):
-    if argv[:1] == ["--pool"] and len(argv) > 1:
-        return pool(argv[1:])
+    if argv[:1] == ["--pool"]:
+        rest, backend = argv[1:], "sglang"
+        if rest[:1] == ["--backend"] and len(rest) > 1:
+            rest, backend = rest[2:], rest[1]
+        if rest:
+            return pool(rest, backend)
     if len(argv) < 3 or len(argv) % 2 != 1:
         sys.exit(__doc__)
     conc = int(argv[0])
@@ -321,6 +353,8 @@ def report_run(conc, run, keys_file, every):
             print(f"    {label}: {a} median {med(side(kind)):.3f}, {b} median {med(side(against)):.3f};"
                   f" {a}/{b} {verdict(rs, shared)}")
         line = {"conc": conc, "run": os.path.basename(run), "ratios": found}
+        if backend_of(run):
+            line["backend"] = backend_of(run)
         if kind != "on":
             line["kind"] = kind if against is None else f"{kind}-vs-{against}"
         print("keyed-ratios " + json.dumps(line))

@@ -46,7 +46,10 @@
 #        and its control, so keyed.py also holds each tap turn against the control turns on either
 #        side (tap/ctl), with no drift between runs in it. KEYED_BACKEND=sglang-oai-chat runs the keyed
 #        arms on InferenceX's path (OpenAI chat streams: events of ~250 bytes, where SGLang's
-#        native stream, the default, repeats the whole text so far in every event).
+#        native stream, the default, repeats the whole text so far in every event); its requests
+#        ask for usage (stream_options.include_usage, as InferenceX's client does), without which
+#        the tap, which cannot ask, has no token counts. EXTRA_BODY=JSON: bench_serving's
+#        --extra-request-body for every run.
 #        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
 #        (scripts/gpu/pysample: S/pysample/RUN.folded; with PYSAMPLE_MODE=profile, cProfile: RUN.prof.txt).
 #   S's knobs: BENCH_TIMEOUT=S ends a bench_serving run after S seconds (300, or 2 x RUN_S but
@@ -212,14 +215,15 @@ bench() { # bench PORT BACKEND CONC PROMPTS OUTFILE [RANGE]
   "${CLIENT_PREFIX[@]}" "${stamps[@]}" timeout -k 30 "${BENCH_TIMEOUT:-300}" python3 -m sglang.bench_serving --backend "$2" --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" \
     --tokenizer "$B/tiny-llama" --dataset-name "${DATASET:-random}" --dataset-path "$B/tiny-llama/sharegpt_mini.json" \
     --random-input-len 256 --random-output-len 256 --random-range-ratio "${6:-1.0}" --num-prompts "$4" \
-    --max-concurrency "$3" --seed "${SEED:-1}" --disable-tqdm --output-details --output-file "$5" > "$5.txt" 2>&1
+    --max-concurrency "$3" --seed "${SEED:-1}" --disable-tqdm --output-details ${EXTRA_BODY:+--extra-request-body "$EXTRA_BODY"} \
+    --output-file "$5" > "$5.txt" 2>&1
   local rc=$?
   if [ "$rc" != 0 ] && grep -qE "No module named|ImportError" "$5.txt"; then
     PYTHONPATH="$HERE/dev-device/stubs-fallback:$PYTHONPATH" timeout -k 30 "${BENCH_TIMEOUT:-300}" python3 -m sglang.bench_serving --backend "$2" \
       --host 127.0.0.1 --port "$1" --model "$B/tiny-llama" --tokenizer "$B/tiny-llama" --dataset-name "${DATASET:-random}" \
       --dataset-path "$B/tiny-llama/sharegpt_mini.json" --random-input-len 256 --random-output-len 256 \
       --random-range-ratio "${6:-1.0}" --num-prompts "$4" --max-concurrency "$3" --seed "${SEED:-1}" --disable-tqdm \
-      --output-details --output-file "$5" > "$5.txt" 2>&1; rc=$?
+      --output-details ${EXTRA_BODY:+--extra-request-body "$EXTRA_BODY"} --output-file "$5" > "$5.txt" 2>&1; rc=$?
   fi
   [ "$rc" = 0 ] || { say "bench_serving $2 failed rc=$rc"; tail -5 "$5.txt"; }
 }
@@ -398,7 +402,10 @@ PY
             # the HTTP process's CPU beside it, on the supervisor's CPUs: what the tap costs it
             main_pid=$(http_pid)
             "${SUP_PREFIX[@]}" python3 "$HERE/scripts/gpu/cpu_trace.py" "$main_pid" "$P/c$conc-$side-$i.jsonl.cpu" "$stopf" & cpu_pid=$!
-            CHUNKS=1 DATASET=random-ids bench "$PORT" "${KEYED_BACKEND:-sglang}" "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
+            # an OpenAI stream carries its token counts only when asked (InferenceX's client asks;
+            # bench_serving does not): the tap, which cannot ask, counts them then
+            usage=; case ${KEYED_BACKEND:-sglang} in sglang|sglang-native) ;; *) usage='{"stream_options":{"include_usage":true}}' ;; esac
+            EXTRA_BODY=${EXTRA_BODY:-$usage} CHUNKS=1 DATASET=random-ids bench "$PORT" "${KEYED_BACKEND:-sglang}" "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
             touch "$stopf"; wait "$keyer_pid" "$cpu_pid"
             python3 "$HERE/scripts/gpu/keyed.py" "$conc" "$P/c$conc-$side-$i.jsonl" "$P/tap-$side-c$conc-$i.keys"
             # what the tap recorded over its turns (requests cut by a turn's edge end as errors)

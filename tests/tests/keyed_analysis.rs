@@ -324,12 +324,109 @@ fn saved_outputs_of_two_calls_pool_into_one_verdict_over_all_their_turns() {
     let _ = std::fs::remove_dir_all(&dir);
     let out = String::from_utf8(out.stdout).unwrap();
     // both runs' turns in one verdict: half of them 2 % slower, half not
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("keyed, pooled, c=32 run (2 runs), events/s:"))
-        .unwrap_or_else(|| panic!("no pooled events/s line in:\n{out}"));
+    let line = pooled(&out, "c=32 sglang run on/off (run 2 runs), events/s:");
     // of each run's 10 on-turns, the first has no off-turn before it and the last ends in the drain
     assert!(line.ends_with(", 16 turns"), "{line}");
-    let rate = ratio(line, "keyed, pooled");
+    let rate = pooled_value(line);
     assert!((0.985..0.995).contains(&rate), "{line}");
+}
+
+/// The pooled line that starts with "keyed, pooled, " and then `what`.
+fn pooled<'a>(out: &'a str, what: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.starts_with(&format!("keyed, pooled, {what}")))
+        .unwrap_or_else(|| panic!("no pooled {what:?} line in:\n{out}"))
+}
+
+/// The ratio on a pooled line ("...: 0.9900, 95 % interval ...").
+fn pooled_value(line: &str) -> f64 {
+    let after = line.split(": ").nth(1).unwrap();
+    after.split(',').next().unwrap().trim().parse().unwrap()
+}
+
+/// keyed.py --pool over the given saved outputs, with more arguments before them.
+fn pool(test: &str, outputs: &[(&str, String)], args: &[&str]) -> String {
+    let dir = temp_dir(&format!("keyed-pool-{test}"));
+    let paths: Vec<_> = outputs
+        .iter()
+        .map(|(name, text)| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        })
+        .collect();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/keyed.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg("--pool")
+        .args(args)
+        .args(&paths)
+        .output()
+        .unwrap()
+        .expect_success("keyed.py --pool");
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = String::from_utf8(out.stdout).unwrap();
+    println!("{test}:\n{out}");
+    out
+}
+
+/// A saved output as if its run were `name` (c32-keyed-1.jsonl: the keyed arm's first run).
+fn as_run(out: &str, name: &str) -> String {
+    out.replace("\"run\": \"run.jsonl\"", &format!("\"run\": \"{name}\""))
+}
+
+#[test]
+fn the_keyed_arms_tap_turns_and_keyedmixs_pool_into_one_tap_against_off_verdict() {
+    let slow = Shape {
+        slower: 1.02,
+        ..PLAIN
+    };
+    let keyed = as_run(&analyse("pool-keyed", slow), "c32-keyed-1.jsonl");
+    let mix = as_run(
+        &analyse("pool-mix", Shape { mix: true, ..slow }),
+        "c32-keyedmix-1.jsonl",
+    );
+    let out = pool("arms", &[("keyed.txt", keyed), ("mix.txt", mix)], &[]);
+    // keyed: 8 on-turns with both neighbours kept; keyedmix: 4 of its 5 tap turns (the first
+    // has no off-turn before it)
+    let line = pooled(
+        &out,
+        "c=32 sglang tap/off (keyed 1 run, keyedmix/tap 1 run), events/s:",
+    );
+    assert!(line.ends_with(", 12 turns"), "{line}");
+    assert!((0.975..0.985).contains(&pooled_value(line)), "{line}");
+    let ctl = pooled(&out, "c=32 sglang ctl/off (keyedmix/ctl 1 run), events/s:");
+    assert!((0.995..1.005).contains(&pooled_value(ctl)), "{ctl}");
+    let vs = pooled(
+        &out,
+        "c=32 sglang tap/ctl (keyedmix/tap-vs-ctl 1 run), events/s:",
+    );
+    assert!((0.975..0.985).contains(&pooled_value(vs)), "{vs}");
+}
+
+#[test]
+fn runs_of_two_backends_are_never_pooled_together() {
+    let keyed = as_run(&analyse("pool-backend", PLAIN), "c32-keyed-1.jsonl");
+    // a line saved with its backend, and one saved before backends were printed
+    let chat = keyed.replace(
+        "\"ratios\":",
+        "\"backend\": \"sglang-oai-chat\", \"ratios\":",
+    );
+    let out = pool(
+        "backends",
+        &[("chat.txt", chat), ("old.txt", keyed.clone())],
+        &[],
+    );
+    pooled(&out, "c=32 sglang tap/off (keyed 1 run), events/s:");
+    pooled(
+        &out,
+        "c=32 sglang-oai-chat tap/off (keyed 1 run), events/s:",
+    );
+    // --backend names what an old line's runs used
+    let out = pool(
+        "backend-named",
+        &[("old.txt", keyed)],
+        &["--backend", "sglang-oai"],
+    );
+    pooled(&out, "c=32 sglang-oai tap/off (keyed 1 run), events/s:");
 }
