@@ -49,7 +49,8 @@
 #        native stream, the default, repeats the whole text so far in every event); its requests
 #        ask for usage (stream_options.include_usage, as InferenceX's client does), without which
 #        the tap, which cannot ask, has no token counts. EXTRA_BODY=JSON: bench_serving's
-#        --extra-request-body for every run.
+#        --extra-request-body for every run; S_BACKEND=NAME the backend of the other arms' runs
+#        (direct, proxy, tap, attached, ...; default sglang).
 #        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
 #        (scripts/gpu/pysample: S/pysample/RUN.folded; with PYSAMPLE_MODE=profile, cProfile: RUN.prof.txt).
 #   S's knobs: BENCH_TIMEOUT=S ends a bench_serving run after S seconds (300, or 2 x RUN_S but
@@ -439,7 +440,7 @@ print(f"    the tap over its turns: {len(r)} records, {len(ok)} whole, {tokens} 
             wait "$half_d" "$half_p"; rm -rf "$bar"  # not a bare wait: the supervisor is a child too
           else
             halves=("$side")
-            DATASET=random-ids bench "$port" sglang "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
+            DATASET=random-ids bench "$port" "${S_BACKEND:-sglang}" "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
           fi
           run_s=$((SECONDS - t_run + 5))
           echo "c$conc-$side-$i $w_run $(date +%s.%N) $conc" >> "$P/runs.tsv"
