@@ -364,7 +364,13 @@ PY
           "$conc" 256 "${COMPILED_ROUNDS:-4}" "$SUP" /generate "$main_pid"
       done; done
     fi
-    run_s=60  # a run's length so far (the last one), to tell whether one more round fits DEADLINE_S
+    # a run's length (the last one's, once one ran), to tell whether one more round fits
+    # DEADLINE_S; before any, what the warm-ups' throughput says PROMPTS x 256 tokens take (a
+    # flat 60 s left no round in a call whose runs took 20 s), at least 10 s
+    run_s=$(python3 -c 'import json, sys
+b = [json.loads(l.replace("Infinity", "1e999")) for l in open(sys.argv[1])][-1]
+print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
+      "$( [ -f "$P/warmfull-1.jsonl" ] && echo "$P/warmfull-1.jsonl" || echo "$P/warm.jsonl")" "${PROMPTS:-1024}" 2>/dev/null || echo 60)
     for conc in ${CONCS:-256 512}; do
       read -r -a arms <<< "${SIDES:-direct proxy}"
       for i in $(seq "${PAIRS:-4}"); do
