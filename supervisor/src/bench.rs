@@ -235,8 +235,15 @@ fn each_request<T: Request>(
 /// were not requests.
 pub fn read_requests_log(path: &Path) -> Result<(Vec<RequestRecord>, usize), String> {
     let mut records = Vec::new();
-    let (bad, _) = each_request(&Log::open(path)?, None, |r| records.push(r))?;
+    let bad = for_each_request(path, |r| records.push(r))?;
     Ok((records, bad))
+}
+
+/// Each record of a requests log in turn, none kept: what a reader that wants a few figures of
+/// each needs (a long run's log holds every inter-token latency). Returns how many lines were
+/// not requests.
+pub fn for_each_request(path: &Path, each: impl FnMut(RequestRecord)) -> Result<usize, String> {
+    Ok(each_request(&Log::open(path)?, None, each)?.0)
 }
 
 /// A requests log as first read for a benchmark's span: what of each request the span is found

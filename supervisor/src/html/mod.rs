@@ -345,36 +345,43 @@ fn latency(r: &Value, inputs: &Inputs) -> String {
         out.push_str("<p class=\"note\">Distributions need the requests log (--requests-log).</p>");
         return out;
     };
-    let records = match crate::bench::read_requests_log(log) {
-        Ok((r, _)) => r,
-        Err(e) => return out + &format!("<p class=\"note\">{}</p>", esc(&e)),
-    };
     let mut spans = window_spans(r);
     if spans.is_empty() {
         spans.push((f64::MIN, f64::MAX, "all requests".into()));
     }
-    type Pick = fn(&sglang_exporters::proxy::RequestRecord) -> Vec<f64>;
+    type Pick = fn(&sglang_exporters::proxy::RequestRecord, &mut Vec<f64>);
     let metrics: [(&str, Pick); 4] = [
-        ("TTFT", |q| q.ttft_s.into_iter().collect()),
-        ("TPOT", |q| q.tpot_s.into_iter().collect()),
-        ("ITL", |q| q.itl_s.clone()),
-        ("E2E", |q| vec![q.e2e_s]),
+        ("TTFT", |q, v| v.extend(q.ttft_s)),
+        ("TPOT", |q, v| v.extend(q.tpot_s)),
+        ("ITL", |q, v| v.extend_from_slice(&q.itl_s)),
+        ("E2E", |q, v| v.push(q.e2e_s)),
     ];
-    for (name, pick) in metrics {
+    // values[metric][window], gathered in one pass: no record is kept
+    let mut values: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); spans.len()]; metrics.len()];
+    let read = crate::bench::for_each_request(log, |q| {
+        if q.error.is_some() {
+            return;
+        }
+        for (w, (a, b, _)) in spans.iter().enumerate() {
+            if q.start_unix >= *a && q.start_unix <= *b {
+                for (m, (_, pick)) in metrics.iter().enumerate() {
+                    pick(&q, &mut values[m][w]);
+                }
+            }
+        }
+    });
+    if let Err(e) = read {
+        return out + &format!("<p class=\"note\">{}</p>", esc(&e));
+    }
+    for ((name, _), per_window) in metrics.iter().zip(values) {
         let series: Vec<(String, Vec<f64>)> = spans
             .iter()
-            .map(|(a, b, w)| {
-                let v = records
-                    .iter()
-                    .filter(|q| q.start_unix >= *a && q.start_unix <= *b && q.error.is_none())
-                    .flat_map(pick)
-                    .collect();
-                (w.clone(), v)
-            })
+            .map(|(_, _, w)| w.clone())
+            .zip(per_window)
             .collect();
         out.push_str(&plot::cdf(
             &format!("{name} distribution per window"),
-            &series,
+            series,
         ));
     }
     out

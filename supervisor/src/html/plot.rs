@@ -48,12 +48,22 @@ fn svg(
 /// not finite are not drawn (the plotting library loops forever on an infinite range).
 pub fn thin(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
     let points: Vec<(f64, f64)> = points.iter().copied().filter(finite).collect();
-    let k = points.len().div_ceil(MAX_POINTS).max(1);
+    let k = stride(points.len());
     let mut out: Vec<(f64, f64)> = points.iter().step_by(k).copied().collect();
     if let (Some(last), true) = (points.last(), k > 1) {
         out.push(*last);
     }
     out
+}
+
+/// Every how many points one is drawn, of `len`. What [`thin`] returns (up to MAX_POINTS + 1
+/// points) it returns unchanged: `cdf_points` thins before `lines` is given the points.
+fn stride(len: usize) -> usize {
+    if len <= MAX_POINTS + 1 {
+        1
+    } else {
+        len.div_ceil(MAX_POINTS)
+    }
 }
 
 fn finite(p: &(f64, f64)) -> bool {
@@ -152,26 +162,34 @@ pub fn lines(
 }
 
 /// Empirical CDFs of one latency per window (seconds in, milliseconds drawn).
-pub fn cdf(title: &str, series: &[(String, Vec<f64>)]) -> String {
+pub fn cdf(title: &str, series: Vec<(String, Vec<f64>)>) -> String {
     let lines_of: Vec<Series> = series
-        .iter()
+        .into_iter()
         .filter(|(_, v)| !v.is_empty())
-        .map(|(name, v)| {
-            let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+        .map(|(name, mut v)| {
+            v.retain(|x| x.is_finite());
             v.sort_by(f64::total_cmp);
-            let n = v.len() as f64;
-            let pts = v
-                .iter()
-                .enumerate()
-                .map(|(i, x)| (x * 1000.0, (i + 1) as f64 / n))
-                .collect();
-            (format!("{name} (n={})", v.len()), pts)
+            (format!("{name} (n={})", v.len()), cdf_points(&v))
         })
         .collect();
     if lines_of.is_empty() {
         return format!("<p class=\"note\">{}: no requests</p>", super::esc(title));
     }
     lines(title, "ms", "fraction of requests", &lines_of, &[])
+}
+
+/// The empirical CDF of sorted values (seconds) as at most [`MAX_POINTS`] (+1) points in ms: the
+/// same points [`thin`] would keep of all of them, without making all of them first (a long
+/// run's inter-token latencies are millions).
+fn cdf_points(sorted: &[f64]) -> Vec<(f64, f64)> {
+    let n = sorted.len();
+    let k = stride(n);
+    let point = |i: usize| (sorted[i] * 1000.0, (i + 1) as f64 / n as f64);
+    let mut out: Vec<(f64, f64)> = (0..n).step_by(k).map(point).collect();
+    if k > 1 && n > 0 {
+        out.push(point(n - 1));
+    }
+    out
 }
 
 /// One bar of a Gantt row: `[start, end]` seconds, its label.
@@ -278,5 +296,29 @@ mod tests {
         let huge: Vec<Series> = vec![("GPU 0".into(), vec![(0.0, 1.79e308), (1.0, 1.0)])];
         assert_eq!(bounds(&huge), None);
         assert!(lines("power", "s", "W", &huge, &[]).contains("no data"));
+    }
+
+    #[test]
+    fn a_cdf_thinned_as_it_is_made_draws_the_points_of_one_made_whole_and_thinned() {
+        for n in [
+            1,
+            2,
+            MAX_POINTS,
+            MAX_POINTS + 1,
+            2 * MAX_POINTS + 7,
+            5_100_000,
+        ] {
+            let sorted: Vec<f64> = (0..n).map(|i| i as f64 * 1e-6).collect();
+            let whole: Vec<(f64, f64)> = sorted
+                .iter()
+                .enumerate()
+                .map(|(i, x)| (x * 1000.0, (i + 1) as f64 / n as f64))
+                .collect();
+            let made = cdf_points(&sorted);
+            assert_eq!(made, thin(&whole), "n = {n}");
+            // `lines` thins again what it is given: the points drawn are these
+            assert_eq!(thin(&made), made, "n = {n}");
+            assert!(made.len() <= MAX_POINTS + 1, "n = {n}: {}", made.len());
+        }
     }
 }
