@@ -16,8 +16,16 @@ use std::time::{Duration, Instant};
 
 /// How old the copy of the server's series may be before a scrape of ours fetches it again.
 pub const UPSTREAM_MAX_AGE: Duration = Duration::from_secs(5);
-/// How long a scrape of ours waits on the server's `/metrics` before rendering without it.
+/// How long a fetch of the server's `/metrics` may take before it is given up.
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the scrape that starts a fetch waits for it before rendering the copy there is (the
+/// fetch goes on for the next scrape): a server busy with a benchmark may take longer to answer,
+/// and our scrape must not take its time.
+pub const UPSTREAM_WAIT: Duration = Duration::from_millis(100);
+/// A fetch is due this much before [`UPSTREAM_MAX_AGE`] has passed since the last one *began*: a
+/// scraper whose period is exactly 5 s (Prometheus' timer, `examples/kubernetes/podmonitor.yaml`)
+/// comes back 5 s ± a few ms after that start, and must find the copy due, not fresh.
+const UPSTREAM_SLACK: Duration = Duration::from_millis(500);
 
 /// Lifecycle states, exported one-hot as `server_state{state}`.
 pub const STATES: &[&str] = &["starting", "ready", "stopping", "exited", "failed"];
@@ -47,7 +55,16 @@ pub struct Upstream {
 #[derive(Debug)]
 pub struct UpstreamSource {
     url: HttpUrl,
-    fetching: tokio::sync::Mutex<()>,
+    /// Held by the one fetch in flight (owned by its task, not by the scrape that started it).
+    fetching: Arc<tokio::sync::Mutex<()>>,
+    /// When the last fetch began: the next is due [`UPSTREAM_MAX_AGE`] (less the slack) after.
+    began: Mutex<Option<Instant>>,
+}
+
+impl UpstreamSource {
+    fn due(&self) -> bool {
+        lock(&self.began).is_none_or(|t| t.elapsed() + UPSTREAM_SLACK >= UPSTREAM_MAX_AGE)
+    }
 }
 
 #[derive(Default)]
@@ -164,55 +181,73 @@ impl Shared {
     /// From now on (`Some`) a scrape of ours brings the server's own series with it; `None` when
     /// the server no longer answers (it is stopping or gone).
     pub fn fetch_upstream_from(&self, url: Option<HttpUrl>) {
+        if url.is_none() {
+            // nor is the copy of a server that no longer answers shown
+            *lock(&self.upstream) = Upstream::default();
+        }
         *lock(&self.upstream_source) = url.map(|url| {
             Arc::new(UpstreamSource {
                 url,
-                fetching: tokio::sync::Mutex::new(()),
+                fetching: Arc::new(tokio::sync::Mutex::new(())),
+                began: Mutex::new(None),
             })
         });
     }
 
     /// Brings the copy of the server's series up to date before a scrape renders it. Each fetch
     /// costs the server's HTTP process (the one that sets a benchmark's pace) a merge of every
-    /// process's metric files, so the server is asked only as often as we are, at most every
-    /// [`UPSTREAM_MAX_AGE`], and never while nobody reads ours. One scrape fetches; the others
-    /// that come meanwhile render the copy there is rather than wait.
-    pub async fn refresh_upstream(&self) {
+    /// process's metric files, so the server is asked only as often as we are, about every
+    /// [`UPSTREAM_MAX_AGE`] at most (counted from when a fetch began, less [`UPSTREAM_SLACK`]),
+    /// and never while nobody reads ours. One scrape fetches and waits up to [`UPSTREAM_WAIT`]
+    /// for it; the others that come meanwhile render the copy there is.
+    pub async fn refresh_upstream(self: &Arc<Self>) {
         let Some(source) = lock(&self.upstream_source).clone() else {
             return;
         };
-        let fresh = |u: &Upstream| u.fetched_at.is_some_and(|t| t.elapsed() < UPSTREAM_MAX_AGE);
-        if fresh(&lock(&self.upstream)) {
+        if !source.due() {
             return;
         }
-        let Ok(_fetching) = source.fetching.try_lock() else {
+        let Ok(fetching) = source.fetching.clone().try_lock_owned() else {
             return;
         };
-        if fresh(&lock(&self.upstream)) {
+        if !source.due() {
             return; // fetched while this scrape looked
         }
-        match sglang_probes::http::get_body(&source.url, UPSTREAM_TIMEOUT, 16 << 20).await {
-            Ok((200, body)) => {
-                self.set_upstream(Some(String::from_utf8_lossy(&body).into_owned()), true)
+        // Counted from the start, so a scrape that gives up (its client gone, its connection
+        // evicted) cannot make the next one ask again at once.
+        *lock(&source.began) = Some(Instant::now());
+        let shared = self.clone();
+        // A task of its own: dropping this scrape does not drop a fetch the server is already
+        // paying for; the next scrape renders what it brings.
+        let fetch = tokio::spawn(async move {
+            let _fetching = fetching;
+            let url = &source.url;
+            match sglang_probes::http::get_body(url, UPSTREAM_TIMEOUT, 16 << 20).await {
+                Ok((200, body)) => {
+                    shared.set_upstream(Some(String::from_utf8_lossy(&body).into_owned()), true)
+                }
+                Ok((code, _)) => {
+                    tracing::debug!("GET {url}: {code}");
+                    shared.set_upstream(None, false);
+                }
+                Err(e) => {
+                    tracing::debug!("{e}");
+                    shared.set_upstream(None, false);
+                }
             }
-            Ok((code, _)) => {
-                tracing::debug!("GET {}: {code}", source.url);
-                self.set_upstream(None, false);
-            }
-            Err(e) => {
-                tracing::debug!("{e}");
-                self.set_upstream(None, false);
-            }
-        }
+        });
+        let _ = tokio::time::timeout(UPSTREAM_WAIT, fetch).await;
     }
 
     pub fn set_upstream(&self, text: Option<String>, ok: bool) {
         let mut u = lock(&self.upstream);
         if text.is_some() {
             u.text = text;
+            // the age of the copy rendered, not of the last try: a failed fetch keeps the old
+            // copy, and its age must show it
+            u.fetched_at = Some(Instant::now());
         }
         u.ok = Some(ok);
-        u.fetched_at = Some(Instant::now());
     }
 
     /// The upstream text to append, if any.
@@ -619,5 +654,89 @@ mod tests {
         let om = render(&reg, &shared, true).unwrap();
         assert!(om.contains("# HELP sglang:x Say \\\"hi\\\"\n"), "{om}");
         assert_eq!(om.matches("# EOF").count(), 1);
+    }
+
+    /// A server whose `/metrics` answers after `delay`; counts the requests.
+    async fn slow_metrics_server(
+        delay: Duration,
+    ) -> (HttpUrl, Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = HttpUrl::parse(&format!("http://{}/metrics", l.local_addr().unwrap())).unwrap();
+        let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = n.clone();
+        tokio::spawn(async move {
+            while let Ok((mut c, _)) = l.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = c.read(&mut buf).await;
+                    tokio::time::sleep(delay).await;
+                    let body = "sglang:num_running_reqs 3\n";
+                    let _ = c
+                        .write_all(
+                            format!(
+                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                                body.len()
+                            )
+                            .as_bytes(),
+                        )
+                        .await;
+                });
+            }
+        });
+        (url, n)
+    }
+
+    #[tokio::test]
+    async fn a_slow_server_holds_a_scrape_no_longer_than_the_wait_and_its_copy_comes_next() {
+        let (url, fetched) = slow_metrics_server(Duration::from_millis(400)).await;
+        let shared = Arc::new(Shared::default());
+        shared.fetch_upstream_from(Some(url));
+        let t = Instant::now();
+        shared.refresh_upstream().await;
+        assert!(
+            t.elapsed() < UPSTREAM_WAIT + Duration::from_millis(50),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(shared.upstream_text(), None, "not there yet");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        shared.refresh_upstream().await;
+        assert_eq!(
+            shared.upstream_text().as_deref(),
+            Some("sglang:num_running_reqs 3\n")
+        );
+        assert_eq!(fetched.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // a scraper every 5 s finds the copy due, not fresh (5 s less the slack from the start)
+        let due = t + UPSTREAM_MAX_AGE - UPSTREAM_SLACK + Duration::from_millis(50);
+        tokio::time::sleep(due.saturating_duration_since(Instant::now())).await;
+        shared.refresh_upstream().await;
+        assert_eq!(fetched.load(std::sync::atomic::Ordering::SeqCst), 2);
+        // and a server gone takes its series with it
+        shared.fetch_upstream_from(None);
+        assert_eq!(shared.upstream_text(), None);
+        shared.refresh_upstream().await;
+        assert_eq!(fetched.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn abandoned_scrapes_neither_repeat_nor_lose_the_fetch() {
+        // A scraper that gives up before the server answers (its timeout, a closed connection)
+        // drops the handler's future: the fetch must go on, and must not be asked again at once.
+        let (url, fetched) = slow_metrics_server(Duration::from_millis(300)).await;
+        let shared = Arc::new(Shared::default());
+        shared.fetch_upstream_from(Some(url));
+        for _ in 0..10 {
+            let _ =
+                tokio::time::timeout(Duration::from_millis(20), shared.refresh_upstream()).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(fetched.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(
+            shared.upstream_text().as_deref(),
+            Some("sglang:num_running_reqs 3\n"),
+            "the abandoned fetch's copy is kept for the next scrape"
+        );
     }
 }

@@ -441,8 +441,9 @@ pub struct RunArgs {
     /// a host (0.0.0.0) to expose it beyond the machine (in a container: 0.0.0.0:19400).
     /// A named address that is taken fails the start (125, naming the holder); the default,
     /// taken, moves to the next free of the 16 ports after it (said in the `listening` event).
-    /// With the server's `--enable-metrics`, a scrape here also fetches the server's own
-    /// `sglang:*` series (at most every 5 s; never while nobody scrapes).
+    /// Unless the server runs without `--enable-metrics`, a scrape here also fetches the
+    /// server's own `sglang:*` series (about every 5 s at most, waiting 100 ms at most for them;
+    /// never while nobody scrapes).
     ///
     /// [default: 127.0.0.1:19400]
     #[arg(long, env = "SGLANG_SUPERVISOR_METRICS_ADDR", value_name = "ADDR")]

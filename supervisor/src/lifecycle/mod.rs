@@ -1121,6 +1121,8 @@ impl Supervision {
         sampler: Option<sglang_probes::sampler::Sampler>,
     ) -> Result<i32> {
         let exited_at = Instant::now();
+        // a dead server's series are not re-exposed, nor its port asked for them
+        self.metrics.fetch_upstream_from(None);
         // The main process is gone: whatever it leaves behind goes too, at once.
         let leftover = child::kill_tree(self.pid, &watch.exclude, KILL_WAIT).await;
         let stats = join_readers(std::mem::take(&mut watch.readers)).await;
@@ -1147,7 +1149,6 @@ impl Supervision {
             ExitStatus::Code(c) => (Some(c), None),
             ExitStatus::Signal(n) => (None, Some(n)),
         };
-        self.metrics.fetch_upstream_from(None);
         self.metrics.update(|st| {
             st.state = if requested || status == ExitStatus::Code(0) {
                 "exited"
