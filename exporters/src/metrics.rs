@@ -1,8 +1,7 @@
 //! The `/metrics` content: one `prometheus-client` registry whose collector reads, at scrape time,
 //! the supervisor's status (updated by the lifecycle), the GPU sampler's cached samples and the
 //! cached copy of the server's own `sglang:*` metrics. A scrape never calls NVML; it fetches the
-//! server's `/metrics` only when its copy is older than [`UPSTREAM_MAX_AGE`] (see
-//! [`Shared::refresh_upstream`]).
+//! server's `/metrics` about every [`UPSTREAM_MAX_AGE`] at most (see [`Shared::refresh_upstream`]).
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
