@@ -231,14 +231,6 @@ fn each_request<T: Request>(
     Ok((bad, read))
 }
 
-/// The requests of a requests log, whole (the HTML page's distributions), and how many lines
-/// were not requests.
-pub fn read_requests_log(path: &Path) -> Result<(Vec<RequestRecord>, usize), String> {
-    let mut records = Vec::new();
-    let bad = for_each_request(path, |r| records.push(r))?;
-    Ok((records, bad))
-}
-
 /// Each record of a requests log in turn, none kept: what a reader that wants a few figures of
 /// each needs (a long run's log holds every inter-token latency). Returns how many lines were
 /// not requests.
@@ -514,6 +506,13 @@ mod tests {
     }
 
     /// What the span is found from, as read back from the lines the proxy wrote.
+    /// The requests of a requests log, whole, and how many lines were not requests.
+    fn read_requests_log(path: &Path) -> Result<(Vec<RequestRecord>, usize), String> {
+        let mut records = Vec::new();
+        let bad = for_each_request(path, |r| records.push(r))?;
+        Ok((records, bad))
+    }
+
     fn span_records(log: &[RequestRecord]) -> Vec<SpanRecord> {
         log.iter()
             .map(|r| serde_json::from_slice(&serde_json::to_vec(r).unwrap()).unwrap())
