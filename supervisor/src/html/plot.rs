@@ -48,22 +48,23 @@ fn svg(
 /// not finite are not drawn (the plotting library loops forever on an infinite range).
 pub fn thin(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
     let points: Vec<(f64, f64)> = points.iter().copied().filter(finite).collect();
-    let k = stride(points.len());
-    let mut out: Vec<(f64, f64)> = points.iter().step_by(k).copied().collect();
-    if let (Some(last), true) = (points.last(), k > 1) {
-        out.push(*last);
-    }
-    out
+    drawn(points.len(), |i| points[i])
 }
 
-/// Every how many points one is drawn, of `len`. What [`thin`] returns (up to MAX_POINTS + 1
-/// points) it returns unchanged: `cdf_points` thins before `lines` is given the points.
-fn stride(len: usize) -> usize {
-    if len <= MAX_POINTS + 1 {
+/// The points drawn of `len`, each made by `point` from its index: every k-th, and the last. What
+/// [`thin`] returns (up to MAX_POINTS + 1 points) it returns unchanged: `cdf_points` thins before
+/// `lines` is given the points.
+fn drawn<T>(len: usize, point: impl Fn(usize) -> T) -> Vec<T> {
+    let k = if len <= MAX_POINTS + 1 {
         1
     } else {
         len.div_ceil(MAX_POINTS)
+    };
+    let mut out: Vec<T> = (0..len).step_by(k).map(&point).collect();
+    if k > 1 {
+        out.push(point(len - 1));
     }
+    out
 }
 
 fn finite(p: &(f64, f64)) -> bool {
@@ -183,13 +184,7 @@ pub fn cdf(title: &str, series: Vec<(String, Vec<f64>)>) -> String {
 /// run's inter-token latencies are millions).
 fn cdf_points(sorted: &[f64]) -> Vec<(f64, f64)> {
     let n = sorted.len();
-    let k = stride(n);
-    let point = |i: usize| (sorted[i] * 1000.0, (i + 1) as f64 / n as f64);
-    let mut out: Vec<(f64, f64)> = (0..n).step_by(k).map(point).collect();
-    if k > 1 && n > 0 {
-        out.push(point(n - 1));
-    }
-    out
+    drawn(n, |i| (sorted[i] * 1000.0, (i + 1) as f64 / n as f64))
 }
 
 /// One bar of a Gantt row: `[start, end]` seconds, its label.
