@@ -365,15 +365,11 @@ impl Collector for StatusCollector {
             )?;
         }
         // (not the text: it is appended by `render`)
-        let up = {
+        let (ok, fetched_at) = {
             let u = lock(&self.0.upstream);
-            Upstream {
-                text: None,
-                ok: u.ok,
-                fetched_at: u.fetched_at,
-            }
+            (u.ok, u.fetched_at)
         };
-        if let Some(ok) = up.ok {
+        if let Some(ok) = ok {
             gauge(
                 &mut enc,
                 "upstream_scrape_ok",
@@ -381,7 +377,7 @@ impl Collector for StatusCollector {
                 &[(Labels::new(), i64::from(ok))],
             )?;
         }
-        if let Some(at) = up.fetched_at {
+        if let Some(at) = fetched_at {
             gauge(
                 &mut enc,
                 "upstream_scrape_age_seconds",
