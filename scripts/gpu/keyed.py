@@ -337,6 +337,7 @@ def report_run(conc, run, keys_file, every):
           f" {sum(r['whole'] for r in on)} and {sum(r['whole'] for r in off)} requests wholly in them"
           f" (median on {st.median([r['span'] for r in on]) if on else 0:.2f} s, off"
           f" {st.median([r['span'] for r in off]) if off else 0:.2f} s)")
+    backend = backend_of(run)
     for kind, against in comparisons(kinds):
         a, b = kind, against or "off"
         shared = shares_turns(kind, against)
@@ -353,8 +354,8 @@ def report_run(conc, run, keys_file, every):
             print(f"    {label}: {a} median {med(side(kind)):.3f}, {b} median {med(side(against)):.3f};"
                   f" {a}/{b} {verdict(rs, shared)}")
         line = {"conc": conc, "run": os.path.basename(run), "ratios": found}
-        if backend_of(run):
-            line["backend"] = backend_of(run)
+        if backend:
+            line["backend"] = backend
         if kind != "on":
             line["kind"] = kind if against is None else f"{kind}-vs-{against}"
         print("keyed-ratios " + json.dumps(line))
