@@ -53,6 +53,10 @@
 #        (direct, proxy, tap, attached, ...; default sglang).
 #        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
 #        (scripts/gpu/pysample: S/pysample/RUN.folded; with PYSAMPLE_MODE=profile, cProfile: RUN.prof.txt).
+#        KEY_RANGE=0.5 gives the keyed arms' runs output lengths from 128 to 256 (bench_serving's
+#        --random-range-ratio; default 1.0, all 256), so that their requests leave lockstep.
+#   VCPU="7 12" first times a Python loop on each of those CPUs with a busy loop on every other CPU
+#   in turn (scripts/gpu/vcpu_pairs.py): which vCPUs share a physical core, which this VM hides.
 #   S's knobs: BENCH_TIMEOUT=S ends a bench_serving run after S seconds (300, or 2 x RUN_S but
 #   not past DEADLINE_S less 60 s; a killed run leaves no results of bench_serving's, but the keyed
 #   arm's stamps are kept); DEADLINE_S=N starts no round that would end past N seconds from the script's start
@@ -114,6 +118,8 @@ if [[ " $PHASES " == *" M "* ]]; then
   if [ -n "${LOG_PATH:-}" ]; then say "M: log_path.sh"; (cd "$HERE" && timeout 150 benches/log_path.sh 5 256); fi
 fi
 
+# VCPU="7 12": which CPUs slow these when busy (scripts/gpu/vcpu_pairs.py), before the server starts
+[ -n "${VCPU:-}" ] && timeout 300 python3 "$HERE/scripts/gpu/vcpu_pairs.py" $VCPU --window "${VCPU_WINDOW:-0.6}"
 echo "somaxconn $(cat /proc/sys/net/core/somaxconn), tcp_max_syn_backlog $(cat /proc/sys/net/ipv4/tcp_max_syn_backlog), syncookies $(cat /proc/sys/net/ipv4/tcp_syncookies), abort_on_overflow $(cat /proc/sys/net/ipv4/tcp_abort_on_overflow)"
 if [ -n "${SOMAXCONN:-}" ]; then  # listen queues are sized when the server listens: set before it starts
   sysctl -w net.core.somaxconn="$SOMAXCONN" net.ipv4.tcp_max_syn_backlog="$SOMAXCONN" || echo "could not set somaxconn"
@@ -315,7 +321,8 @@ PY
       # H200 at 17k): the prompts from the warm-up's throughput, 256 output tokens each
       PROMPTS=$(python3 -c 'import json, sys
 b = [json.loads(l.replace("Infinity", "1e999")) for l in open(sys.argv[1])][-1]
-print(max(1024, int(float(sys.argv[2]) * b["output_throughput"] / 256) // 256 * 256))' "$P/warmfull-1.jsonl" "$RUN_S")
+mean_out = 256 * (1 + float(sys.argv[3])) / 2  # KEY_RANGE shortens the keyed runs
+print(max(1024, int(float(sys.argv[2]) * b["output_throughput"] / mean_out) // 256 * 256))' "$P/warmfull-1.jsonl" "$RUN_S" "${KEY_RANGE:-1.0}")
       # a warm-up can run faster than the long run after it (20.5k against 17.7k tokens/s on the
       # H100 host): unless told otherwise, a run may take twice RUN_S before it is stopped, but
       # not past DEADLINE_S less a minute (a timeout past the call's own limit never fires, and
@@ -412,7 +419,9 @@ print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
             # an OpenAI stream carries its token counts only when asked (InferenceX's client asks;
             # bench_serving does not): the tap, which cannot ask, counts them then
             usage=; case ${KEYED_BACKEND:-sglang} in sglang|sglang-native) ;; *) usage='{"stream_options":{"include_usage":true}}' ;; esac
-            EXTRA_BODY=${EXTRA_BODY:-$usage} CHUNKS=1 DATASET=random-ids bench "$PORT" "${KEYED_BACKEND:-sglang}" "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
+            # KEY_RANGE<1: output lengths from KEY_RANGE x 256 to 256, so the requests leave lockstep
+            # (with fixed lengths they end in waves, and a turn's rate depends on where its edges fall)
+            EXTRA_BODY=${EXTRA_BODY:-$usage} CHUNKS=1 DATASET=random-ids bench "$PORT" "${KEYED_BACKEND:-sglang}" "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl" "${KEY_RANGE:-1.0}"
             touch "$stopf"; wait "$keyer_pid" "$cpu_pid"
             python3 "$HERE/scripts/gpu/keyed.py" "$conc" "$P/c$conc-$side-$i.jsonl" "$P/tap-$side-c$conc-$i.keys"
             # what the tap recorded over its turns (requests cut by a turn's edge end as errors)
