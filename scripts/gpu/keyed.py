@@ -8,7 +8,9 @@ the off-turns beside them (scripts/gpu/proxy_acceptance.sh, SIDES=keyed).
           server's HTTP process's CPU so far, sampled beside the run)
     KEYS  one line per on-turn: "START READY END [KIND]" (Unix seconds): the tap's start, when
           it was ready (watching), and its exit; KIND (SIDES=keyedmix) says which supervisor the
-          turn held: "tap" (run --tap) or "ctl" (the same without --tap)
+          turn held: "tap" (run --tap) or "ctl" (the same without --tap); "tog" (SIDES=keyedtog):
+          one tap for the whole run, its filter swapped on at READY and off at END
+          (scripts/gpu/tap_toggle.py), the turn measured from the swap
 
 Run-to-run drift of a server (the H100 host's ran 50 % apart between runs of one arm) does not
 reach a comparison made within seconds: each on-turn is held against the mean of the off-turns
@@ -90,9 +92,12 @@ def turns(keys_file, all_begun_after):
             ons.append((*map(float, fields[:3]), fields[3] if len(fields) > 3 else "on"))
     out = []
     for k, (start, ready, end, kind) in enumerate(ons):
-        out.append((all_begun_after(ready), end, kind))
+        # a toggled tap (kind "tog": scripts/gpu/tap_toggle.py) watched on and stopped watching at
+        # the swap of its filter, every connection alike: its turns start there
+        edge = (lambda t: t) if kind == "tog" else all_begun_after
+        out.append((edge(ready), end, kind))
         if k + 1 < len(ons):
-            out.append((all_begun_after(end), ons[k + 1][0], None))
+            out.append((edge(end), ons[k + 1][0], None))
     return out
 
 
@@ -234,7 +239,7 @@ def verdict(rs, shared=True):
 
 def shares_turns(kind, against):
     """Whether neighbouring ratios of this comparison share a turn (see `verdict`)."""
-    return against is not None or kind == "on"
+    return against is not None or kind in ("on", "tog")
 
 
 def arm(run):
@@ -251,6 +256,8 @@ def compared(arm_name, kind):
         return "tap/ctl"
     if kind in ("tap", "ctl"):
         return f"{kind}/off"
+    if kind == "tog":
+        return "tap/off, toggled"
     return {"keyed": "tap/off", "keyedctl": "ctl/off"}.get(arm_name, f"{arm_name} on/off")
 
 

@@ -53,6 +53,10 @@
 #        (direct, proxy, tap, attached, ...; default sglang).
 #        PYSAMPLE=1 samples the server's HTTP process's Python stacks run by run
 #        (scripts/gpu/pysample: S/pysample/RUN.folded; with PYSAMPLE_MODE=profile, cProfile: RUN.prof.txt).
+#        SIDES="keyedtog": one tap for the whole run, keyed by swapping its packet sockets' filter
+#        (scripts/gpu/tap_toggle.py) in turns of KEY_MS (here 4000 by default): no process started,
+#        no /health or /server_info at a turn's start, the turns measured from the swap; the tap's
+#        own cost alone, and several times the turns of a run.
 #        KEY_RANGE=0.5 gives the keyed arms' runs output lengths from 128 to 256 (bench_serving's
 #        --random-range-ratio; default 1.0, all 256), so that their requests leave lockstep.
 #   VCPU="7 12" first times a Python loop on each of those CPUs with a busy loop on every other CPU
@@ -405,14 +409,20 @@ print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
           post "http://$MET/-/window/start?name=c$conc-$side-$i" > /dev/null
           [ -n "${PYSAMPLE:-}" ] && echo "start c$conc-$side-$i" > "$P/pysample/m" && mv "$P/pysample/m" "$P/pysample/mark"
           t_run=$SECONDS; w_run=$(date +%s.%N)
-          if [ "$side" = keyed ] || [ "$side" = keyedctl ] || [ "$side" = keyedmix ]; then
+          if [ "$side" = keyed ] || [ "$side" = keyedctl ] || [ "$side" = keyedmix ] || [ "$side" = keyedtog ]; then
             # one run straight to the server, the tap keyed on and off beside it every few seconds:
             # each on-turn against the off-turns around it (scripts/gpu/keyed.py), so a drift
             # between runs, which sequential pairs cannot tell from the tap, cancels. keyedctl is
             # its control: the same supervisor started and stopped in turns, without --tap.
             halves=("$side"); stopf=$P/$side-c$conc-$i.stop
             case $side in keyed) how=--tap ;; keyedmix) how=--mix ;; *) how= ;; esac
-            keyer "tap-$side-c$conc-$i" "$stopf" $how & keyer_pid=$!
+            if [ "$side" = keyedtog ]; then
+              # one tap for the whole run, its filter swapped off and on in turns (tap_toggle.py)
+              tap_start "tap-$side-c$conc-$i-tog" --tap || continue; togsup=$TAPSUP
+              "${SUP_PREFIX[@]}" python3 "$HERE/scripts/gpu/tap_toggle.py" "$togsup" "$stopf" "$P/tap-$side-c$conc-$i.keys" "${KEY_MS:-4000}" & keyer_pid=$!
+            else
+              keyer "tap-$side-c$conc-$i" "$stopf" $how & keyer_pid=$!
+            fi
             # the HTTP process's CPU beside it, on the supervisor's CPUs: what the tap costs it
             main_pid=$(http_pid)
             "${SUP_PREFIX[@]}" python3 "$HERE/scripts/gpu/cpu_trace.py" "$main_pid" "$P/c$conc-$side-$i.jsonl.cpu" "$stopf" & cpu_pid=$!
@@ -423,6 +433,7 @@ print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
             # (with fixed lengths they end in waves, and a turn's rate depends on where its edges fall)
             EXTRA_BODY=${EXTRA_BODY:-$usage} CHUNKS=1 DATASET=random-ids bench "$PORT" "${KEYED_BACKEND:-sglang}" "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl" "${KEY_RANGE:-1.0}"
             touch "$stopf"; wait "$keyer_pid" "$cpu_pid"
+            [ "$side" = keyedtog ] && { kill -TERM "$togsup"; wait "$togsup"; }
             python3 "$HERE/scripts/gpu/keyed.py" "$conc" "$P/c$conc-$side-$i.jsonl" "$P/tap-$side-c$conc-$i.keys"
             # what the tap recorded over its turns (requests cut by a turn's edge end as errors)
             [ "$side" != keyedctl ] && cat "$P"/tap-"$side"-c"$conc"-"$i"-*-requests.jsonl 2>/dev/null | python3 -c '
@@ -546,7 +557,7 @@ for conc, sides in sorted(runs.items()):
                   f"{arm}/{base} of medians {st.median(pv) / st.median(dv):.4f}, median of round ratios {st.median(ratios):.4f}, "
                   f"geometric mean of round ratios {gm:.4f}, {ci} ({len(logs)} pairs)")
 PY
-    for conc in ${CONCS:-256 512}; do for side in keyed keyedctl keyedmix; do  # keyed runs' turns pooled
+    for conc in ${CONCS:-256 512}; do for side in keyed keyedctl keyedmix keyedtog; do  # keyed runs' turns pooled
       keyed=(); for k in "$P"/tap-$side-c"$conc"-*.keys; do
         [ -f "$k" ] || continue; i=${k##*-}; keyed+=("$P/c$conc-$side-${i%.keys}.jsonl" "$k"); done
       [ ${#keyed[@]} -gt 2 ] && { echo "$side:"; python3 "$HERE/scripts/gpu/keyed.py" "$conc" "${keyed[@]}"; }

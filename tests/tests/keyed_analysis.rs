@@ -23,6 +23,9 @@ struct Shape {
     mix: bool,
     /// The client is killed then (its `timeout`): no event after it.
     killed_at: Option<f64>,
+    /// One tap keyed by swapping its filter (SIDES=keyedtog): turns of kind "tog", watching
+    /// from the swap itself.
+    toggled: bool,
 }
 
 const PLAIN: Shape = Shape {
@@ -31,6 +34,7 @@ const PLAIN: Shape = Shape {
     ttft: 0.004,
     mix: false,
     killed_at: None,
+    toggled: false,
 };
 
 /// Writes the client's stamps (RUN.chunks, RUN.begun) and the turns (KEYS) of a run of `shape`.
@@ -41,6 +45,7 @@ fn synthetic(dir: &Path, shape: Shape) -> (String, String) {
         ttft,
         mix,
         killed_at,
+        toggled,
     } = shape;
     // on-turn k spans 1005 + 10k .. 1010 + 10k; with `mix` only the even ones (the tap's) slow
     let on = |t: f64| t.rem_euclid(10.0) >= 5.0 && !(mix && ((t - 1_005.0) / 10.0) as i64 % 2 == 1);
@@ -104,11 +109,13 @@ fn synthetic(dir: &Path, shape: Shape) -> (String, String) {
         .map(|k| {
             let start = 1_005.0 + 10.0 * k as f64;
             let kind = match (mix, k % 2) {
+                _ if toggled => " tog",
                 (false, _) => "",
                 (true, 0) => " tap",
                 (true, _) => " ctl",
             };
-            format!("{start} {} {}{kind}\n", start + 0.05, start + 5.0)
+            let ready = if toggled { start } else { start + 0.05 };
+            format!("{start} {ready} {}{kind}\n", start + 5.0)
         })
         .collect();
     std::fs::write(&keys, turns).unwrap();
@@ -181,6 +188,41 @@ fn the_keyed_analysis_finds_a_two_percent_slowdown_in_the_on_turns() {
     assert!(
         out.contains(" 9 on and 9 off"),
         "every turn but the last (the drain) at full concurrency:\n{out}"
+    );
+}
+
+#[test]
+fn a_toggled_taps_turns_are_measured_from_the_swap_and_find_its_slowdown() {
+    let out = analyse(
+        "toggled",
+        Shape {
+            slower: 1.02,
+            toggled: true,
+            ..PLAIN
+        },
+    );
+    let rate = ratio_of(&out, "events/s", "tog/off");
+    assert!(
+        (0.975..0.985).contains(&rate),
+        "events/s tog/off {rate}:\n{out}"
+    );
+    // a tap started for the turn counts only from when every request in flight began after it
+    // (here a second later); the swap reaches every connection at once
+    assert!(
+        out.contains("(median on 5.00 s, off 5.00 s)"),
+        "whole turns:\n{out}"
+    );
+    let nothing = analyse(
+        "toggled-null",
+        Shape {
+            toggled: true,
+            ..PLAIN
+        },
+    );
+    let rate = ratio_of(&nothing, "events/s", "tog/off");
+    assert!(
+        (0.995..1.005).contains(&rate),
+        "events/s tog/off {rate}:\n{nothing}"
     );
 }
 
