@@ -57,6 +57,7 @@
 #        (scripts/gpu/tap_toggle.py) in turns of KEY_MS (here 4000 by default): no process started,
 #        no /health or /server_info at a turn's start, the turns measured from the swap; the tap's
 #        own cost alone, and several times the turns of a run.
+#        TAP_PROMPTS=N: the tap arm's runs have N prompts whatever RUN_S makes the others'.
 #        KEY_RANGE=0.5 gives the keyed arms' runs output lengths from 128 to 256 (bench_serving's
 #        --random-range-ratio; default 1.0, all 256), so that their requests leave lockstep.
 #   VCPU="7 12" first times a Python loop on each of those CPUs with a busy loop on every other CPU
@@ -466,7 +467,9 @@ print(f"    the tap over its turns: {len(r)} records, {len(ok)} whole, {tokens} 
             wait "$half_d" "$half_p"; rm -rf "$bar"  # not a bare wait: the supervisor is a child too
           else
             halves=("$side")
-            DATASET=random-ids bench "$port" "${S_BACKEND:-sglang}" "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl"
+            # (the tap arm's runs: TAP_PROMPTS, when RUN_S sizes the keyed arm's for minutes)
+            n=${PROMPTS:-1024}; [ "$side" = tap ] && n=${TAP_PROMPTS:-$n}
+            DATASET=random-ids bench "$port" "${S_BACKEND:-sglang}" "$conc" "$n" "$P/c$conc-$side-$i.jsonl"
           fi
           run_s=$((SECONDS - t_run + 5))
           echo "c$conc-$side-$i $w_run $(date +%s.%N) $conc" >> "$P/runs.tsv"

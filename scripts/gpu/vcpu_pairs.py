@@ -23,10 +23,11 @@ def chunk():
     return x
 
 
-def timer(cpu, w):
-    """In a child: times chunks on `cpu`, writing "UNIX_END SECONDS" lines to fd `w`."""
+def timer(cpu, path):
+    """In a child: times chunks on `cpu`, writing "UNIX_END SECONDS" lines to `path` (a file: a
+    pipe nobody reads till the end would fill and stop the timer)."""
     os.sched_setaffinity(0, {cpu})
-    out = os.fdopen(w, "w", buffering=1)
+    out = open(path, "w", buffering=1)
     while True:
         t0 = time.perf_counter()
         chunk()
@@ -59,13 +60,11 @@ def main():
         sys.exit(__doc__)
     cpus = sorted(os.sched_getaffinity(0))
     for target in map(int, args):
-        r, w = os.pipe()
+        path = f"/tmp/vcpu_pairs.{os.getpid()}.{target}"
         tpid = os.fork()
         if tpid == 0:
-            os.close(r)
-            timer(target, w)
+            timer(target, path)
             os._exit(0)
-        os.close(w)
         time.sleep(0.5)
         marks = []  # (other cpu or "all", off_before_start, on_start, on_end, off_after_end)
         others = [c for c in cpus if c != target]
@@ -84,8 +83,9 @@ def main():
         end = time.time()
         os.kill(tpid, signal.SIGKILL)
         os.waitpid(tpid, 0)
-        with os.fdopen(r) as f:
+        with open(path) as f:
             samples = [tuple(map(float, line.split())) for line in f.read().splitlines() if len(line.split()) == 2]
+        os.unlink(path)
         # an off-window: from its start + 0.1 s (the burner just killed) to its end
         offs = [(m[1] + 0.1, m[2]) for m in marks] + [(a + 0.1, end)]
         rows = []
