@@ -1187,3 +1187,76 @@ fn a_stop_right_after_the_last_answer_counts_it_and_takes_no_second() {
         );
     }
 }
+
+/// The acceptance's keyed arm (`scripts/gpu/tap_toggle.py`, SIDES=keyedtog) keys one running tap
+/// by swapping its packet sockets' filter: while off, a request is not even copied; while on, it
+/// is measured; at the script's exit the tap's own filter is back. Needs root (pidfd_getfd).
+#[test]
+#[allow(clippy::disallowed_methods)] // runs the script itself, as the acceptance does
+fn the_acceptance_toggle_swaps_the_taps_filter_off_and_on_and_leaves_it_on() {
+    if !can_tap("the_acceptance_toggle...") {
+        return;
+    }
+    let tap = start_tapped("toggle", &[], &[]);
+    let dir = temp_dir("toggle-keys");
+    let (stop, keys) = (dir.join("stop"), dir.join("keys"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/tap_toggle.py");
+    // turns of 1.5 to 2.25 s, the first one off
+    let mut toggle = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(tap.run.child.id().to_string())
+        .args([&stop, &keys])
+        .arg("1500")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = [0u8; 12];
+    toggle.stdout.take().unwrap().read_exact(&mut said).unwrap();
+    assert_eq!(&said, b"tap_toggle: ", "the script's first line");
+    let body = r#"{"text":"a b c d","sampling_params":{"max_new_tokens":10},"stream":true}"#;
+    let send = || assert!(post(&tap.server, "/generate", body).status.contains("200"));
+    send();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        records(&tap.log).is_empty(),
+        "a request sent while the filter takes nothing is not measured: {:?}",
+        records(&tap.log)
+    );
+    // the next on-turn begins within 2.25 s: requests one after another until one is measured
+    let end = Instant::now() + Duration::from_secs(10);
+    while records(&tap.log).is_empty() && Instant::now() < end {
+        send();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let measured = records(&tap.log);
+    assert!(!measured.is_empty(), "no request measured in an on-turn");
+    std::fs::write(&stop, "").unwrap();
+    assert!(toggle.wait().unwrap().success(), "tap_toggle.py failed");
+    let turns: Vec<Vec<f64>> = std::fs::read_to_string(&keys)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            assert!(l.ends_with(" tog"), "a keys line: {l:?}");
+            l.split(' ').take(3).map(|f| f.parse().unwrap()).collect()
+        })
+        .collect();
+    for r in &measured {
+        let at = r["start_unix"].as_f64().unwrap();
+        assert!(
+            turns
+                .iter()
+                .any(|t| t[1] - SLACK <= at && at <= t[2] + SLACK),
+            "measured at {at}, outside every on-turn {turns:?}"
+        );
+    }
+    // the tap's own filter is back once the script has gone
+    let before = records(&tap.log).len();
+    send();
+    assert_eq!(
+        wait_records(&tap.log, before + 1).len(),
+        before + 1,
+        "measured again after the script's exit"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    tap.stop();
+}
