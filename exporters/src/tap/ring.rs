@@ -6,7 +6,7 @@
 //! `nix` has no packet rings: the calls are libc's, each checked.
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Bytes kept of a packet: all a block can hold, more than the largest segment loopback carries
 /// (64 KiB + headers).
@@ -18,6 +18,14 @@ const BLOCK: u32 = 128 << 10;
 pub const BLOCKS_PER_MB: usize = (1 << 20) / BLOCK as usize;
 /// A block that holds any packet is handed over after this long (ms).
 pub const BLOCK_TIMEOUT_MS: u32 = 8;
+/// While blocks keep coming, the reader looks for the next one this often instead of sleeping
+/// on the socket: a sleeper there is woken by the kernel at every block's hand-over, in the
+/// path of the server's send (a wake-up and, to an idle CPU, an interrupt: on a virtual machine
+/// some 1.5 % of a writer's CPU at 1 500-byte events, more than the copy itself; BENCHMARKS.md).
+const NAP: Duration = Duration::from_millis(1);
+/// How long after the last block the reader naps rather than sleeping on the socket (then an
+/// idle tap costs nothing, and the next block wakes it once).
+const NAPPING_FOR: Duration = Duration::from_millis(200);
 
 /// Where the tap listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +67,8 @@ pub struct Ring {
     lo_index: i32,
     /// Sent copies on loopback come too (Any/Named): skip them, the received copy follows.
     skip_lo_sent: bool,
+    /// When the last block was read (None: none yet), for [`NAPPING_FOR`].
+    last_block_at: Option<Instant>,
 }
 
 // SAFETY: the mapping is owned by the ring and only read through `&mut self`.
@@ -478,6 +488,7 @@ impl Ring {
             last_seq: None,
             lo_index,
             skip_lo_sent,
+            last_block_at: None,
         };
         Ok((ring, ifindex))
     }
@@ -536,6 +547,15 @@ impl Ring {
         mut on: impl FnMut(Packet<'_>),
     ) -> io::Result<bool> {
         let desc = self.block(self.next);
+        if !self.blocks_waiting(1) && self.napping() {
+            let end = Instant::now() + timeout;
+            while !self.blocks_waiting(1) && Instant::now() < end {
+                std::thread::sleep(NAP.min(end.saturating_duration_since(Instant::now())));
+            }
+            if !self.blocks_waiting(1) {
+                return Ok(false);
+            }
+        }
         if !self.blocks_waiting(1) {
             let mut pfd = libc::pollfd {
                 fd: self.fd.as_raw_fd(),
@@ -593,7 +613,14 @@ impl Ring {
         }
         self.next = (self.next + 1) % self.blocks;
         self.read += 1;
+        self.last_block_at = Some(Instant::now());
         Ok(true)
+    }
+
+    /// Whether blocks came lately: the reader naps then, and sleeps on the socket otherwise.
+    fn napping(&self) -> bool {
+        self.last_block_at
+            .is_some_and(|t| t.elapsed() < NAPPING_FOR)
     }
 
     /// Blocks read since the ring was opened.
@@ -813,6 +840,52 @@ mod tests {
                 .unwrap();
         }
         assert_eq!((seen, ring.blocks_holding_the_past()), (1, 0));
+    }
+
+    /// The system call the reader waits in during a `next_block` with nothing to read, read
+    /// from /proc while it waits.
+    #[cfg(target_arch = "x86_64")]
+    fn waits_in(ring: &mut Ring) -> libc::c_long {
+        std::thread::scope(|sc| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let waiter = sc.spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                tx.send(unsafe { libc::gettid() }).unwrap();
+                ring.next_block(Duration::from_millis(150), |_| {})
+            });
+            let tid = rx.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(40));
+            let call = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")).unwrap();
+            assert!(!waiter.join().unwrap().unwrap(), "nothing to read");
+            call.split_whitespace().next().unwrap().parse().unwrap()
+        })
+    }
+
+    /// A reader asleep on the socket is woken by the kernel at every block's hand-over, in the
+    /// path of the server's send: while blocks keep coming the reader naps instead, and only a
+    /// ring idle for a while puts it back on the socket, where the next block wakes it once.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn while_blocks_keep_coming_the_reader_naps_instead_of_sleeping_on_the_socket() {
+        use std::io::Write;
+        let Some((l, port, mut ring)) = ring_on_a_port(4) else {
+            return;
+        };
+        let sleeps = [libc::SYS_clock_nanosleep, libc::SYS_nanosleep];
+        assert_eq!(waits_in(&mut ring), libc::SYS_poll, "no block yet");
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let _s = l.accept().unwrap();
+        c.write_all(b"x").unwrap();
+        let mut read = false;
+        while !read {
+            read = ring.next_block(Duration::from_millis(50), |_| {}).unwrap();
+        }
+        assert!(
+            sleeps.contains(&waits_in(&mut ring)),
+            "a block was just read: a nap"
+        );
+        std::thread::sleep(NAPPING_FOR);
+        assert_eq!(waits_in(&mut ring), libc::SYS_poll, "idle since");
     }
 
     #[test]
