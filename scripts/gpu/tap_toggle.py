@@ -93,11 +93,12 @@ def main(argv):
         while time.monotonic() < end and not os.path.exists(stop):
             time.sleep(min(0.05, max(0.0, end - time.monotonic())))
 
-    print(f"tap_toggle: {len(socks)} packet socket(s) of {pid}, filter of {len(own[0]) // 8} instructions", flush=True)
     try:
+        for s in socks:
+            attach(s, NOTHING)
+        # said once the first off-turn has begun (a caller may wait for this line)
+        print(f"tap_toggle: {len(socks)} packet socket(s) of {pid}, filter of {len(own[0]) // 8} instructions; off", flush=True)
         while not os.path.exists(stop):
-            for s in socks:
-                attach(s, NOTHING)
             turn()
             if os.path.exists(stop):
                 break

@@ -1210,9 +1210,14 @@ fn the_acceptance_toggle_swaps_the_taps_filter_off_and_on_and_leaves_it_on() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut said = [0u8; 12];
-    toggle.stdout.take().unwrap().read_exact(&mut said).unwrap();
-    assert_eq!(&said, b"tap_toggle: ", "the script's first line");
+    // its one line says the first off-turn has begun (the pipe is kept open till it exits)
+    let mut said = String::new();
+    let mut out = std::io::BufReader::new(toggle.stdout.take().unwrap());
+    std::io::BufRead::read_line(&mut out, &mut said).unwrap();
+    assert!(
+        said.starts_with("tap_toggle: ") && said.trim_end().ends_with("; off"),
+        "the script's line: {said:?}"
+    );
     let body = r#"{"text":"a b c d","sampling_params":{"max_new_tokens":10},"stream":true}"#;
     let send = || assert!(post(&tap.server, "/generate", body).status.contains("200"));
     send();
@@ -1232,6 +1237,7 @@ fn the_acceptance_toggle_swaps_the_taps_filter_off_and_on_and_leaves_it_on() {
     assert!(!measured.is_empty(), "no request measured in an on-turn");
     std::fs::write(&stop, "").unwrap();
     assert!(toggle.wait().unwrap().success(), "tap_toggle.py failed");
+    drop(out);
     let turns: Vec<Vec<f64>> = std::fs::read_to_string(&keys)
         .unwrap()
         .lines()
