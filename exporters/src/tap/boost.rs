@@ -1,5 +1,5 @@
 //! The tap thread's scheduling priority: normal while it keeps up, raised while blocks queue in
-//! the ring. Raised all the time, its wake-ups (one per block) preempt the client or the server
+//! the ring (and no naps then: `Ring::allow_naps`). Raised all the time, its wake-ups preempt the client or the server
 //! on a small host: +50 µs median TTFT at one stream on two cores (BENCHMARKS.md, "The tap").
 //! Never raised, a host saturated by the benchmark starves it until the ring fills and segments
 //! are lost (1 024 streams on two cores). Raising it only when it falls behind keeps both.
@@ -170,6 +170,11 @@ impl Boost {
     #[cfg(test)]
     fn level(&self) -> Level {
         self.level
+    }
+
+    /// Whether the thread's priority is raised now (its reader then waits only for blocks).
+    pub(super) fn raised(&self) -> bool {
+        self.level != Level::Normal
     }
 }
 

@@ -1,7 +1,8 @@
 //! A packet socket's receive ring (TPACKET_V3) holding a copy of every TCP segment to or from one
 //! port: the kernel fills blocks of segments and hands a block over when it is full or a few
-//! milliseconds old, so the reader wakes once per block, not once per segment, and nothing is
-//! copied twice. A classic BPF filter in the kernel drops every other packet before it is copied.
+//! milliseconds old, so the reader reads a block at a time, not a segment, and nothing is
+//! copied twice. While blocks keep coming it looks for the next one on a timer of its own
+//! rather than sleeping on the socket, where the kernel would wake it from the server's send. A classic BPF filter in the kernel drops every other packet before it is copied.
 //!
 //! `nix` has no packet rings: the calls are libc's, each checked.
 use std::io;
@@ -21,11 +22,15 @@ pub const BLOCK_TIMEOUT_MS: u32 = 8;
 /// While blocks keep coming, the reader looks for the next one this often instead of sleeping
 /// on the socket: a sleeper there is woken by the kernel at every block's hand-over, in the
 /// path of the server's send (a wake-up and, to an idle CPU, an interrupt: on a virtual machine
-/// some 1.5 % of a writer's CPU at 1 500-byte events, more than the copy itself; BENCHMARKS.md).
-const NAP: Duration = Duration::from_millis(1);
-/// How long after the last block the reader naps rather than sleeping on the socket (then an
-/// idle tap costs nothing, and the next block wakes it once).
-const NAPPING_FOR: Duration = Duration::from_millis(200);
+/// some 1.5 % of a writer's CPU at 1 500-byte events, as much as the copy; BENCHMARKS.md). At
+/// most 500 wake-ups a second of the reader's own, on its CPU; a ring of the smallest sizes
+/// (below [`NAP_MIN_BLOCKS`]) would fill faster than that at a high rate, and is slept on.
+const NAP: Duration = Duration::from_millis(2);
+/// How long after the last block the reader naps rather than sleeping on the socket: then a
+/// quiet tap sleeps, and the next block wakes it once.
+const NAPPING_FOR: Duration = Duration::from_millis(50);
+/// The smallest ring the reader naps on (8 MiB: 4 GB/s for the nap's 2 ms).
+const NAP_MIN_BLOCKS: usize = 64;
 
 /// Where the tap listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +74,9 @@ pub struct Ring {
     skip_lo_sent: bool,
     /// When the last block was read (None: none yet), for [`NAPPING_FOR`].
     last_block_at: Option<Instant>,
+    /// Whether the reader may nap (not while its priority is raised: a raised thread's every
+    /// wake-up preempts the benchmark, so it wakes only for blocks).
+    naps_allowed: bool,
 }
 
 // SAFETY: the mapping is owned by the ring and only read through `&mut self`.
@@ -489,6 +497,7 @@ impl Ring {
             lo_index,
             skip_lo_sent,
             last_block_at: None,
+            naps_allowed: true,
         };
         Ok((ring, ifindex))
     }
@@ -548,9 +557,9 @@ impl Ring {
     ) -> io::Result<bool> {
         let desc = self.block(self.next);
         if !self.blocks_waiting(1) && self.napping() {
-            let end = Instant::now() + timeout;
-            while !self.blocks_waiting(1) && Instant::now() < end {
-                std::thread::sleep(NAP.min(end.saturating_duration_since(Instant::now())));
+            let start = Instant::now();
+            while !self.blocks_waiting(1) && start.elapsed() < timeout && self.napping() {
+                std::thread::sleep(NAP.min(timeout.saturating_sub(start.elapsed())));
             }
             if !self.blocks_waiting(1) {
                 return Ok(false);
@@ -617,10 +626,19 @@ impl Ring {
         Ok(true)
     }
 
-    /// Whether blocks came lately: the reader naps then, and sleeps on the socket otherwise.
+    /// Whether the reader naps now: blocks came lately, its ring is large enough, and naps are
+    /// allowed; else it sleeps on the socket.
     fn napping(&self) -> bool {
-        self.last_block_at
-            .is_some_and(|t| t.elapsed() < NAPPING_FOR)
+        self.naps_allowed
+            && self.blocks >= NAP_MIN_BLOCKS
+            && self
+                .last_block_at
+                .is_some_and(|t| t.elapsed() < NAPPING_FOR)
+    }
+
+    /// Allows or forbids naps ([`NAP`]) from the next wait on.
+    pub fn allow_naps(&mut self, allowed: bool) {
+        self.naps_allowed = allowed;
     }
 
     /// Blocks read since the ring was opened.
@@ -843,7 +861,8 @@ mod tests {
     }
 
     /// The system call the reader waits in during a `next_block` with nothing to read, read
-    /// from /proc while it waits.
+    /// from /proc while it waits (sampled until the thread is found in one: a napping thread is
+    /// briefly running between its naps).
     #[cfg(target_arch = "x86_64")]
     fn waits_in(ring: &mut Ring) -> libc::c_long {
         std::thread::scope(|sc| {
@@ -851,41 +870,70 @@ mod tests {
             let waiter = sc.spawn(move || {
                 // SAFETY: gettid has no preconditions.
                 tx.send(unsafe { libc::gettid() }).unwrap();
-                ring.next_block(Duration::from_millis(150), |_| {})
+                ring.next_block(Duration::from_millis(200), |_| {})
             });
             let tid = rx.recv().unwrap();
-            std::thread::sleep(Duration::from_millis(40));
-            let call = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            let mut call = None;
+            for _ in 0..50 {
+                let line = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall"))
+                    .unwrap_or_default();
+                call = line.split_whitespace().next().and_then(|w| w.parse().ok());
+                if call.is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
             assert!(!waiter.join().unwrap().unwrap(), "nothing to read");
-            call.split_whitespace().next().unwrap().parse().unwrap()
+            call.expect("the waiting thread was never seen in a system call")
         })
+    }
+
+    /// One byte sent on `c`, and every block read once the kernel has handed it over.
+    fn one_block(ring: &mut Ring, c: &mut std::net::TcpStream) {
+        use std::io::Write;
+        c.write_all(b"x").unwrap();
+        std::thread::sleep(Duration::from_millis(4 * BLOCK_TIMEOUT_MS as u64));
+        let mut read = 0;
+        while ring.next_block(Duration::ZERO, |_| {}).unwrap() {
+            read += 1;
+        }
+        assert_eq!(read, 1, "the byte's block");
     }
 
     /// A reader asleep on the socket is woken by the kernel at every block's hand-over, in the
     /// path of the server's send: while blocks keep coming the reader naps instead, and only a
-    /// ring idle for a while puts it back on the socket, where the next block wakes it once.
+    /// ring idle for a while, or a raised thread, puts it back on the socket.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn while_blocks_keep_coming_the_reader_naps_instead_of_sleeping_on_the_socket() {
-        use std::io::Write;
-        let Some((l, port, mut ring)) = ring_on_a_port(4) else {
+        let Some((l, port, mut ring)) = ring_on_a_port(NAP_MIN_BLOCKS) else {
             return;
         };
-        let sleeps = [libc::SYS_clock_nanosleep, libc::SYS_nanosleep];
+        let naps = [libc::SYS_clock_nanosleep, libc::SYS_nanosleep];
         assert_eq!(waits_in(&mut ring), libc::SYS_poll, "no block yet");
         let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let _s = l.accept().unwrap();
-        c.write_all(b"x").unwrap();
-        let mut read = false;
-        while !read {
-            read = ring.next_block(Duration::from_millis(50), |_| {}).unwrap();
-        }
-        assert!(
-            sleeps.contains(&waits_in(&mut ring)),
-            "a block was just read: a nap"
-        );
+        one_block(&mut ring, &mut c);
+        assert!(naps.contains(&waits_in(&mut ring)), "a block just read");
         std::thread::sleep(NAPPING_FOR);
         assert_eq!(waits_in(&mut ring), libc::SYS_poll, "idle since");
+        one_block(&mut ring, &mut c);
+        ring.allow_naps(false);
+        assert_eq!(waits_in(&mut ring), libc::SYS_poll, "naps not allowed");
+    }
+
+    /// A small ring fills in less than a nap at a high rate: its reader sleeps on the socket.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_reader_of_a_small_ring_never_naps() {
+        let Some((l, port, mut ring)) = ring_on_a_port(NAP_MIN_BLOCKS - 1) else {
+            return;
+        };
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let _s = l.accept().unwrap();
+        one_block(&mut ring, &mut c);
+        assert_eq!(waits_in(&mut ring), libc::SYS_poll);
     }
 
     #[test]
