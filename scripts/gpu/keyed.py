@@ -291,7 +291,7 @@ def pool(outputs, default_backend):
             name = arm(run) + (f"/{kind}" if kind else "")
             g["arms"][name] = g["arms"].get(name, 0) + 1
             # a saved line's kind: none (on/off), "tap-vs-ctl", or a kind against the off-turns
-            g["shared"] |= kind in (None, "tap-vs-ctl")
+            g["shared"] |= kind in (None, "tap-vs-ctl") or shares_turns(kind, None)
             for _, key in METRICS:
                 g[key] += d["ratios"].get(key, [])
     if not groups:

@@ -472,3 +472,26 @@ fn runs_of_two_backends_are_never_pooled_together() {
     );
     pooled(&out, "c=32 sglang-oai tap/off (keyed 1 run), events/s:");
 }
+
+/// Neighbouring toggled turns share an off-turn, as the keyed arm's do: pooled alone, a toggled
+/// run keeps the interval its own analysis printed (a review found the pool narrowing it).
+#[test]
+fn a_toggled_run_pooled_alone_keeps_the_interval_of_its_own_analysis() {
+    let saved = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/real-h200-supervised/summary_s24_call2.txt");
+    let text = std::fs::read_to_string(&saved).unwrap();
+    let own = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("events/s: tog median"))
+        .unwrap();
+    let interval = own.split("tog/off ").nth(1).unwrap();
+    let out = pool("pool-tog", &[("s24_call2.txt", text.clone())], &[]);
+    let line = pooled(
+        &out,
+        "c=128 sglang-oai-chat tap/off, toggled (keyedtog/tog 1 run), events/s:",
+    );
+    assert!(
+        line.ends_with(interval),
+        "pooled {line:?}, the run's own {interval:?}"
+    );
+}
