@@ -12,17 +12,23 @@ kernel copies nothing into the ring, and the tap's reader has nothing to read), 
 is instant, so the turn is measured from it (scripts/gpu/keyed.py), where a tap started for each
 turn is measured only from when every request in flight began after it was ready. What differs
 between the turns is the tap's work alone: no process started, no /health, no /server_info.
-The filter is the tap's own again at exit.
+The filter is the tap's own again at exit, SIGTERM and SIGHUP included (not SIGKILL: a tap
+left taking nothing is refused by the next run of this script, which would read that filter as
+the tap's own). "Off" is not "no tap": the packet hook still runs the (one-instruction) filter for
+every packet, so on against off is the copy, the tap's own filter and its reader's work: what a
+tap costs less that hook.
 """
 import ctypes
 import os
 import random
+import signal
 import sys
 import time
 
 SOL_SOCKET, SO_ATTACH_FILTER, SO_GET_FILTER = 1, 26, 26
 SYS_PIDFD_OPEN, SYS_PIDFD_GETFD = 434, 438
 libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
 
 
 class SockFprog(ctypes.Structure):
@@ -30,27 +36,29 @@ class SockFprog(ctypes.Structure):
 
 
 def packet_socket_fds(pid):
-    """The fds of PID that are packet sockets (their inodes listed in /proc/net/packet)."""
-    with open("/proc/net/packet") as f:
+    """One fd of PID for each of its packet sockets (their inodes listed in PID's namespace's
+    /proc/net/packet; the tap holds a second fd of each, for its drop counts)."""
+    with open(f"/proc/{pid}/net/packet") as f:
         inodes = {line.split()[-1] for line in f.readlines()[1:] if line.split()}
-    fds = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
+    fds = {}
+    for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue
         if target.startswith("socket:[") and target[8:-1] in inodes:
-            fds.append(int(fd))
-    return fds
+            fds.setdefault(target, int(fd))
+    return list(fds.values())
 
 
 def grab(pid, fds):
-    pidfd = libc.syscall(SYS_PIDFD_OPEN, pid, 0)
+    long = ctypes.c_long
+    pidfd = libc.syscall(long(SYS_PIDFD_OPEN), long(pid), long(0))
     if pidfd < 0:
         sys.exit(f"tap_toggle: pidfd_open({pid}): {os.strerror(ctypes.get_errno())}")
     ours = []
     for fd in fds:
-        n = libc.syscall(SYS_PIDFD_GETFD, pidfd, fd, 0)
+        n = libc.syscall(long(SYS_PIDFD_GETFD), long(pidfd), long(fd), long(0))
         if n < 0:
             sys.exit(f"tap_toggle: pidfd_getfd({pid}, {fd}): {os.strerror(ctypes.get_errno())}")
         ours.append(n)
@@ -69,10 +77,19 @@ def get_filter(fd):
 
 
 def attach(fd, prog):
+    """Attaches `prog` to the socket `fd`; the error's text if it failed."""
     buf = ctypes.create_string_buffer(prog, len(prog))
     fprog = SockFprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
     if libc.setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, ctypes.byref(fprog), ctypes.sizeof(fprog)) != 0:
-        sys.exit(f"tap_toggle: SO_ATTACH_FILTER: {os.strerror(ctypes.get_errno())}")
+        return f"SO_ATTACH_FILTER: {os.strerror(ctypes.get_errno())}"
+    return None
+
+
+def attach_all(socks, progs):
+    """Attaches each program to its socket, every one tried; exits naming the first failure."""
+    failed = [e for e in (attach(s, p) for s, p in zip(socks, progs)) if e]
+    if failed:
+        sys.exit(f"tap_toggle: {failed[0]} ({len(failed)} of {len(socks)} sockets)")
 
 
 NOTHING = (0x06).to_bytes(2, "little") + b"\0\0" + (0).to_bytes(4, "little")  # BPF_RET|BPF_K 0
@@ -87,6 +104,16 @@ def main(argv):
         sys.exit(f"tap_toggle: process {pid} has no packet socket (is it running with --tap?)")
     socks = grab(pid, fds)
     own = [get_filter(s) for s in socks]
+    if NOTHING in own:
+        sys.exit(f"tap_toggle: process {pid}'s tap takes nothing already (left so by a killed run of this"
+                 " script?): restart it")
+    nothing = [NOTHING] * len(socks)
+
+    def leave(signum, _frame):
+        raise SystemExit(128 + signum)  # through the finally below: the tap's filter back
+
+    signal.signal(signal.SIGTERM, leave)
+    signal.signal(signal.SIGHUP, leave)
 
     def turn():
         end = time.monotonic() + (key_ms + random.random() * key_ms / 2) / 1000
@@ -94,8 +121,7 @@ def main(argv):
             time.sleep(min(0.05, max(0.0, end - time.monotonic())))
 
     try:
-        for s in socks:
-            attach(s, NOTHING)
+        attach_all(socks, nothing)
         # said once the first off-turn has begun (a caller may wait for this line)
         print(f"tap_toggle: {len(socks)} packet socket(s) of {pid}, filter of {len(own[0]) // 8} instructions; off", flush=True)
         while not os.path.exists(stop):
@@ -103,17 +129,14 @@ def main(argv):
             if os.path.exists(stop):
                 break
             on = time.time()
-            for s, prog in zip(socks, own):
-                attach(s, prog)
+            attach_all(socks, own)
             turn()
             off = time.time()
-            for s in socks:
-                attach(s, NOTHING)
+            attach_all(socks, nothing)
             with open(keys, "a") as f:
                 f.write(f"{on:.6f} {on:.6f} {off:.6f} tog\n")
     finally:
-        for s, prog in zip(socks, own):
-            attach(s, prog)
+        attach_all(socks, own)
 
 
 if __name__ == "__main__":
