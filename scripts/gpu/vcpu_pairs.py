@@ -3,12 +3,14 @@ siblings: `Thread(s) per core: 1` says nothing about which vCPUs share a physica
 
   usage: vcpu_pairs.py TARGET [TARGET ...] [--window S]
 
-For each TARGET CPU a timer process pinned there times a fixed pure-Python loop (chunks of about
-10 ms, as the server's HTTP process runs Python), while a busy loop is started on each other CPU
+For each TARGET CPU a timer process pinned there times a fixed pure-Python loop (chunks of 3–5
+ms, as the server's HTTP process runs Python), while a busy loop is started on each other CPU
 in turn: WINDOW seconds off, WINDOW on, per CPU, then off once more. Printed per target and per
 other CPU: the timer's median chunk time in the on-window over the mean of the off-windows beside
-it (1.00: no effect; 1.3: as a shared physical core). Last, all other CPUs busy at once.
+it (1.00: no effect; 1.3: as a shared physical core). Last ("all"), a busy loop on every other
+CPU at once. Every child dies with this script (a timeout's kill leaves nothing spinning).
 """
+import ctypes
 import os
 import signal
 import statistics as st
@@ -23,9 +25,15 @@ def chunk():
     return x
 
 
+def die_with_parent():
+    """In a child: SIGKILL when the parent dies (PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
 def timer(cpu, path):
     """In a child: times chunks on `cpu`, writing "UNIX_END SECONDS" lines to `path` (a file: a
     pipe nobody reads till the end would fill and stop the timer)."""
+    die_with_parent()
     os.sched_setaffinity(0, {cpu})
     out = open(path, "w", buffering=1)
     while True:
@@ -35,13 +43,18 @@ def timer(cpu, path):
         out.write(f"{time.time():.6f} {t1 - t0:.6f}\n")
 
 
-def burner(cpus):
-    pid = os.fork()
-    if pid == 0:
-        os.sched_setaffinity(0, set(cpus))
-        while True:
-            pass
-    return pid
+def burners(cpus):
+    """A busy loop pinned to each of `cpus`: their pids."""
+    pids = []
+    for cpu in cpus:
+        pid = os.fork()
+        if pid == 0:
+            die_with_parent()
+            os.sched_setaffinity(0, {cpu})
+            while True:
+                pass
+        pids.append(pid)
+    return pids
 
 
 def window_median(samples, a, b):
@@ -72,11 +85,12 @@ def main():
             a = time.time()
             time.sleep(window)
             b = time.time()
-            bp = burner(others if c == "all" else [c])
+            busy = burners(others if c == "all" else [c])
             time.sleep(window)
             e = time.time()
-            os.kill(bp, signal.SIGKILL)
-            os.waitpid(bp, 0)
+            for bp in busy:
+                os.kill(bp, signal.SIGKILL)
+                os.waitpid(bp, 0)
             marks.append((c, a, b, e))
         a = time.time()
         time.sleep(window)
