@@ -58,7 +58,7 @@
 #        no /health or /server_info at a turn's start, the turns measured from the swap; the tap's
 #        own cost alone, and several times the turns of a run.
 #        TAP_PROMPTS=N: the tap arm's runs have N prompts whatever RUN_S makes the others'.
-#        KEY_RANGE=0.5 gives the keyed arms' runs output lengths from 128 to 256 (bench_serving's
+#        KEY_RANGE=0.5 gives the keyed arms' runs input and output lengths from 128 to 256 (bench_serving's
 #        --random-range-ratio; default 1.0, all 256), so that their requests leave lockstep.
 #   VCPU="7 12" first times a Python loop on each of those CPUs with a busy loop on every other CPU
 #   in turn (scripts/gpu/vcpu_pairs.py): which vCPUs share a physical core, which this VM hides.
@@ -430,7 +430,7 @@ print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
             # an OpenAI stream carries its token counts only when asked (InferenceX's client asks;
             # bench_serving does not): the tap, which cannot ask, counts them then
             usage=; case ${KEYED_BACKEND:-sglang} in sglang|sglang-native) ;; *) usage='{"stream_options":{"include_usage":true}}' ;; esac
-            # KEY_RANGE<1: output lengths from KEY_RANGE x 256 to 256, so the requests leave lockstep
+            # KEY_RANGE<1: input and output lengths from KEY_RANGE x 256 to 256, so the requests leave lockstep
             # (with fixed lengths they end in waves, and a turn's rate depends on where its edges fall)
             EXTRA_BODY=${EXTRA_BODY:-$usage} CHUNKS=1 DATASET=random-ids bench "$PORT" "${KEYED_BACKEND:-sglang}" "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl" "${KEY_RANGE:-1.0}"
             touch "$stopf"; wait "$keyer_pid" "$cpu_pid"

@@ -23,13 +23,13 @@ pub const BLOCK_TIMEOUT_MS: u32 = 8;
 /// on the socket: a sleeper there is woken by the kernel at every block's hand-over, in the
 /// path of the server's send (a wake-up and, to an idle CPU, an interrupt: on a virtual machine
 /// some 1.5 % of a writer's CPU at 1 500-byte events, as much as the copy; BENCHMARKS.md). At
-/// most 500 wake-ups a second of the reader's own, on its CPU; a ring of the smallest sizes
+/// most 250 wake-ups a second of the reader's own, on its CPU; a ring of the smallest sizes
 /// (below [`NAP_MIN_BLOCKS`]) would fill faster than that at a high rate, and is slept on.
-const NAP: Duration = Duration::from_millis(2);
+const NAP: Duration = Duration::from_millis(4);
 /// How long after the last block the reader naps rather than sleeping on the socket: then a
 /// quiet tap sleeps, and the next block wakes it once.
 const NAPPING_FOR: Duration = Duration::from_millis(50);
-/// The smallest ring the reader naps on (8 MiB: 4 GB/s for the nap's 2 ms).
+/// The smallest ring the reader naps on (8 MiB: 2 GB/s for the nap's 4 ms).
 const NAP_MIN_BLOCKS: usize = 64;
 
 /// Where the tap listens.
