@@ -860,11 +860,19 @@ mod tests {
         assert_eq!((seen, ring.blocks_holding_the_past()), (1, 0));
     }
 
-    /// The system call the reader waits in during a `next_block` with nothing to read, read
-    /// from /proc while it waits (sampled until the thread is found in one: a napping thread is
-    /// briefly running between its naps).
+    /// The system call the reader waits in during a `next_block` with nothing to read (`poll`
+    /// or a sleep), read from /proc while it waits: sampled from its start every half
+    /// millisecond until the thread is found in one of them (before, it is running or in
+    /// another call; a nap ends [`NAPPING_FOR`] after the last block, so the first 50 ms are
+    /// what a napping reader shows).
     #[cfg(target_arch = "x86_64")]
     fn waits_in(ring: &mut Ring) -> libc::c_long {
+        let waits = [
+            libc::SYS_poll,
+            libc::SYS_ppoll,
+            libc::SYS_clock_nanosleep,
+            libc::SYS_nanosleep,
+        ];
         std::thread::scope(|sc| {
             let (tx, rx) = std::sync::mpsc::channel();
             let waiter = sc.spawn(move || {
@@ -873,16 +881,19 @@ mod tests {
                 ring.next_block(Duration::from_millis(200), |_| {})
             });
             let tid = rx.recv().unwrap();
-            std::thread::sleep(Duration::from_millis(20));
             let mut call = None;
-            for _ in 0..50 {
+            for _ in 0..400 {
                 let line = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall"))
                     .unwrap_or_default();
-                call = line.split_whitespace().next().and_then(|w| w.parse().ok());
+                call = line
+                    .split_whitespace()
+                    .next()
+                    .and_then(|w| w.parse().ok())
+                    .filter(|c| waits.contains(c));
                 if call.is_some() {
                     break;
                 }
-                std::thread::sleep(Duration::from_millis(2));
+                std::thread::sleep(Duration::from_micros(500));
             }
             assert!(!waiter.join().unwrap().unwrap(), "nothing to read");
             call.expect("the waiting thread was never seen in a system call")
