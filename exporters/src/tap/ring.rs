@@ -900,7 +900,8 @@ mod tests {
         })
     }
 
-    /// One byte sent on `c`, and every block read once the kernel has handed it over.
+    /// One byte sent on `c`, and every block read once the kernel has handed it over (the
+    /// connection's opening may be in a block of its own: one or two).
     fn one_block(ring: &mut Ring, c: &mut std::net::TcpStream) {
         use std::io::Write;
         c.write_all(b"x").unwrap();
@@ -909,7 +910,7 @@ mod tests {
         while ring.next_block(Duration::ZERO, |_| {}).unwrap() {
             read += 1;
         }
-        assert_eq!(read, 1, "the byte's block");
+        assert!((1..=2).contains(&read), "the byte's block: {read} read");
     }
 
     /// A reader asleep on the socket is woken by the kernel at every block's hand-over, in the
