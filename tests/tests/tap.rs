@@ -1241,14 +1241,17 @@ fn the_acceptance_toggle_swaps_the_taps_filter_off_and_on_and_leaves_it_on() {
             "measured at {at}, outside every on-turn {turns:?}"
         );
     }
-    // the tap's own filter is back once the script has gone
-    let before = records(&tap.log).len();
-    send();
-    assert_eq!(
-        wait_records(&tap.log, before + 1).len(),
-        before + 1,
-        "measured again after the script's exit"
-    );
+    // a request sent now is measured: the tap's own filter is back
+    let measured_again = |after: &str| {
+        let before = records(&tap.log).len();
+        send();
+        assert_eq!(
+            wait_records(&tap.log, before + 1).len(),
+            before + 1,
+            "measured again after {after}"
+        );
+    };
+    measured_again("the script's exit");
     // stopped by SIGTERM in an off-turn, as a timeout stops it: the filter is back all the same
     let (mut toggle, out) = start_toggle(tap.run.child.id(), &stop, &keys).unwrap();
     std::fs::remove_file(&stop).ok();
@@ -1256,13 +1259,7 @@ fn the_acceptance_toggle_swaps_the_taps_filter_off_and_on_and_leaves_it_on() {
     unsafe { libc::kill(toggle.id() as i32, libc::SIGTERM) };
     assert!(!toggle.wait().unwrap().success(), "ended by the signal");
     drop(out);
-    let before = records(&tap.log).len();
-    send();
-    assert_eq!(
-        wait_records(&tap.log, before + 1).len(),
-        before + 1,
-        "measured again after a SIGTERM"
-    );
+    measured_again("a SIGTERM");
     let _ = std::fs::remove_dir_all(&dir);
     tap.stop();
 }
