@@ -23,14 +23,32 @@ pub const BLOCK_TIMEOUT_MS: u32 = 8;
 /// on the socket: a sleeper there is woken by the kernel at every block's hand-over, in the
 /// path of the server's send (a wake-up and, to an idle CPU, an interrupt: on a virtual machine
 /// some 1.5 % of a writer's CPU at 1 500-byte events, as much as the copy; BENCHMARKS.md). At
-/// most 250 wake-ups a second of the reader's own, on its CPU; a ring of the smallest sizes
+/// most 250 wake-ups a second of the reader's own, on its CPU (1 000 past 128 MB/s, where naps
+/// shorten to [`NAP_SHORTEST`]); a ring of the smallest sizes
 /// (below [`NAP_MIN_BLOCKS`]) would fill faster than that at a high rate, and is slept on.
 const NAP: Duration = Duration::from_millis(4);
+/// The shortest nap: one that ends with two blocks or more waiting is halved down to this, so
+/// that a nap's own backlog stays under the queue at which the thread's priority is raised
+/// (`boost.rs`: four blocks; a raised thread sleeps on the socket again) up to 512 MB/s rather
+/// than 128 MB/s.
+const NAP_SHORTEST: Duration = Duration::from_millis(1);
 /// How long after the last block the reader naps rather than sleeping on the socket: then a
 /// quiet tap sleeps, and the next block wakes it once.
 const NAPPING_FOR: Duration = Duration::from_millis(50);
 /// The smallest ring the reader naps on (8 MiB: 2 GB/s for the nap's 4 ms).
 const NAP_MIN_BLOCKS: usize = 64;
+
+/// The nap after one that ended with `one` (at least one block waiting) and `two` (at least
+/// two): halved when it let blocks queue, doubled back towards [`NAP`] when it found none.
+fn next_nap(nap: Duration, one: bool, two: bool) -> Duration {
+    if two {
+        (nap / 2).max(NAP_SHORTEST)
+    } else if one {
+        nap
+    } else {
+        (nap * 2).min(NAP)
+    }
+}
 
 /// Where the tap listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +95,8 @@ pub struct Ring {
     /// Whether the reader may nap (not while its priority is raised: a raised thread's every
     /// wake-up preempts the benchmark, so it wakes only for blocks).
     naps_allowed: bool,
+    /// The next nap's length, from [`NAP_SHORTEST`] to [`NAP`] ([`next_nap`]).
+    nap: Duration,
 }
 
 // SAFETY: the mapping is owned by the ring and only read through `&mut self`.
@@ -498,6 +518,7 @@ impl Ring {
             skip_lo_sent,
             last_block_at: None,
             naps_allowed: true,
+            nap: NAP,
         };
         Ok((ring, ifindex))
     }
@@ -559,7 +580,8 @@ impl Ring {
         if !self.blocks_waiting(1) && self.napping() {
             let start = Instant::now();
             while !self.blocks_waiting(1) && start.elapsed() < timeout && self.napping() {
-                std::thread::sleep(NAP.min(timeout.saturating_sub(start.elapsed())));
+                std::thread::sleep(self.nap.min(timeout.saturating_sub(start.elapsed())));
+                self.nap = next_nap(self.nap, self.blocks_waiting(1), self.blocks_waiting(2));
             }
             if !self.blocks_waiting(1) {
                 return Ok(false);
@@ -933,6 +955,20 @@ mod tests {
         one_block(&mut ring, &mut c);
         ring.allow_naps(false);
         assert_eq!(waits_in(&mut ring), libc::SYS_poll, "naps not allowed");
+    }
+
+    /// A nap that let two blocks queue was too long for the rate: the next is half as long,
+    /// down to 1 ms, and one that found nothing is twice as long, up to 4 ms. At 128 MB/s a 4 ms
+    /// nap's own backlog would raise the thread, which then sleeps on the socket again.
+    #[test]
+    fn a_nap_that_let_blocks_queue_is_shortened_and_one_that_found_none_lengthened() {
+        let ms = Duration::from_millis;
+        assert_eq!(next_nap(ms(4), true, true), ms(2));
+        assert_eq!(next_nap(ms(2), true, true), ms(1));
+        assert_eq!(next_nap(ms(1), true, true), ms(1), "never below 1 ms");
+        assert_eq!(next_nap(ms(2), true, false), ms(2), "one block a nap: kept");
+        assert_eq!(next_nap(ms(1), false, false), ms(2));
+        assert_eq!(next_nap(ms(4), false, false), ms(4), "never above 4 ms");
     }
 
     /// A small ring fills in less than a nap at a high rate: its reader sleeps on the socket.
