@@ -1,5 +1,5 @@
 //! The tap thread's scheduling priority: normal while it keeps up, raised while blocks queue in
-//! the ring (and no naps then: `Ring::allow_naps`). Raised all the time, its wake-ups preempt the client or the server
+//! the ring (no naps at real time: `Ring::allow_naps`). Raised all the time, its wake-ups preempt the client or the server
 //! on a small host: +50 µs median TTFT at one stream on two cores (BENCHMARKS.md, "The tap").
 //! Never raised, a host saturated by the benchmark starves it until the ring fills and segments
 //! are lost (1 024 streams on two cores). Raising it only when it falls behind keeps both.
@@ -172,9 +172,13 @@ impl Boost {
         self.level
     }
 
-    /// Whether the thread's priority is raised now (its reader then waits only for blocks).
-    pub(super) fn raised(&self) -> bool {
-        self.level != Level::Normal
+    /// Whether the thread runs at real time now: its reader then waits only for blocks (a real
+    /// time thread's every wake-up preempts whatever runs on its CPU). At a nice value it still
+    /// naps: it is raised when a few blocks queue, which takes a high rate, where a sleeper on
+    /// the socket would be woken in the server's send at every block, at least as often as the
+    /// naps wake it (BENCHMARKS.md, "naps at a nice value").
+    pub(super) fn real_time(&self) -> bool {
+        self.level == Level::RealTime
     }
 }
 

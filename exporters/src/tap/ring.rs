@@ -92,8 +92,8 @@ pub struct Ring {
     skip_lo_sent: bool,
     /// When the last block was read (None: none yet), for [`NAPPING_FOR`].
     last_block_at: Option<Instant>,
-    /// Whether the reader may nap (not while its priority is raised: a raised thread's every
-    /// wake-up preempts the benchmark, so it wakes only for blocks).
+    /// Whether the reader may nap (not while its thread runs at real time: its every wake-up
+    /// preempts the benchmark, so it wakes only for blocks; `Boost::real_time`).
     naps_allowed: bool,
     /// The next nap's length, from [`NAP_SHORTEST`] to [`NAP`] ([`next_nap`]).
     nap: Duration,
