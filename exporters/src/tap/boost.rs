@@ -272,9 +272,11 @@ mod tests {
             );
             let t = passes(&mut b, 1, NICE_AT, t, MS);
             assert_eq!((b.level(), nice_now()), (Level::Nice, RAISED));
+            assert!(!b.real_time(), "at a nice value the reader still naps");
             let t = passes(&mut b, 1, RT_AT, t, MS);
             assert_eq!(b.level(), Level::RealTime, "far behind: real time");
             assert_eq!(policy_now(), libc::SCHED_FIFO);
+            assert!(b.real_time(), "at real time it sleeps on the socket");
             // Read up but for a block waiting now and then: that holds nothing up.
             let mut t = t;
             for _ in 0..20 {
