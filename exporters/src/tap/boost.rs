@@ -1,5 +1,5 @@
 //! The tap thread's scheduling priority: normal while it keeps up, raised while blocks queue in
-//! the ring (no naps at real time: `Ring::allow_naps`). Raised all the time, its wake-ups preempt the client or the server
+//! the ring (and fewer naps then: `Boost::naps`). Raised all the time, its wake-ups preempt the client or the server
 //! on a small host: +50 µs median TTFT at one stream on two cores (BENCHMARKS.md, "The tap").
 //! Never raised, a host saturated by the benchmark starves it until the ring fills and segments
 //! are lost (1 024 streams on two cores). Raising it only when it falls behind keeps both.
@@ -14,6 +14,8 @@
 //! lose segments all the same.
 
 use std::time::{Duration, Instant};
+
+use super::ring::Naps;
 
 /// The nice value while behind (needs CAP_SYS_NICE, which root has).
 const RAISED: libc::c_int = -10;
@@ -172,13 +174,17 @@ impl Boost {
         self.level
     }
 
-    /// Whether the thread runs at real time now: its reader then waits only for blocks (a real
-    /// time thread's every wake-up preempts whatever runs on its CPU). At a nice value it still
-    /// naps: it is raised when a few blocks queue, which takes a high rate, where a sleeper on
-    /// the socket would be woken in the server's send at every block, at least as often as the
-    /// naps wake it (BENCHMARKS.md, "naps at a nice value").
-    pub(super) fn real_time(&self) -> bool {
-        self.level == Level::RealTime
+    /// When its reader naps rather than sleeping on the socket: after each block at the normal
+    /// priority; at a nice value only while blocks come at least a nap apart (raised for a second
+    /// after a lag, at a low rate its naps would wake it more often than blocks would, and preempt
+    /// the benchmark more readily); never at real time (its wake-ups preempt whatever runs on its
+    /// CPU, and far behind it reads without waiting).
+    pub(super) fn naps(&self) -> Naps {
+        match self.level {
+            Level::Normal => Naps::AfterEachBlock,
+            Level::Nice => Naps::WhileBlocksComeFast,
+            Level::RealTime => Naps::Never,
+        }
     }
 }
 
@@ -270,13 +276,18 @@ mod tests {
                 b.level() == Level::Normal && nice_now() == 0,
                 "a few blocks waiting are a busy ring read in time"
             );
+            assert_eq!(b.naps(), Naps::AfterEachBlock);
             let t = passes(&mut b, 1, NICE_AT, t, MS);
             assert_eq!((b.level(), nice_now()), (Level::Nice, RAISED));
-            assert!(!b.real_time(), "at a nice value the reader still naps");
+            assert_eq!(b.naps(), Naps::WhileBlocksComeFast);
             let t = passes(&mut b, 1, RT_AT, t, MS);
             assert_eq!(b.level(), Level::RealTime, "far behind: real time");
             assert_eq!(policy_now(), libc::SCHED_FIFO);
-            assert!(b.real_time(), "at real time it sleeps on the socket");
+            assert_eq!(
+                b.naps(),
+                Naps::Never,
+                "at real time it sleeps on the socket"
+            );
             // Read up but for a block waiting now and then: that holds nothing up.
             let mut t = t;
             for _ in 0..20 {

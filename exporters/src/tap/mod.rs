@@ -343,7 +343,7 @@ impl Reader {
                 Duration::from_millis(20)
             };
             let (conns, from) = (&mut self.conns, &mut self.from);
-            ring.allow_naps(!boost.real_time());
+            ring.set_naps(boost.naps());
             let read = ring.next_block(wait, |p| {
                 if from.is_some_and(|f| p.at < f) {
                     return;

@@ -22,19 +22,33 @@ pub const BLOCK_TIMEOUT_MS: u32 = 8;
 /// While blocks keep coming, the reader looks for the next one this often instead of sleeping
 /// on the socket: a sleeper there is woken by the kernel at every block's hand-over, in the
 /// path of the server's send (a wake-up and, to an idle CPU, an interrupt: on a virtual machine
-/// some 1.5 % of a writer's CPU at 1 500-byte events, as much as the copy; BENCHMARKS.md). At
-/// most 250 wake-ups a second of the reader's own, on its CPU (1 000 past 128 MB/s, where naps
-/// shorten to [`NAP_SHORTEST`]); a ring of the smallest sizes
-/// (below [`NAP_MIN_BLOCKS`]) would fill faster than that at a high rate, and is slept on.
+/// some 1.5 % of a writer's CPU at 1 500-byte events, as much as the copy; BENCHMARKS.md; at a
+/// lower rate the block timer hands blocks over, in a softirq on the server's CPU). The reader
+/// wakes 250 times a second on its own CPU, and up to 1 000 as naps shorten ([`next_nap`]: about
+/// one a block past 32 MB/s); a ring of the smallest sizes (below [`NAP_MIN_BLOCKS`]) would fill
+/// faster than that at a high rate, and is slept on.
 const NAP: Duration = Duration::from_millis(4);
 /// The shortest nap: one that ends with two blocks or more waiting is halved down to this, so
 /// that a nap's own backlog stays under the queue at which the thread's priority is raised
-/// (`boost.rs`: four blocks; a raised thread sleeps on the socket again) up to 512 MB/s rather
-/// than 128 MB/s.
+/// (`boost.rs`: four blocks in the default ring) up to 512 MB/s rather than 128 MB/s.
 const NAP_SHORTEST: Duration = Duration::from_millis(1);
 /// How long after the last block the reader naps rather than sleeping on the socket: then a
 /// quiet tap sleeps, and the next block wakes it once.
 const NAPPING_FOR: Duration = Duration::from_millis(50);
+
+/// When the reader naps rather than sleeping on the socket; set from its thread's priority
+/// (`Boost::naps`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Naps {
+    /// For [`NAPPING_FOR`] after each block: a thread at its normal priority.
+    AfterEachBlock,
+    /// Only while blocks come at least a nap apart, where a sleeper on the socket would be woken
+    /// as often: a thread at a raised nice value, whose every wake-up preempts the benchmark
+    /// more readily.
+    WhileBlocksComeFast,
+    /// Never: a real-time thread, whose wake-ups preempt whatever runs on its CPU.
+    Never,
+}
 /// The smallest ring the reader naps on (8 MiB: 2 GB/s for the nap's 4 ms).
 const NAP_MIN_BLOCKS: usize = 64;
 
@@ -92,9 +106,8 @@ pub struct Ring {
     skip_lo_sent: bool,
     /// When the last block was read (None: none yet), for [`NAPPING_FOR`].
     last_block_at: Option<Instant>,
-    /// Whether the reader may nap (not while its thread runs at real time: its every wake-up
-    /// preempts the benchmark, so it wakes only for blocks; `Boost::real_time`).
-    naps_allowed: bool,
+    /// When the reader naps.
+    naps: Naps,
     /// The next nap's length, from [`NAP_SHORTEST`] to [`NAP`] ([`next_nap`]).
     nap: Duration,
 }
@@ -517,7 +530,7 @@ impl Ring {
             lo_index,
             skip_lo_sent,
             last_block_at: None,
-            naps_allowed: true,
+            naps: Naps::AfterEachBlock,
             nap: NAP,
         };
         Ok((ring, ifindex))
@@ -580,8 +593,12 @@ impl Ring {
         if !self.blocks_waiting(1) && self.napping() {
             let start = Instant::now();
             while !self.blocks_waiting(1) && start.elapsed() < timeout && self.napping() {
-                std::thread::sleep(self.nap.min(timeout.saturating_sub(start.elapsed())));
-                self.nap = next_nap(self.nap, self.blocks_waiting(1), self.blocks_waiting(2));
+                let nap = self.nap.min(timeout.saturating_sub(start.elapsed()));
+                std::thread::sleep(nap);
+                // A nap cut short by the timeout says nothing of the rate.
+                if nap == self.nap {
+                    self.nap = next_nap(nap, self.blocks_waiting(1), self.blocks_waiting(2));
+                }
             }
             if !self.blocks_waiting(1) {
                 return Ok(false);
@@ -648,19 +665,20 @@ impl Ring {
         Ok(true)
     }
 
-    /// Whether the reader naps now: blocks came lately, its ring is large enough, and naps are
-    /// allowed; else it sleeps on the socket.
+    /// Whether the reader naps now: its ring is large enough and a block came lately enough
+    /// for [`Naps`]; else it sleeps on the socket.
     fn napping(&self) -> bool {
-        self.naps_allowed
-            && self.blocks >= NAP_MIN_BLOCKS
-            && self
-                .last_block_at
-                .is_some_and(|t| t.elapsed() < NAPPING_FOR)
+        let within = match self.naps {
+            Naps::AfterEachBlock => NAPPING_FOR,
+            Naps::WhileBlocksComeFast => NAP,
+            Naps::Never => return false,
+        };
+        self.blocks >= NAP_MIN_BLOCKS && self.last_block_at.is_some_and(|t| t.elapsed() < within)
     }
 
-    /// Allows or forbids naps ([`NAP`]) from the next wait on.
-    pub fn allow_naps(&mut self, allowed: bool) {
-        self.naps_allowed = allowed;
+    /// When the reader naps, from the next wait on.
+    pub fn set_naps(&mut self, naps: Naps) {
+        self.naps = naps;
     }
 
     /// Blocks read since the ring was opened.
@@ -937,7 +955,7 @@ mod tests {
 
     /// A reader asleep on the socket is woken by the kernel at every block's hand-over, in the
     /// path of the server's send: while blocks keep coming the reader naps instead, and only a
-    /// ring idle for a while, or a raised thread, puts it back on the socket.
+    /// ring idle for a while, or a real-time thread, puts it back on the socket.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn while_blocks_keep_coming_the_reader_naps_instead_of_sleeping_on_the_socket() {
@@ -953,13 +971,83 @@ mod tests {
         std::thread::sleep(NAPPING_FOR);
         assert_eq!(waits_in(&mut ring), libc::SYS_poll, "idle since");
         one_block(&mut ring, &mut c);
-        ring.allow_naps(false);
-        assert_eq!(waits_in(&mut ring), libc::SYS_poll, "naps not allowed");
+        ring.set_naps(Naps::Never);
+        assert_eq!(waits_in(&mut ring), libc::SYS_poll, "never (real time)");
+    }
+
+    /// A raised thread naps only while blocks come at least a nap apart: 8 ms after a block
+    /// (the block timer's hand-over, the slowest stream that still naps at the normal priority)
+    /// it sleeps on the socket.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_raised_reader_naps_only_while_blocks_come_fast() {
+        let Some((l, port, mut ring)) = ring_on_a_port(NAP_MIN_BLOCKS) else {
+            return;
+        };
+        let naps = [libc::SYS_clock_nanosleep, libc::SYS_nanosleep];
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let _s = l.accept().unwrap();
+        ring.set_naps(Naps::WhileBlocksComeFast);
+        one_block(&mut ring, &mut c);
+        assert!(naps.contains(&waits_in(&mut ring)), "a block just read");
+        one_block(&mut ring, &mut c);
+        std::thread::sleep(2 * NAP);
+        assert_eq!(waits_in(&mut ring), libc::SYS_poll, "none for two naps");
+        ring.set_naps(Naps::AfterEachBlock);
+        one_block(&mut ring, &mut c);
+        std::thread::sleep(2 * NAP);
+        assert!(naps.contains(&waits_in(&mut ring)), "the normal priority");
+    }
+
+    /// Blocks faster than one a millisecond shorten the naps to the shortest; a quiet spell
+    /// while still napping brings them back to 4 ms.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn naps_shorten_while_blocks_pour_in_and_lengthen_once_they_slow() {
+        use std::io::{Read, Write};
+        let Some((l, port, mut ring)) = ring_on_a_port(NAP_MIN_BLOCKS) else {
+            return;
+        };
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        let drain = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 16];
+            while s.read(&mut buf).is_ok_and(|n| n > 0) {}
+        });
+        one_block(&mut ring, &mut c);
+        // Some 1 GB/s for 60 ms: two blocks a nap even at the shortest.
+        let chunk = vec![b'x'; 1 << 16];
+        let pour = std::thread::spawn(move || {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_millis(60) {
+                c.write_all(&chunk).unwrap();
+            }
+            c
+        });
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(60) {
+            ring.next_block(Duration::from_millis(20), |_| {}).unwrap();
+        }
+        let mut c = pour.join().unwrap();
+        assert_eq!(ring.nap, NAP_SHORTEST, "halved down to the shortest");
+        while ring.next_block(Duration::ZERO, |_| {}).unwrap() {}
+        // A byte every 10 ms (each block handed over by the timer), read as it comes: naps that
+        // find nothing between them.
+        for _ in 0..4 {
+            c.write_all(b"x").unwrap();
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_millis(10) {
+                ring.next_block(Duration::from_millis(10), |_| {}).unwrap();
+            }
+        }
+        assert_eq!(ring.nap, NAP, "doubled back to 4 ms");
+        drop(c);
+        drain.join().unwrap();
     }
 
     /// A nap that let two blocks queue was too long for the rate: the next is half as long,
     /// down to 1 ms, and one that found nothing is twice as long, up to 4 ms. At 128 MB/s a 4 ms
-    /// nap's own backlog would raise the thread, which then sleeps on the socket again.
+    /// nap's own backlog would raise the thread.
     #[test]
     fn a_nap_that_let_blocks_queue_is_shortened_and_one_that_found_none_lengthened() {
         let ms = Duration::from_millis;
