@@ -48,7 +48,10 @@ on-turns and keyedmix's tap turns), ctl/off (keyedctl's and keyedmix's control t
 (keyedmix). A pooled interval is widened as for shared turns if any of its runs' ratios share
 turns (keyed's do, keyedmix's tap/off do not): wider than it need be, never narrower. A line
 without a backend (saved before it was printed) counts as --backend's (default: sglang, the only
-one run before).
+one run before). For toggled runs (SIDES=keyedtog) --pool also reads the saved "keyed-turns" lines
+and gives the HTTP process's CPU per event that each on-turn adds over the mean of the off-turns
+beside it (µs, and as a share of that process's user + system CPU an event; mean and 95 %
+interval, widened as above): the tap's cost to the process that sets the pace, read directly.
 """
 import bisect
 import json
@@ -273,17 +276,56 @@ def backend_of(run):
     return None
 
 
+def cpu_differences(turn_lists, kind="tog"):
+    """Each kept on-turn of `kind` less the mean of the kept off-turns on either side, in the HTTP
+    process's CPU per event (µs): user, system and the two together; and each as a share of the
+    off-turns' user + system. Read from saved "keyed-turns" lines (each a run's turns)."""
+    out = {"cpu_user": [], "cpu_sys": [], "cpu_both": [], "share_sys": [], "share_both": []}
+    for turns in turn_lists:
+        rows = [t["measured"] for t in turns]
+        kinds = [t["kind"] for t in turns]
+        both = lambda r: r["cpu_user"] + r["cpu_sys"]
+        for k, r in enumerate(rows):
+            if not r or kinds[k] != kind or r["cpu_sys"] is None:
+                continue
+            beside = [rows[j] for j in (k - 1, k + 1) if 0 <= j < len(rows) and kinds[j] is None
+                      and rows[j] and rows[j]["cpu_sys"] is not None]
+            if len(beside) != 2:
+                continue
+            mean = lambda f: st.fmean(f(b) for b in beside)
+            for key in ("cpu_user", "cpu_sys"):
+                out[key].append(r[key] - mean(lambda b: b[key]))
+            out["cpu_both"].append(both(r) - mean(both))
+            out["share_sys"].append(100 * out["cpu_sys"][-1] / mean(both))
+            out["share_both"].append(100 * out["cpu_both"][-1] / mean(both))
+    return out
+
+
+def mean_interval(xs, unit):
+    """The mean and its 95 % interval, widened by √(4/3) for the off-turns two on-turns share."""
+    if len(xs) < 2:
+        return "fewer than two turns"
+    t = T975[len(xs) - 2] if len(xs) <= 31 else 1.96
+    half = t * st.stdev(xs) / math.sqrt(len(xs)) * math.sqrt(4 / 3)
+    m = st.fmean(xs)
+    return f"{m:+.3f}{unit} ({m - half:+.3f} to {m + half:+.3f})"
+
+
 def pool(outputs, default_backend):
     groups = {}
+    turn_lists = {}  # (conc, backend) -> the toggled runs' turns
     for path in outputs:
         # a summary prints a run's line twice (after the run, and again pooled at the end): once
         # per file; two calls' runs of one name are two runs
-        runs = {}
+        runs, turns_by_run = {}, {}
         with open(path) as f:
             for line in f:
                 if line.startswith("keyed-ratios "):
                     d = json.loads(line[len("keyed-ratios "):])
                     runs[(d["conc"], d["run"], d.get("kind"))] = d
+                elif line.startswith("keyed-turns "):
+                    d = json.loads(line[len("keyed-turns "):])
+                    turns_by_run[(d["conc"], d["run"])] = d["turns"]
         for (conc, run, kind), d in runs.items():
             backend = d.get("backend") or default_backend
             g = groups.setdefault((conc, backend, compared(arm(run), kind)),
@@ -294,6 +336,8 @@ def pool(outputs, default_backend):
             g["shared"] |= kind in (None, "tap-vs-ctl") or shares_turns(kind, None)
             for _, key in METRICS:
                 g[key] += d["ratios"].get(key, [])
+            if kind == "tog" and (conc, run) in turns_by_run:
+                turn_lists.setdefault((conc, backend), []).append(turns_by_run[(conc, run)])
     if not groups:
         sys.exit(f"keyed.py --pool: no keyed-ratios line in {', '.join(outputs)}")
     for (conc, backend, what), g in sorted(groups.items()):
@@ -301,6 +345,14 @@ def pool(outputs, default_backend):
         for label, key in METRICS:
             if g[key] or key not in ("cpu_user", "cpu_sys"):
                 print(f"keyed, pooled, c={conc} {backend} {what} ({arms}), {label}: {verdict(g[key], g['shared'])}")
+    for (conc, backend), lists in sorted(turn_lists.items()):
+        d = cpu_differences(lists)
+        if not d["cpu_sys"]:
+            continue
+        print(f"keyed, pooled, c={conc} {backend} toggled, HTTP process CPU per event, on-turn less the"
+              f" off-turns beside it, {len(d['cpu_sys'])} turns: system {mean_interval(d['cpu_sys'], ' us')},"
+              f" {mean_interval(d['share_sys'], ' %')} of its CPU; user {mean_interval(d['cpu_user'], ' us')};"
+              f" both {mean_interval(d['cpu_both'], ' us')}, {mean_interval(d['share_both'], ' %')}")
 
 
 def main(argv):

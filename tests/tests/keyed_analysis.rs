@@ -495,3 +495,32 @@ fn a_toggled_run_pooled_alone_keeps_the_interval_of_its_own_analysis() {
         "pooled {line:?}, the run's own {interval:?}"
     );
 }
+
+/// What the acceptance reads as the tap's cost to the process that sets the pace: a toggled
+/// run's HTTP process CPU per event, each on-turn less the mean of the off-turns beside it, in
+/// µs and as a share of that process's CPU (the synthetic server pays 0.5 µs more system time
+/// an event in its on-turns, of 49.5 µs).
+#[test]
+fn pooled_toggled_runs_give_the_cpu_an_event_each_on_turn_adds_to_the_http_process() {
+    let out = as_run(
+        &analyse(
+            "pool-cpu",
+            Shape {
+                slower: 1.02,
+                toggled: true,
+                ..PLAIN
+            },
+        ),
+        "c32-keyedtog-1.jsonl",
+    );
+    let out = pool("cpu", &[("tog.txt", out)], &[]);
+    let line = pooled(&out, "c=32 sglang toggled, HTTP process CPU per event");
+    let after = |word: &str| -> f64 {
+        let rest = line.split(word).nth(1).unwrap_or_else(|| panic!("{word:?} in {line}"));
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    assert!((0.48..0.52).contains(&after("system ")), "{line}");
+    assert!((0.97..1.05).contains(&after("), ")), "share of its CPU: {line}");
+    assert!(after("user ").abs() < 0.02, "{line}");
+    assert!(line.contains(", 8 turns:"), "{line}");
+}
