@@ -10,3 +10,16 @@ tap_attach() {
   tap=$!
   for _ in $(seq 200); do grep -q '"event":"ready"' "$2/tap-ev.jsonl" 2>/dev/null && break; sleep 0.05; done
 }
+
+# writer_port DIR: for benches/tcp_op_cost.c under a tap: builds it as DIR/tcp_op_cost, and sets
+# PORT to a free port with a file server on 127.0.0.1:PORT (its pid in $http) answering /health,
+# which the tap's readiness needs; tcp_op_cost listens on 127.0.0.2:PORT, a segment the same
+# filter keeps.
+writer_port() {
+  cc -O2 -o "$1/tcp_op_cost" benches/tcp_op_cost.c
+  PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  mkdir "$1/www" && echo ok > "$1/www/health"
+  python3 -m http.server "$PORT" --bind 127.0.0.1 --directory "$1/www" >/dev/null 2>&1 &
+  http=$!
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.05; done
+}

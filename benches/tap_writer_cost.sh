@@ -17,14 +17,7 @@ cd "$(dirname "$0")/.."
 . benches/tap_attach.sh
 W=$(mktemp -d)
 trap 'kill $http ${tap:-} 2>/dev/null; rm -rf "$W"' EXIT
-cc -O2 -o "$W/tcp_op_cost" benches/tcp_op_cost.c
-# The tap is attached to PORT, which needs a server answering /health for its readiness: a file
-# server on 127.0.0.1:PORT; tcp_op_cost listens on 127.0.0.2:PORT, a segment the same filter keeps.
-PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-mkdir "$W/www" && echo ok > "$W/www/health"
-python3 -m http.server "$PORT" --bind 127.0.0.1 --directory "$W/www" >/dev/null 2>&1 &
-http=$!
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.05; done
+writer_port "$W"
 
 one() {  # one run: prints send + recv µs per event (the mean over the writers)
   local k=2 cpu pids=()

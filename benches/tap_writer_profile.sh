@@ -18,12 +18,7 @@ command -v perf >/dev/null || { echo "tap_writer_profile: needs perf (scripts/se
 . benches/tap_attach.sh
 W=$(mktemp -d)
 trap 'kill $http ${tap:-} ${watch:-} 2>/dev/null; rm -rf "$W"' EXIT
-cc -O2 -o "$W/tcp_op_cost" benches/tcp_op_cost.c
-PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-mkdir "$W/www" && echo ok > "$W/www/health"
-python3 -m http.server "$PORT" --bind 127.0.0.1 --directory "$W/www" >/dev/null 2>&1 &
-http=$!
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.05; done
+writer_port "$W"
 
 one() {  # one profiled run with the build $1
   TAP_SUP=$1 tap_attach "$PORT" "$W"
