@@ -16,7 +16,7 @@ WRITER_CPU=${WRITER_CPU:-0} TAP_CPU=${TAP_CPU:-1}
 cd "$(dirname "$0")/.."
 . benches/tap_attach.sh
 W=$(mktemp -d)
-trap 'kill $http ${tap:-} 2>/dev/null; rm -rf "$W"' EXIT
+trap 'kill ${http:-} ${tap:-} 2>/dev/null; rm -rf "$W"' EXIT
 writer_port "$W"
 
 one() {  # one run: prints send + recv µs per event (the mean over the writers)

@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 command -v perf >/dev/null || { echo "tap_writer_profile: needs perf (scripts/setup.sh installs it)" >&2; exit 1; }
 . benches/tap_attach.sh
 W=$(mktemp -d)
-trap 'kill $http ${tap:-} ${watch:-} 2>/dev/null; rm -rf "$W"' EXIT
+trap 'kill ${http:-} ${tap:-} ${watch:-} 2>/dev/null; rm -rf "$W"' EXIT
 writer_port "$W"
 
 one() {  # one profiled run with the build $1
@@ -25,7 +25,7 @@ one() {  # one profiled run with the build $1
   grep -q '"event":"ready"' "$W/tap-ev.jsonl" || { echo "tap_writer_profile: the tap did not get ready: $(tail -3 "$W/tap.err")" >&2; exit 1; }
   taskset -a -p -c "$TAP_CPU" "$tap" >/dev/null
   # The tap's threads seen at a nice value other than 0 or a policy other than TS.
-  (for _ in $(seq 30); do ps -L -o ni=,cls=,comm= -p "$tap" | awk '$3 == "tap" && ($1 != 0 || $2 != "TS")'; sleep 0.1; done | wc -l > "$W/raised") &
+  (for _ in $(seq 30); do { ps -L -o ni=,cls=,comm= -p "$tap" || true; } | awk '$3 == "tap" && ($1 != 0 || $2 != "TS")'; sleep 0.1; done | wc -l > "$W/raised") &
   watch=$!
   local us
   us=$(perf record -q -e cpu-clock -g -o "$W/perf.data" -- taskset -c "$WRITER_CPU" "$W/tcp_op_cost" "$COUNT" "$BYTES" "$PORT" 2 2>/dev/null |

@@ -293,6 +293,8 @@ def cpu_differences(turn_lists, kind="tog"):
             if len(beside) != 2:
                 continue
             mean = lambda f: st.fmean(f(b) for b in beside)
+            if mean(both) <= 0:
+                continue  # no CPU read beside it: nothing to hold it against
             for key in ("cpu_user", "cpu_sys"):
                 out[key].append(r[key] - mean(lambda b: b[key]))
             out["cpu_both"].append(both(r) - mean(both))
@@ -312,6 +314,8 @@ def mean_interval(xs, unit):
 
 
 def pool(outputs, default_backend):
+    # a file named twice would count its turns twice (and narrow the intervals)
+    outputs = list(dict.fromkeys(os.path.realpath(p) for p in outputs))
     groups = {}
     turn_lists = {}  # (conc, backend) -> the toggled runs' turns
     for path in outputs:
