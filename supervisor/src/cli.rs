@@ -1,5 +1,7 @@
 //! Command line (the contract is in DESIGN.md: names here are relied on by scripts).
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::builder::FalseyValueParser;
+use clap::error::ErrorKind;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -391,7 +393,6 @@ pub enum ReadyOn {
 }
 
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("measure").args(["proxy_addr", "tap"])))]
 pub struct RunArgs {
     /// Write all child output here, byte for byte, stdout and stderr interleaved in arrival order.
     #[arg(long, env = "SGLANG_SUPERVISOR_LOG_FILE", value_name = "PATH")]
@@ -470,7 +471,8 @@ pub struct RunArgs {
     /// ring of that size, the kernel hashing each connection to one of them: for more segments
     /// a second than one thread reads (where the kernel refuses the group, one reader). On a
     /// 16-core host one reader lost segments at 512k a second, four kept every one.
-    #[arg(long, env = "SGLANG_SUPERVISOR_TAP", conflicts_with = "proxy_addr")]
+    /// SGLANG_SUPERVISOR_TAP=0 (false, no, off) is --tap not given.
+    #[arg(long, env = "SGLANG_SUPERVISOR_TAP", value_parser = FalseyValueParser::new())]
     pub tap: bool,
 
     /// With --tap: where the copy is taken: `lo` (clients on this machine), `any` (clients on
@@ -481,19 +483,13 @@ pub struct RunArgs {
         long,
         env = "SGLANG_SUPERVISOR_TAP_INTERFACE",
         value_name = "IFACE",
-        default_value = "lo",
-        requires = "tap"
+        default_value = "lo"
     )]
     pub tap_interface: String,
 
     /// With --proxy-addr or --tap: one JSON line per measured generation request (ttft_s,
     /// tpot_s, e2e_s, itl_s, token counts, error), flushed per line.
-    #[arg(
-        long,
-        env = "SGLANG_SUPERVISOR_REQUESTS_LOG",
-        value_name = "PATH",
-        requires = "measure"
-    )]
+    #[arg(long, env = "SGLANG_SUPERVISOR_REQUESTS_LOG", value_name = "PATH")]
     pub requests_log: Option<PathBuf>,
 
     /// With --proxy-addr or --tap: a measurement window that follows the request traffic, from
@@ -502,7 +498,7 @@ pub struct RunArgs {
     #[arg(
         long,
         env = "SGLANG_SUPERVISOR_WINDOW_FROM_PROXY",
-        requires = "measure"
+        value_parser = FalseyValueParser::new()
     )]
     pub window_from_proxy: bool,
 
@@ -635,6 +631,75 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
 /// A command-line error on one line, like every other error of ours. clap puts what a message
 /// names on the lines after it (the missing arguments after "were not provided:", a `tip:`):
 /// they are kept, joined, so the line still says which option is wrong.
+/// The command line (this process's), parsed and checked: see [`parse_from`].
+pub fn parse() -> Result<Cli, clap::Error> {
+    parse_from(std::env::args_os())
+}
+
+/// Parses `args` and checks what clap's own rules cannot: whether an option was given on the
+/// command line or only set in the environment. `--tap` and `--proxy-addr` exclude each other
+/// wherever they come from; the options that only mean something with them (`--tap-interface`,
+/// `--requests-log`, `--window-from-proxy`) are refused on a command line without them, but
+/// left unused when they come from the environment, so that an exported default never breaks a
+/// run that measures nothing.
+pub fn parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let mut command = Cli::command();
+    let matches = command.try_get_matches_from_mut(args)?;
+    if let Some(("run", run)) = matches.subcommand() {
+        check_measure_options(&mut command, run)?;
+    }
+    Cli::from_arg_matches(&matches)
+}
+
+fn check_measure_options(command: &mut clap::Command, run: &ArgMatches) -> Result<(), clap::Error> {
+    use clap::parser::ValueSource;
+    let from = |id: &str, flag: &str, env: &str| match run.value_source(id) {
+        Some(ValueSource::EnvVariable) => format!("{flag} (from {env})"),
+        _ => flag.to_string(),
+    };
+    let tap = run.get_flag("tap");
+    let proxy = run.get_one::<String>("proxy_addr").is_some();
+    if tap && proxy {
+        return Err(command.error(
+            ErrorKind::ArgumentConflict,
+            format!(
+                "{} cannot be used with {}: the tap measures the server's own port, the proxy a \
+                 port in front of it; keep one",
+                from("tap", "--tap", "SGLANG_SUPERVISOR_TAP"),
+                from("proxy_addr", "--proxy-addr", "SGLANG_SUPERVISOR_PROXY_ADDR"),
+            ),
+        ));
+    }
+    let needs = [
+        ("tap_interface", "--tap-interface", tap, "--tap"),
+        (
+            "requests_log",
+            "--requests-log",
+            tap || proxy,
+            "--tap or --proxy-addr",
+        ),
+        (
+            "window_from_proxy",
+            "--window-from-proxy",
+            tap || proxy,
+            "--tap or --proxy-addr",
+        ),
+    ];
+    for (id, flag, met, what) in needs {
+        if !met && run.value_source(id) == Some(ValueSource::CommandLine) {
+            return Err(command.error(
+                ErrorKind::MissingRequiredArgument,
+                format!("{flag} needs {what} (it measures nothing without one)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub fn error_line(e: &clap::Error) -> String {
     let text = e.render().to_string();
     let mut lines = text.lines();

@@ -1,6 +1,5 @@
-use clap::Parser;
 use sglang_probes::sync::THREAD_LIMIT_HINT;
-use sglang_supervisor::cli::{self, Cli, Command, LogFormat};
+use sglang_supervisor::cli::{self, Command, LogFormat};
 use sglang_supervisor::logs::tee::{terminal, StderrWriter};
 use sglang_supervisor::{compare, flags, gpu, lifecycle, report, rlimits, sentinel, wait};
 use std::io::IsTerminal;
@@ -12,7 +11,7 @@ use std::time::Duration;
 const EXIT_SUPERVISOR_FAILED: u8 = sglang_supervisor::exit::SUPERVISOR_FAILED as u8;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match cli::parse() {
         Ok(c) => c,
         Err(e) if e.use_stderr() => {
             eprintln!(

@@ -1242,3 +1242,83 @@ fn the_servers_own_metrics_are_fetched_only_when_ours_are_scraped() {
     sup.wait().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The measuring options given on the command line without `--tap` or `--proxy-addr` are
+/// refused (125), but exported in the environment they are left unused: a default set for the
+/// runs that measure never breaks one that does not. A falsey SGLANG_SUPERVISOR_TAP is no tap
+/// (it used to count as given: the proxy refused, the tap's options accepted and unused).
+#[test]
+fn measuring_options_need_a_measure_on_the_command_line_and_are_left_unused_from_the_environment() {
+    let dir = temp_dir("measure-options");
+    let bin = supervisor_bin();
+    let run = |env: &[(&str, &str)], args: &[&str]| {
+        #[allow(clippy::disallowed_methods)]
+        let out = std::process::Command::new(&bin)
+            .arg("run")
+            .args(["--metrics-addr", "none", "--gpu-backend", "none"])
+            .args(args)
+            .args(["--", "true"])
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let log = dir.join("requests.jsonl");
+    let log = log.to_str().unwrap();
+    for (args, says) in [
+        (
+            &["--tap-interface", "any"][..],
+            "--tap-interface needs --tap",
+        ),
+        (
+            &["--requests-log", log][..],
+            "--requests-log needs --tap or --proxy-addr",
+        ),
+        (
+            &["--window-from-proxy"][..],
+            "--window-from-proxy needs --tap or --proxy-addr",
+        ),
+    ] {
+        let (code, err) = run(&[], args);
+        assert_eq!(code, Some(125), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    let (code, err) = run(
+        &[("SGLANG_SUPERVISOR_TAP", "1")],
+        &["--proxy-addr", "127.0.0.1:0"],
+    );
+    assert_eq!(code, Some(125), "{err}");
+    assert!(
+        err.contains("--tap (from SGLANG_SUPERVISOR_TAP) cannot be used with --proxy-addr"),
+        "{err}"
+    );
+    // Exported, unused: the run goes on and writes no requests log.
+    let (code, err) = run(
+        &[
+            ("SGLANG_SUPERVISOR_TAP_INTERFACE", "any"),
+            ("SGLANG_SUPERVISOR_REQUESTS_LOG", log),
+            ("SGLANG_SUPERVISOR_WINDOW_FROM_PROXY", "true"),
+        ],
+        &[],
+    );
+    assert_ne!(code, Some(125), "{err}");
+    assert!(!std::path::Path::new(log).exists(), "{err}");
+    // A falsey SGLANG_SUPERVISOR_TAP is no tap: the proxy runs and writes the log.
+    for falsey in ["0", "false", "no", "off"] {
+        let (code, err) = run(
+            &[("SGLANG_SUPERVISOR_TAP", falsey)],
+            &["--proxy-addr", "127.0.0.1:0", "--requests-log", log],
+        );
+        assert_ne!(code, Some(125), "TAP={falsey}: {err}");
+        assert!(
+            err.contains("latency-measuring proxy on"),
+            "TAP={falsey}: {err}"
+        );
+        assert!(std::path::Path::new(log).exists(), "TAP={falsey}: {err}");
+        std::fs::remove_file(log).unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
