@@ -628,9 +628,6 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// A command-line error on one line, like every other error of ours. clap puts what a message
-/// names on the lines after it (the missing arguments after "were not provided:", a `tip:`):
-/// they are kept, joined, so the line still says which option is wrong.
 /// The command line (this process's), parsed and checked: see [`parse_from`].
 pub fn parse() -> Result<Cli, clap::Error> {
     parse_from(std::env::args_os())
@@ -700,6 +697,9 @@ fn check_measure_options(command: &mut clap::Command, run: &ArgMatches) -> Resul
     Ok(())
 }
 
+/// A command-line error on one line, like every other error of ours. clap puts what a message
+/// names on the lines after it (the missing arguments after "were not provided:", a `tip:`):
+/// they are kept, joined, so the line still says which option is wrong.
 pub fn error_line(e: &clap::Error) -> String {
     let text = e.render().to_string();
     let mut lines = text.lines();
