@@ -463,7 +463,8 @@ pub struct RunArgs {
     /// whose client did not ask for usage has no token counts this way (null; the proxy asks).
     /// A keep-alive connection already open when the tap starts is measured from its next
     /// request (the one in flight then is not seen).
-    /// The kernel's ring is SGLANG_SUPERVISOR_TAP_RING_MB MiB (1 to 4096, default 32); what it
+    /// The kernel's ring is SGLANG_SUPERVISOR_TAP_RING_MB MiB (1 to 4096, default 32; a value
+    /// out of range, here or in the readers' count below, is refused: 125); what it
     /// has no room for is counted (tap_dropped_packets_total) and its requests end as errors.
     /// With CAP_SYS_NICE (root has it; a container needs `--cap-add SYS_NICE`) the reading
     /// thread is raised (nice −10, then SCHED_FIFO 1) while blocks of segments queue.

@@ -1248,7 +1248,8 @@ fn the_servers_own_metrics_are_fetched_only_when_ours_are_scraped() {
 /// runs that measure never breaks one that does not. A falsey SGLANG_SUPERVISOR_TAP is no tap
 /// (it used to count as given: the proxy refused, the tap's options accepted and unused).
 #[test]
-fn measuring_options_need_a_measure_on_the_command_line_and_are_left_unused_from_the_environment() {
+fn measuring_options_need_a_measure_on_the_command_line_and_are_left_unused_from_the_environment_and_bad_tap_settings_are_refused(
+) {
     let dir = temp_dir("measure-options");
     let bin = supervisor_bin();
     let run = |env: &[(&str, &str)], args: &[&str]| {
@@ -1319,6 +1320,19 @@ fn measuring_options_need_a_measure_on_the_command_line_and_are_left_unused_from
         );
         assert!(std::path::Path::new(log).exists(), "TAP={falsey}: {err}");
         std::fs::remove_file(log).unwrap();
+    }
+    // The tap's settings from the environment: out of range is refused, never replaced.
+    for (var, bad, says) in [
+        ("SGLANG_SUPERVISOR_TAP_RING_MB", "0", "from 1 to 4096"),
+        ("SGLANG_SUPERVISOR_TAP_RING_MB", "4097", "from 1 to 4096"),
+        ("SGLANG_SUPERVISOR_TAP_READERS", "abc", "from 1 to 16"),
+    ] {
+        let (code, err) = run(&[(var, bad)], &["--tap"]);
+        assert_eq!(code, Some(125), "{var}={bad}: {err}");
+        assert!(
+            err.contains(var) && err.contains(says),
+            "{var}={bad}: {err}"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -69,6 +69,10 @@ pub enum TapError {
     },
     #[error("cannot start the tap's thread: {0}{hint}", hint = sglang_probes::sync::start_hint(.0))]
     Thread(std::io::Error),
+    /// A tap setting from the environment that cannot be used: refused, not replaced by the
+    /// default, so that a run never measures with a ring or readers other than those asked for.
+    #[error("{0}: set it within that range, or unset it for the default")]
+    Setting(String),
 }
 
 fn hint(e: &std::io::Error) -> &'static str {
@@ -135,13 +139,10 @@ impl Drop for TapHandle {
 /// Ring size in MiB, from `SGLANG_SUPERVISOR_TAP_RING_MB` (default 32: a third of a second of a
 /// fast server's streams at 100 MB/s, and at least 2 s of a slow one's, blocks being handed over
 /// every [`ring::BLOCK_TIMEOUT_MS`] at the latest).
-fn ring_blocks() -> usize {
+fn ring_blocks() -> Result<usize, TapError> {
     let set = std::env::var("SGLANG_SUPERVISOR_TAP_RING_MB").ok();
-    let mb = ring_mb(set.as_deref()).unwrap_or_else(|why| {
-        tracing::warn!("tap: {why}; the ring is {DEFAULT_RING_MB} MiB");
-        DEFAULT_RING_MB
-    });
-    mb * ring::BLOCKS_PER_MB
+    let mb = ring_mb(set.as_deref()).map_err(TapError::Setting)?;
+    Ok(mb * ring::BLOCKS_PER_MB)
 }
 
 const DEFAULT_RING_MB: usize = 32;
@@ -160,12 +161,9 @@ fn ring_mb(set: Option<&str>) -> Result<usize, String> {
 
 /// Readers from `SGLANG_SUPERVISOR_TAP_READERS` (unset: one): each reads a ring of its own of
 /// the ring's size, the connections hashed among them by the kernel ([`Ring::open_group`]).
-fn readers() -> usize {
+fn readers() -> Result<usize, TapError> {
     let set = std::env::var("SGLANG_SUPERVISOR_TAP_READERS").ok();
-    readers_from(set.as_deref()).unwrap_or_else(|why| {
-        tracing::warn!("tap: {why}; one reader");
-        1
-    })
+    readers_from(set.as_deref()).map_err(TapError::Setting)
 }
 
 fn readers_from(set: Option<&str>) -> Result<usize, String> {
@@ -212,11 +210,11 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
         traffic_window,
         tap_metrics,
     } = cfg;
-    let ledger = Ledger::new(metrics, stats.clone(), requests_log, traffic_window);
-    let members = readers();
+    let members = readers()?;
     // Each reader's ring is the whole size (one connection's segments all go to one of them),
     // 4 GiB over all at most.
-    let blocks = ring_blocks().min(4096 * ring::BLOCKS_PER_MB / members);
+    let blocks = ring_blocks()?.min(4096 * ring::BLOCKS_PER_MB / members);
+    let ledger = Ledger::new(metrics, stats.clone(), requests_log, traffic_window);
     let open = || -> std::io::Result<_> {
         let iface = Interface::parse(&iface);
         let (rings, from) = Ring::open_group(port, &iface, blocks, members).or_else(|e| {
