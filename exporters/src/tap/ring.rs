@@ -2,7 +2,8 @@
 //! port: the kernel fills blocks of segments and hands a block over when it is full or a few
 //! milliseconds old, so the reader reads a block at a time, not a segment, and nothing is
 //! copied twice. While blocks keep coming it looks for the next one on a timer of its own
-//! rather than sleeping on the socket, where the kernel would wake it from the server's send. A classic BPF filter in the kernel drops every other packet before it is copied.
+//! rather than sleeping on the socket, where the kernel would wake it from the server's send.
+//! A classic BPF filter in the kernel drops every other packet before it is copied.
 //!
 //! `nix` has no packet rings: the calls are libc's, each checked.
 use std::io;
@@ -774,6 +775,22 @@ mod tests {
         }
     }
 
+    /// A ring of `blocks` blocks on a port, and a connection to that port: its client and its
+    /// server end (None: no packet ring here).
+    #[cfg(target_arch = "x86_64")]
+    fn a_connection_under(
+        blocks: usize,
+    ) -> Option<(Ring, std::net::TcpStream, std::net::TcpStream)> {
+        let (l, port, ring) = ring_on_a_port(blocks)?;
+        let c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (s, _) = l.accept().unwrap();
+        Some((ring, c, s))
+    }
+
+    /// The system calls a napping reader sleeps in.
+    #[cfg(target_arch = "x86_64")]
+    const NAP_CALLS: [libc::c_long; 2] = [libc::SYS_clock_nanosleep, libc::SYS_nanosleep];
+
     /// 3.6 MB sent on a connection to `port` (read at the other end), more than 16 blocks of
     /// 128 KiB in 64 KB segments, and time for the ring to hold what it can: the client and the
     /// thread that reads, to be closed and joined.
@@ -961,12 +978,14 @@ mod tests {
         let Some((l, port, mut ring)) = ring_on_a_port(NAP_MIN_BLOCKS) else {
             return;
         };
-        let naps = [libc::SYS_clock_nanosleep, libc::SYS_nanosleep];
         assert_eq!(waits_in(&mut ring), libc::SYS_poll, "no block yet");
         let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let _s = l.accept().unwrap();
         one_block(&mut ring, &mut c);
-        assert!(naps.contains(&waits_in(&mut ring)), "a block just read");
+        assert!(
+            NAP_CALLS.contains(&waits_in(&mut ring)),
+            "a block just read"
+        );
         std::thread::sleep(NAPPING_FOR);
         assert_eq!(waits_in(&mut ring), libc::SYS_poll, "idle since");
         one_block(&mut ring, &mut c);
@@ -980,22 +999,25 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn a_raised_reader_naps_only_while_blocks_come_fast() {
-        let Some((l, port, mut ring)) = ring_on_a_port(NAP_MIN_BLOCKS) else {
+        let Some((mut ring, mut c, _s)) = a_connection_under(NAP_MIN_BLOCKS) else {
             return;
         };
-        let naps = [libc::SYS_clock_nanosleep, libc::SYS_nanosleep];
-        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        let _s = l.accept().unwrap();
         ring.set_naps(Naps::WhileBlocksComeFast);
         one_block(&mut ring, &mut c);
-        assert!(naps.contains(&waits_in(&mut ring)), "a block just read");
+        assert!(
+            NAP_CALLS.contains(&waits_in(&mut ring)),
+            "a block just read"
+        );
         one_block(&mut ring, &mut c);
         std::thread::sleep(2 * NAP);
         assert_eq!(waits_in(&mut ring), libc::SYS_poll, "none for two naps");
         ring.set_naps(Naps::AfterEachBlock);
         one_block(&mut ring, &mut c);
         std::thread::sleep(2 * NAP);
-        assert!(naps.contains(&waits_in(&mut ring)), "the normal priority");
+        assert!(
+            NAP_CALLS.contains(&waits_in(&mut ring)),
+            "the normal priority"
+        );
     }
 
     /// Blocks faster than one a millisecond shorten the naps to the shortest; a quiet spell
@@ -1005,11 +1027,9 @@ mod tests {
     fn naps_shorten_while_blocks_pour_in_and_lengthen_once_they_slow() {
         use std::io::{Read, Write};
         use std::sync::atomic::{AtomicBool, Ordering};
-        let Some((l, port, mut ring)) = ring_on_a_port(NAP_MIN_BLOCKS) else {
+        let Some((mut ring, mut c, mut s)) = a_connection_under(NAP_MIN_BLOCKS) else {
             return;
         };
-        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        let (mut s, _) = l.accept().unwrap();
         let drain = std::thread::spawn(move || {
             let mut buf = vec![0u8; 1 << 16];
             while s.read(&mut buf).is_ok_and(|n| n > 0) {}
@@ -1072,11 +1092,9 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_reader_of_a_small_ring_never_naps() {
-        let Some((l, port, mut ring)) = ring_on_a_port(NAP_MIN_BLOCKS - 1) else {
+        let Some((mut ring, mut c, _s)) = a_connection_under(NAP_MIN_BLOCKS - 1) else {
             return;
         };
-        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        let _s = l.accept().unwrap();
         one_block(&mut ring, &mut c);
         assert_eq!(waits_in(&mut ring), libc::SYS_poll);
     }
