@@ -222,6 +222,11 @@ def ratios(rows, kinds, key, kind="on", against=None):
     return out
 
 
+def t975(n):
+    """Student's t at 97.5 % for the mean of `n` values (n - 1 degrees of freedom)."""
+    return T975[n - 2] if n <= 31 else 1.96
+
+
 def verdict(rs, shared=True):
     """The geometric mean of the ratios and its 95 % interval. `shared`: neighbouring ratios
     share a turn in their denominators (on/off: an off-turn between two on-turns; tap/ctl: a
@@ -234,8 +239,7 @@ def verdict(rs, shared=True):
     gm = math.exp(st.fmean(logs))
     if len(logs) < 2:
         return f"{gm:.4f} (one turn: no interval)"
-    t = T975[min(len(logs) - 1, len(T975)) - 1] if len(logs) <= 31 else 1.96
-    half = t * st.stdev(logs) / math.sqrt(len(logs)) * (math.sqrt(4 / 3) if shared else 1.0)
+    half = t975(len(logs)) * st.stdev(logs) / math.sqrt(len(logs)) * (math.sqrt(4 / 3) if shared else 1.0)
     lo, hi = math.exp(st.fmean(logs) - half), math.exp(st.fmean(logs) + half)
     return f"{gm:.4f}, 95 % interval {lo:.4f}..{hi:.4f}, {len(rs)} turns"
 
@@ -281,10 +285,10 @@ def cpu_differences(turn_lists, kind="tog"):
     process's CPU per event (µs): user, system and the two together; and each as a share of the
     off-turns' user + system. Read from saved "keyed-turns" lines (each a run's turns)."""
     out = {"cpu_user": [], "cpu_sys": [], "cpu_both": [], "share_sys": [], "share_both": []}
+    both = lambda r: r["cpu_user"] + r["cpu_sys"]
     for turns in turn_lists:
         rows = [t["measured"] for t in turns]
         kinds = [t["kind"] for t in turns]
-        both = lambda r: r["cpu_user"] + r["cpu_sys"]
         for k, r in enumerate(rows):
             if not r or kinds[k] != kind or r["cpu_sys"] is None:
                 continue
@@ -307,8 +311,7 @@ def mean_interval(xs, unit):
     """The mean and its 95 % interval, widened by √(4/3) for the off-turns two on-turns share."""
     if len(xs) < 2:
         return "fewer than two turns"
-    t = T975[len(xs) - 2] if len(xs) <= 31 else 1.96
-    half = t * st.stdev(xs) / math.sqrt(len(xs)) * math.sqrt(4 / 3)
+    half = t975(len(xs)) * st.stdev(xs) / math.sqrt(len(xs)) * math.sqrt(4 / 3)
     m = st.fmean(xs)
     return f"{m:+.3f}{unit} ({m - half:+.3f} to {m + half:+.3f})"
 

@@ -514,18 +514,11 @@ fn pooled_toggled_runs_give_the_cpu_an_event_each_on_turn_adds_to_the_http_proce
         "c32-keyedtog-1.jsonl",
     );
     // the same file named twice counts once
-    let dir = temp_dir("keyed-pool-cpu-twice");
-    let saved = dir.join("tog.txt");
-    std::fs::write(&saved, &out).unwrap();
-    let twice = Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/keyed.py"))
-        .arg("--pool")
-        .args([&saved, &saved])
-        .output()
-        .unwrap()
-        .expect_success("keyed.py --pool");
-    let _ = std::fs::remove_dir_all(&dir);
-    let twice = String::from_utf8(twice.stdout).unwrap();
+    let twice = pool(
+        "cpu-twice",
+        &[("tog.txt", out.clone()), ("tog.txt", out.clone())],
+        &[],
+    );
     let out = pool("cpu", &[("tog.txt", out)], &[]);
     assert_eq!(out, twice, "the same file twice");
     let line = pooled(&out, "c=32 sglang toggled, HTTP process CPU per event");
