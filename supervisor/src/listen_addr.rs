@@ -83,6 +83,48 @@ pub(crate) fn local(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified())
 }
 
+/// How a client on this machine reaches a host: what `--tap` on `lo` can see of its traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Loopback (or every interface): `lo` carries all of a local client's traffic.
+    Loopback,
+    /// An address of this machine's own: Linux routes it over `lo` for clients here, while
+    /// clients on other hosts come in on their interface.
+    ThisHost,
+    /// Another machine, or a name that did not resolve within the time given.
+    Away,
+}
+
+/// The route to `host`, a name looked up for at most `within`. A name that resolves to
+/// several addresses takes the farthest of their routes.
+pub(crate) async fn route(host: &str, within: std::time::Duration) -> Route {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    if local(h) {
+        return Route::Loopback;
+    }
+    let ips: Vec<IpAddr> = match h.parse::<IpAddr>() {
+        Ok(ip) => vec![ip],
+        Err(_) => match tokio::time::timeout(within, tokio::net::lookup_host((h, 0))).await {
+            Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
+            _ => Vec::new(),
+        },
+    };
+    let route_of = |ip: &IpAddr| {
+        if ip.is_loopback() || ip.is_unspecified() {
+            Route::Loopback
+        } else if std::net::UdpSocket::bind((*ip, 0)).is_ok() {
+            // Only an address assigned to this machine can be bound.
+            Route::ThisHost
+        } else {
+            Route::Away
+        }
+    };
+    ips.iter()
+        .map(route_of)
+        .max_by_key(|r| *r as u8)
+        .unwrap_or(Route::Away)
+}
+
 /// Refuse a listening address that is the server's own: the same port (not 0) on the same host,
 /// or both on this machine (loopback or every interface).
 pub fn check_not_server(
@@ -118,6 +160,41 @@ pub fn check_not_server(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_name_for_loopback_and_this_machines_own_address_are_told_from_another_host() {
+        let within = std::time::Duration::from_secs(1);
+        assert_eq!(route("localhost", within).await, Route::Loopback);
+        assert_eq!(route("127.0.0.2", within).await, Route::Loopback);
+        assert_eq!(route("[::1]", within).await, Route::Loopback);
+        assert_eq!(route("0.0.0.0", within).await, Route::Loopback);
+        // Names that /etc/hosts gives a loopback address, "localhost" aside (a host's own
+        // name often is one).
+        let hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+        let loopback_names = hosts.lines().filter_map(|l| {
+            let mut words = l.split('#').next()?.split_whitespace();
+            let ip = words.next()?.parse::<IpAddr>().ok()?;
+            ip.is_loopback().then_some(words)
+        });
+        for name in loopback_names.flatten().filter(|n| *n != "localhost") {
+            assert_eq!(route(name, within).await, Route::Loopback, "{name}");
+        }
+        // 198.51.100.1 is TEST-NET-2: documentation only, never assigned here.
+        assert_eq!(route("198.51.100.1", within).await, Route::Away);
+        assert_eq!(route("no-such-host.invalid", within).await, Route::Away);
+        // The address this machine sends from on its default route, when it has one: a UDP
+        // socket's connect picks it without sending anything.
+        let own = std::net::UdpSocket::bind("0.0.0.0:0")
+            .and_then(|s| s.connect("198.51.100.1:9").map(|_| s))
+            .and_then(|s| s.local_addr());
+        if let Ok(ip) = own.map(|a| a.ip()) {
+            assert_eq!(
+                route(&ip.to_string(), within).await,
+                Route::ThisHost,
+                "{ip}"
+            );
+        }
+    }
 
     #[test]
     fn listen_addresses_parse_in_every_accepted_form() {

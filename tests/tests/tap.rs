@@ -929,6 +929,56 @@ fn on_every_interface_a_loopback_client_is_measured_once() {
     tap.stop();
 }
 
+/// The warnings of a stopped run that say the tap read nothing.
+fn read_nothing_warnings(run: &Run) -> Vec<String> {
+    run.events_named("warning")
+        .iter()
+        .filter_map(|w| w["message"].as_str())
+        .filter(|m| m.contains("--tap read no packet"))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn a_tap_on_an_interface_the_servers_traffic_does_not_cross_says_so_in_the_runs_warnings() {
+    if !can_tap("a_tap_on_an_interface_the_servers_traffic_does_not_cross...") {
+        return;
+    }
+    // Any interface but loopback: the replay server and its clients talk over `lo` only, so
+    // whether it is up or down, none of their segments cross it.
+    let mut others: Vec<String> = std::fs::read_dir("/sys/class/net")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n != "lo")
+                .collect()
+        })
+        .unwrap_or_default();
+    others.sort();
+    let Some(iface) = others.first() else {
+        eprintln!("SKIPPED a_tap_on_an_interface...: no interface here but loopback");
+        return;
+    };
+    let tap = start_tapped("tap-elsewhere", &["--tap-interface", iface], &[]);
+    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+    assert!(post(&tap.server, "/generate", body).status.contains("200"));
+    let port = tap.server.rsplit(':').next().unwrap().to_string();
+    let run = tap.stop();
+    let said = read_nothing_warnings(&run);
+    assert_eq!(said.len(), 1, "{:#?}", run.events_named("warning"));
+    assert!(
+        said[0].contains(&format!("port {port} on interface \"{iface}\""))
+            && said[0].contains("--tap-interface any"),
+        "{}",
+        said[0]
+    );
+    // The same run on loopback reads the request and says nothing of the kind.
+    let tap = start_tapped("tap-lo-reads", &[], &[]);
+    assert!(post(&tap.server, "/generate", body).status.contains("200"));
+    wait_records(&tap.log, 1);
+    let run = tap.stop();
+    assert_eq!(read_nothing_warnings(&run), Vec::<String>::new());
+}
+
 #[test]
 fn an_interface_that_does_not_exist_is_refused_at_start_by_name() {
     // Without CAP_NET_RAW the packet socket is refused before the name is looked up.

@@ -114,12 +114,31 @@ impl TapMetrics {
 pub struct TapHandle {
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// Segments of the port read, by every reader.
+    segments: Arc<AtomicU64>,
+    port: u16,
+    iface: String,
+}
+
+/// What a stopped tap read over its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TapRead {
+    pub port: u16,
+    pub iface: String,
+    /// Segments of the port (payload, SYN, FIN or RST). None read: the interface never carried the
+    /// port's traffic, not even the supervisor's own health checks.
+    pub segments: u64,
 }
 
 impl TapHandle {
     /// Stops the tap after it has read every segment already copied (and waits for that).
-    pub fn stop(mut self) {
+    pub fn stop(mut self) -> TapRead {
         self.halt();
+        TapRead {
+            port: self.port,
+            iface: std::mem::take(&mut self.iface),
+            segments: self.segments.load(Ordering::Relaxed),
+        }
     }
 
     fn halt(&mut self) {
@@ -232,7 +251,10 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
         }
         Ok((opened, from))
     };
-    let (rings, from) = open().map_err(|error| TapError::Open { port, iface, error })?;
+    let (rings, from) = match open() {
+        Ok(opened) => opened,
+        Err(error) => return Err(TapError::Open { port, iface, error }),
+    };
     let members = rings.len();
     let all_buffered = Arc::new(AtomicUsize::new(0));
     let read_through: Vec<Arc<AtomicU64>> =
@@ -243,6 +265,9 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
     let mut handle = TapHandle {
         stop: stop.clone(),
         threads: Vec::with_capacity(rings.len()),
+        segments: Arc::new(AtomicU64::new(0)),
+        port,
+        iface,
     };
     for (k, ((ring, drops), read_through)) in rings.into_iter().zip(read_through).enumerate() {
         let mut conns = Connections::new(
@@ -256,6 +281,7 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
             conns,
             read_through,
             from,
+            segments: handle.segments.clone(),
         };
         let halt = stop.clone();
         let name = if members > 1 {
@@ -313,6 +339,8 @@ struct Reader {
     /// Segments stamped before this are left: until its group was complete, each ring had them.
     /// None once one stamped after it was read (a wall clock stepped back must not blind it).
     from: Option<SystemTime>,
+    /// Segments read, added once per block.
+    segments: Arc<AtomicU64>,
 }
 
 impl Reader {
@@ -342,13 +370,18 @@ impl Reader {
             };
             let (conns, from) = (&mut self.conns, &mut self.from);
             ring.set_naps(boost.naps());
+            let mut segments = 0;
             let read = ring.next_block(wait, |p| {
+                segments += 1;
                 if from.is_some_and(|f| p.at < f) {
                     return;
                 }
                 *from = None;
                 conns.packet(p, now_wall, now);
             });
+            if segments > 0 {
+                self.segments.fetch_add(segments, Ordering::Relaxed);
+            }
             self.after_pass(&ring, &mut boost);
             if let Err(e) = read {
                 tracing::error!("tap: reading the ring: {e}; the tap stops");

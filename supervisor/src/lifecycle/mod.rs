@@ -27,6 +27,7 @@ use anyhow::Result;
 use machine::{Action, Input, Machine, Settings};
 use serde_json::{json, Map, Value};
 use sglang_exporters::metrics as exporters;
+use sglang_exporters::tap::TapRead;
 use sglang_probes::http::HttpUrl;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
@@ -379,11 +380,8 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
             }
             None => {
                 let target = tapped(args, &url)?;
-                if args.tap_interface == "lo" && !crate::listen_addr::local(&target.host) {
-                    tracing::warn!(
-                        "--tap copies loopback only, and the server is reached at {}: clients of that address come in on another interface (pass --tap-interface any)",
-                        target.host
-                    );
+                if args.tap_interface == "lo" {
+                    warn_tap_misses(&target.host).await;
                 }
                 let tap = sglang_exporters::tap::start(sglang_exporters::tap::TapConfig {
                     port: target.port,
@@ -414,6 +412,20 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
         startup,
         trace_dir: crate::profile::trace_dir(args),
     })
+}
+
+/// `--tap` on `lo` sees only clients on this machine: said when the server's address is one
+/// that other hosts' clients reach, or that is not this machine's at all.
+async fn warn_tap_misses(host: &str) {
+    use crate::listen_addr::Route;
+    let whose = match crate::listen_addr::route(host, Duration::from_secs(1)).await {
+        Route::Loopback => return,
+        Route::ThisHost => "clients on other hosts",
+        Route::Away => "its clients",
+    };
+    tracing::warn!(
+        "--tap copies loopback only, and the server is reached at {host}: {whose} come in on another interface (pass --tap-interface any)"
+    );
 }
 
 /// A taken proxy port's error names its holder (another supervisor given the same address).
@@ -545,7 +557,8 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
     let status = s.supervise(&mut watch, services.signals).await;
     // What the tap copied before the server went down is read before the report is made.
     if let Some(tap) = tap {
-        let _ = sglang_probes::sync::off_runtime(move || tap.stop()).await;
+        let read = sglang_probes::sync::off_runtime(move || tap.stop()).await;
+        s.after_tap(read);
     }
     // 4. Tear down.
     s.teardown(status, watch, services.sampler).await
@@ -874,6 +887,26 @@ impl Supervision {
                 excerpt,
             } => self.on_fatal(reason, rank, excerpt).await,
         }
+    }
+
+    /// A tap that read no segment of the port while the server answered (our own health checks
+    /// included) was on an interface its traffic does not cross: the report says so, not only
+    /// an empty table.
+    fn after_tap(&mut self, read: Option<TapRead>) {
+        let Some(TapRead {
+            port,
+            iface,
+            segments: 0,
+        }) = read
+        else {
+            return;
+        };
+        if self.http_up_at.is_none() {
+            return;
+        }
+        self.warn(format!(
+            "--tap read no packet of port {port} on interface {iface:?} over the whole run, not even the supervisor's own health checks: the server's traffic crosses another interface (--tap-interface any takes every one), so no request was measured"
+        ));
     }
 
     fn warn(&mut self, message: String) {
