@@ -24,11 +24,13 @@ pub enum ListenAddrError {
         why: &'static str,
         example: &'static str,
     },
-    #[error("{flag} {value} is the server's own address ({server}, from its --port or --upstream/--health-url): the server could not take its port; give {flag} another port, e.g. {flag} {host}:{other}")]
+    #[error("{flag} {value} is the server's own address ({server}, from {from}): the server and {flag} cannot both listen on it; give {flag} another port, e.g. {flag} {host}:{other}")]
     ServersOwn {
         flag: &'static str,
         value: String,
         server: String,
+        /// Where the server's address was read: its --port, --upstream or --health-url.
+        from: &'static str,
         host: String,
         other: u32,
     },
@@ -131,7 +133,7 @@ pub fn check_not_server(
     flag: &'static str,
     value: &str,
     addr: &ListenAddr,
-    server: &HttpUrl,
+    (server, from): (&HttpUrl, &'static str),
 ) -> Result<(), ListenAddrError> {
     let server_host = server.host.trim_start_matches('[').trim_end_matches(']');
     let same_host =
@@ -148,6 +150,7 @@ pub fn check_not_server(
         flag,
         value: value.to_string(),
         server: server.base(),
+        from,
         host,
         other: if addr.port == u16::MAX {
             u32::from(addr.port) - 1
@@ -234,7 +237,8 @@ mod tests {
         let server = HttpUrl::parse("http://127.0.0.1:30000").unwrap();
         let check = |v| {
             let a = parse("--proxy-addr", v).unwrap();
-            check_not_server("--proxy-addr", v, &a, &server).map_err(|e| e.to_string())
+            check_not_server("--proxy-addr", v, &a, (&server, "--upstream"))
+                .map_err(|e| e.to_string())
         };
         for same in [
             "127.0.0.1:30000",
@@ -244,7 +248,11 @@ mod tests {
             "[::]:30000",
         ] {
             let e = check(same).unwrap_err();
-            assert!(e.contains("http://127.0.0.1:30000"), "{e}");
+            assert!(
+                e.contains("(http://127.0.0.1:30000, from --upstream)"),
+                "{e}"
+            );
+            assert!(e.contains("cannot both listen on it"), "{e}");
             assert!(
                 e.contains(&format!("--proxy-addr {same} is the server's own")),
                 "{e}"

@@ -889,6 +889,11 @@ fn without_cap_net_raw_the_start_is_refused_with_125_and_one_line_naming_it() {
         lines[0].contains("CAP_NET_RAW") && lines[0].contains("tap"),
         "{err}"
     );
+    assert_eq!(
+        lines[0].matches("CAP_NET_RAW").count(),
+        1,
+        "said once: {err}"
+    );
     // Refused before the launch: no server started, and the one terminal event says why.
     assert!(
         events.iter().all(|e| e["event"] != "spawned"),

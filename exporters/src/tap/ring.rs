@@ -436,7 +436,7 @@ impl Ring {
         // SAFETY: plain socket creation; the descriptor is owned at once.
         let raw =
             unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-        check(raw, "opening a packet socket (needs CAP_NET_RAW)")?;
+        check(raw, "opening a packet socket")?;
         // SAFETY: `raw` is a new descriptor owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let lo_index = if_index("lo")?;

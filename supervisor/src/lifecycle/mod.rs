@@ -66,13 +66,21 @@ pub fn server_url(args: &RunArgs) -> Result<HttpUrl> {
 /// and not the server's own (the server could not take its port, the proxy would forward to
 /// itself).
 pub fn check_listen_addrs(args: &RunArgs) -> Result<()> {
-    let mut servers = vec![server_url(args)?];
+    // Where server_url read the address: --health-url, else --upstream, else the command.
+    let from = if args.health_url.is_some() {
+        "--health-url"
+    } else if args.upstream.is_some() {
+        "--upstream"
+    } else {
+        "the server's --port"
+    };
+    let mut servers = vec![(server_url(args)?, from)];
     if let Some(u) = args
         .upstream
         .as_deref()
         .and_then(|u| HttpUrl::parse(u).ok())
     {
-        servers.push(u);
+        servers.push((u, "--upstream"));
     }
     let flags = [
         (
@@ -86,8 +94,8 @@ pub fn check_listen_addrs(args: &RunArgs) -> Result<()> {
     for (flag, value) in flags {
         let Some(value) = value else { continue };
         let addr = crate::listen_addr::parse(flag, value)?;
-        for server in &servers {
-            crate::listen_addr::check_not_server(flag, value, &addr, server)?;
+        for (server, from) in &servers {
+            crate::listen_addr::check_not_server(flag, value, &addr, (server, from))?;
         }
     }
     Ok(())
