@@ -479,7 +479,8 @@ pub struct RunArgs {
     /// With --tap: where the copy is taken: `lo` (clients on this machine), `any` (clients on
     /// other hosts too), or an interface's name. With `any`, a port the host relays to a
     /// container (docker-proxy) is seen on both sides of the relay: each request twice; name the
-    /// interface the clients come in on instead.
+    /// interface the clients come in on instead. A run whose tap read nothing there (not even our
+    /// own health checks) says so in its warnings and report.
     #[arg(
         long,
         env = "SGLANG_SUPERVISOR_TAP_INTERFACE",
