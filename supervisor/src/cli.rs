@@ -480,7 +480,7 @@ pub struct RunArgs {
     /// other hosts too), or an interface's name. With `any`, a port the host relays to a
     /// container (docker-proxy) is seen on both sides of the relay: each request twice; name the
     /// interface the clients come in on instead. A run whose tap read nothing there (not even our
-    /// own health checks) says so in its warnings and report.
+    /// own readiness request) says so in its warnings and report.
     #[arg(
         long,
         env = "SGLANG_SUPERVISOR_TAP_INTERFACE",

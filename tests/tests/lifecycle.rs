@@ -105,7 +105,9 @@ fn a_proxy_addr_on_the_servers_own_port_is_refused_before_launching() {
     assert_eq!(line.lines().count(), 1, "one line: {err}");
     assert!(
         line.contains(&format!("--proxy-addr {proxy}"))
-            && line.contains(&format!("(http://127.0.0.1:{port}, from the server's --port)"))
+            && line.contains(&format!(
+                "(http://127.0.0.1:{port}, from the server's --port)"
+            ))
             && line.contains("another port"),
         "names both, where the server's was read, and what to do: {err}"
     );

@@ -126,7 +126,7 @@ pub struct TapRead {
     pub port: u16,
     pub iface: String,
     /// Segments of the port (payload, SYN, FIN or RST). None read: the interface never carried the
-    /// port's traffic, not even the supervisor's own health checks.
+    /// port's traffic, not even the supervisor's own readiness request.
     pub segments: u64,
 }
 

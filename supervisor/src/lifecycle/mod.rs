@@ -682,6 +682,8 @@ struct Supervision {
     node: Node,
     machine: Machine,
     http_up_at: Option<f64>,
+    /// When the server became ready (readiness confirmed by a request of ours).
+    ready_at: Option<f64>,
     fatal: Option<(FatalReason, String)>,
     last_traceback: Option<String>,
     ranks: BTreeMap<String, RankProgress>,
@@ -734,6 +736,7 @@ impl Supervision {
             node,
             machine,
             http_up_at: None,
+            ready_at: None,
             fatal: None,
             last_traceback: None,
             ranks: BTreeMap::new(),
@@ -897,8 +900,8 @@ impl Supervision {
         }
     }
 
-    /// A tap that read no segment of the port while the server answered (our own health checks
-    /// included) was on an interface its traffic does not cross: the report says so, not only
+    /// A tap that read no segment of the port, where our own readiness request went, was on an
+    /// interface the server's traffic does not cross: the report says so, not only
     /// an empty table.
     fn after_tap(&mut self, read: Option<TapRead>) {
         let Some(TapRead {
@@ -909,11 +912,13 @@ impl Supervision {
         else {
             return;
         };
-        if self.http_up_at.is_none() {
+        // Readiness was confirmed by a request of ours to that port: without one (a run that
+        // never became ready, or readiness read from another port), an empty tap proves nothing.
+        if self.ready_at.is_none() || self.node.serves_no_api() || port != self.url.port {
             return;
         }
         self.warn(format!(
-            "--tap read no packet of port {port} on interface {iface:?} over the whole run, not even the supervisor's own health checks: the server's traffic crosses another interface (--tap-interface any takes every one), so no request was measured"
+            "--tap read no packet of port {port} on interface {iface:?} over the whole run, not even the supervisor's own readiness request: the server's traffic crosses another interface (--tap-interface any takes every one), so no request was measured"
         ));
     }
 
@@ -1044,6 +1049,7 @@ impl Supervision {
 
     fn become_ready(&mut self) {
         let at = self.now_s();
+        self.ready_at = Some(at);
         self.metrics.update(|st| {
             st.state = "ready";
             st.ready_seconds = Some(at);
