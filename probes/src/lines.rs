@@ -3,8 +3,10 @@
 //! file without newlines (a sparse or garbage one) costs at most the cap.
 use std::io::{self, BufRead};
 
-/// One line, its end ("\n" or "\r\n") taken off, invalid UTF-8 replaced; or a line longer
-/// than the cap, skipped to its end without being held.
+/// One line, its end taken off, invalid UTF-8 replaced; or a line longer than the cap, skipped
+/// to its end without being held. A line ends at "\n", "\r\n" or a lone "\r", as Python's
+/// csv module reads a file opened with `newline=""` (InferenceX's `aggregate_power.py`, the
+/// referee of the power CSV): so "a\r\r\n" is "a" and an empty line.
 #[derive(Debug, PartialEq)]
 pub enum Line {
     Text(String),
@@ -16,6 +18,8 @@ pub struct CappedLines<R> {
     reader: R,
     cap: usize,
     buf: Vec<u8>,
+    /// The last line ended at a "\r": a "\n" right after it belongs to that end.
+    after_cr: bool,
 }
 
 impl<R: BufRead> CappedLines<R> {
@@ -24,6 +28,7 @@ impl<R: BufRead> CappedLines<R> {
             reader,
             cap,
             buf: Vec::new(),
+            after_cr: false,
         }
     }
 }
@@ -43,9 +48,16 @@ impl<R: BufRead> Iterator for CappedLines<R> {
             if chunk.is_empty() {
                 break;
             }
+            if std::mem::take(&mut self.after_cr) && chunk[0] == b'\n' {
+                self.reader.consume(1);
+                continue;
+            }
             any = true;
-            let (part, done) = match chunk.iter().position(|&b| b == b'\n') {
-                Some(i) => (&chunk[..i], Some(i + 1)),
+            let (part, done) = match chunk.iter().position(|&b| b == b'\n' || b == b'\r') {
+                Some(i) => {
+                    self.after_cr = chunk[i] == b'\r';
+                    (&chunk[..i], Some(i + 1))
+                }
                 None => (chunk, None),
             };
             if !too_long && self.buf.len() + part.len() <= self.cap {
@@ -65,9 +77,6 @@ impl<R: BufRead> Iterator for CappedLines<R> {
         }
         if too_long {
             return Some(Ok(Line::TooLong));
-        }
-        if self.buf.last() == Some(&b'\r') {
-            self.buf.pop();
         }
         let text = match String::from_utf8(std::mem::take(&mut self.buf)) {
             Ok(t) => t,
@@ -100,5 +109,17 @@ mod tests {
         assert_eq!(lines(b"123456789\nok\n", 8), [Line::TooLong, t("ok")]);
         assert_eq!(lines(b"12345678\n", 8), [t("12345678")]);
         assert_eq!(lines(b"a\xffb\n", 8), [t("a\u{fffd}b")]);
+    }
+
+    #[test]
+    fn a_lone_cr_ends_a_line_as_pythons_csv_reads_it_and_a_crlf_split_across_reads_is_one_end() {
+        let t = |s: &str| Line::Text(s.into());
+        assert_eq!(lines(b"ab\rcd\r", 8), [t("ab"), t("cd")]);
+        assert_eq!(lines(b"ab\r\r\ncd", 8), [t("ab"), t(""), t("cd")]);
+        // "abc\r" fills the 4-byte buffer: the "\n" comes in the next read
+        assert_eq!(lines(b"abc\r\nd\n\r", 8), [t("abc"), t("d"), t("")]);
+        assert_eq!(lines(b"\r\n\r\n", 8), [t(""), t("")]);
+        // a line over the cap ends at a lone CR too
+        assert_eq!(lines(b"123456789\rok", 8), [Line::TooLong, t("ok")]);
     }
 }

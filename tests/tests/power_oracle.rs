@@ -231,6 +231,22 @@ fn cases() -> Vec<Case> {
             recorded: (true, &[], &[("0", 3205.7418014685827)]),
         },
         Case {
+            // Python's csv module ends a row at a lone CR too (the file opened with newline="")
+            name: "the real window with CR-only line ends",
+            csv: real_csv().replace('\n', "\r"),
+            bench: bench(START, END),
+            gpus: 1,
+            recorded: (true, &[], &[("0", 3205.7418014685827)]),
+        },
+        Case {
+            // a row, then an empty one (skipped), at each line end
+            name: "the real window with \\r\\r\\n line ends",
+            csv: real_csv().replace('\n', "\r\r\n"),
+            bench: bench(START, END),
+            gpus: 1,
+            recorded: (true, &[], &[("0", 3205.7418014685827)]),
+        },
+        Case {
             name: "the real window with the memory.used column run writes now, last",
             csv: with_memory_column(&real_csv(), |_| false),
             bench: bench(START, END),
