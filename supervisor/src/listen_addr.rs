@@ -93,28 +93,34 @@ pub(crate) enum Route {
     /// An address of this machine's own: Linux routes it over `lo` for clients here, while
     /// clients on other hosts come in on their interface.
     ThisHost,
-    /// Another machine, or a name that did not resolve within the time given.
+    /// Another machine.
     Away,
+    /// A name that did not resolve.
+    Unresolved,
 }
 
-/// The route to `host`, a name looked up for at most `within`. A name that resolves to
-/// several addresses takes the farthest of their routes.
-pub(crate) async fn route(host: &str, within: std::time::Duration) -> Route {
+/// The route to `host`. A name is looked up (getaddrinfo, which blocks for as long as the
+/// resolver takes: call it where that holds nothing up); one that resolves to several addresses
+/// takes the farthest of their routes.
+pub(crate) fn route(host: &str) -> Route {
+    use std::net::ToSocketAddrs;
     let h = host.trim_start_matches('[').trim_end_matches(']');
     if local(h) {
         return Route::Loopback;
     }
     let ips: Vec<IpAddr> = match h.parse::<IpAddr>() {
         Ok(ip) => vec![ip],
-        Err(_) => match tokio::time::timeout(within, tokio::net::lookup_host((h, 0))).await {
-            Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
-            _ => Vec::new(),
+        Err(_) => match (h, 0).to_socket_addrs() {
+            Ok(addrs) => addrs.map(|a| a.ip()).collect(),
+            Err(_) => return Route::Unresolved,
         },
     };
     let route_of = |ip: &IpAddr| {
+        // ::ffff:127.0.0.1 is loopback too
+        let ip = ip.to_canonical();
         if ip.is_loopback() || ip.is_unspecified() {
             Route::Loopback
-        } else if std::net::UdpSocket::bind((*ip, 0)).is_ok() {
+        } else if std::net::UdpSocket::bind((ip, 0)).is_ok() {
             // Only an address assigned to this machine can be bound.
             Route::ThisHost
         } else {
@@ -124,7 +130,7 @@ pub(crate) async fn route(host: &str, within: std::time::Duration) -> Route {
     ips.iter()
         .map(route_of)
         .max_by_key(|r| *r as u8)
-        .unwrap_or(Route::Away)
+        .unwrap_or(Route::Unresolved)
 }
 
 /// Refuse a listening address that is the server's own: the same port (not 0) on the same host,
@@ -164,13 +170,13 @@ pub fn check_not_server(
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn a_name_for_loopback_and_this_machines_own_address_are_told_from_another_host() {
-        let within = std::time::Duration::from_secs(1);
-        assert_eq!(route("localhost", within).await, Route::Loopback);
-        assert_eq!(route("127.0.0.2", within).await, Route::Loopback);
-        assert_eq!(route("[::1]", within).await, Route::Loopback);
-        assert_eq!(route("0.0.0.0", within).await, Route::Loopback);
+    #[test]
+    fn a_name_for_loopback_and_this_machines_own_address_are_told_from_another_host() {
+        assert_eq!(route("localhost"), Route::Loopback);
+        assert_eq!(route("127.0.0.2"), Route::Loopback);
+        assert_eq!(route("[::1]"), Route::Loopback);
+        assert_eq!(route("[::ffff:127.0.0.1]"), Route::Loopback);
+        assert_eq!(route("0.0.0.0"), Route::Loopback);
         // Names that /etc/hosts gives a loopback address, "localhost" aside (a host's own
         // name often is one).
         let hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
@@ -180,22 +186,18 @@ mod tests {
             ip.is_loopback().then_some(words)
         });
         for name in loopback_names.flatten().filter(|n| *n != "localhost") {
-            assert_eq!(route(name, within).await, Route::Loopback, "{name}");
+            assert_eq!(route(name), Route::Loopback, "{name}");
         }
         // 198.51.100.1 is TEST-NET-2: documentation only, never assigned here.
-        assert_eq!(route("198.51.100.1", within).await, Route::Away);
-        assert_eq!(route("no-such-host.invalid", within).await, Route::Away);
+        assert_eq!(route("198.51.100.1"), Route::Away);
+        assert_eq!(route("no-such-host.invalid"), Route::Unresolved);
         // The address this machine sends from on its default route, when it has one: a UDP
         // socket's connect picks it without sending anything.
         let own = std::net::UdpSocket::bind("0.0.0.0:0")
             .and_then(|s| s.connect("198.51.100.1:9").map(|_| s))
             .and_then(|s| s.local_addr());
         if let Ok(ip) = own.map(|a| a.ip()) {
-            assert_eq!(
-                route(&ip.to_string(), within).await,
-                Route::ThisHost,
-                "{ip}"
-            );
+            assert_eq!(route(&ip.to_string()), Route::ThisHost, "{ip}");
         }
     }
 

@@ -115,6 +115,26 @@ fn a_proxy_addr_on_the_servers_own_port_is_refused_before_launching() {
     let evs = events_at(&ev);
     assert!(!evs.iter().any(|e| e["event"] == "spawned"), "{evs:?}");
     assert_eq!(evs.last().unwrap()["exit_status"], 125, "{evs:?}");
+    // A command without --port: SGLang's default, said as such.
+    let out = run_cmd(
+        &ev,
+        &["--proxy-addr", "127.0.0.1:30000"],
+        &[
+            "sh",
+            "-c",
+            "touch \"$0\"; sleep 30",
+            marker.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "(http://127.0.0.1:30000, from SGLang's default port, the command having no --port)"
+        ),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the server was launched");
     let _ = std::fs::remove_dir_all(dir);
 }
 

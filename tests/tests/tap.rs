@@ -35,6 +35,8 @@ struct Tapped {
     server: String,
     metrics: String,
     log: PathBuf,
+    /// The supervisor's stderr (its console).
+    stderr: PathBuf,
 }
 
 fn log_path(name: &str) -> PathBuf {
@@ -60,12 +62,14 @@ fn start_tapped_with(
     let log_s = log.to_str().unwrap().to_string();
     let sup = [&["--tap", "--requests-log", log_s.as_str()], supervisor].concat();
     let replay = [&["--speed", "50"], replay].concat();
+    let stderr = log.with_extension("stderr");
     let run = Run::start(
         name,
         Opts {
             supervisor: &sup,
             replay: &replay,
             env,
+            stderr: std::fs::File::create(&stderr).unwrap().into(),
             ..Default::default()
         },
     );
@@ -82,6 +86,7 @@ fn start_tapped_with(
         server,
         metrics,
         log,
+        stderr,
     }
 }
 
@@ -90,6 +95,7 @@ impl Tapped {
         let mut run = self.run;
         run.stop_by_sigterm();
         let _ = std::fs::remove_file(&self.log);
+        let _ = std::fs::remove_file(&self.stderr);
         run
     }
 }
@@ -949,8 +955,12 @@ fn a_tap_on_an_interface_the_servers_traffic_does_not_cross_says_so_in_the_runs_
     if !can_tap("a_tap_on_an_interface_the_servers_traffic_does_not_cross...") {
         return;
     }
-    // Any interface but loopback: the replay server and its clients talk over `lo` only, so
-    // whether it is up or down, none of their segments cross it.
+    // Interfaces but loopback, one up and one down where there are: the replay server and its
+    // clients talk over `lo` only, so none of their segments cross either.
+    let down = |iface: &str| {
+        std::fs::read_to_string(format!("/sys/class/net/{iface}/operstate"))
+            .is_ok_and(|s| s.trim() == "down")
+    };
     let mut others: Vec<String> = std::fs::read_dir("/sys/class/net")
         .map(|d| {
             d.filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -959,23 +969,46 @@ fn a_tap_on_an_interface_the_servers_traffic_does_not_cross_says_so_in_the_runs_
         })
         .unwrap_or_default();
     others.sort();
-    let Some(iface) = others.first() else {
+    let picked: Vec<&String> = [false, true]
+        .iter()
+        .filter_map(|&d| others.iter().find(|i| down(i) == d))
+        .collect();
+    if picked.is_empty() {
         eprintln!("SKIPPED a_tap_on_an_interface...: no interface here but loopback");
         return;
-    };
-    let tap = start_tapped("tap-elsewhere", &["--tap-interface", iface], &[]);
+    }
     let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
-    assert!(post(&tap.server, "/generate", body).status.contains("200"));
-    let port = tap.server.rsplit(':').next().unwrap().to_string();
-    let run = tap.stop();
-    let said = read_nothing_warnings(&run);
-    assert_eq!(said.len(), 1, "{:#?}", run.events_named("warning"));
-    assert!(
-        said[0].contains(&format!("port {port} on interface \"{iface}\""))
-            && said[0].contains("--tap-interface any"),
-        "{}",
-        said[0]
-    );
+    for iface in picked {
+        let tap = start_tapped("tap-elsewhere", &["--tap-interface", iface], &[]);
+        assert!(post(&tap.server, "/generate", body).status.contains("200"));
+        let port = tap.server.rsplit(':').next().unwrap().to_string();
+        let (stderr, log) = (tap.stderr.clone(), tap.log.clone());
+        let mut run = tap.run;
+        run.stop_by_sigterm();
+        let said = read_nothing_warnings(&run);
+        assert_eq!(said.len(), 1, "{:#?}", run.events_named("warning"));
+        // Why, by what the interface is: down, or up with no client from another host on it
+        // (our own requests to a local server go over lo).
+        let why = if down(iface) {
+            "the interface is down"
+        } else {
+            "no client on another host sent a request over it"
+        };
+        assert!(
+            said[0].contains(&format!("port {port} on interface \"{iface}\""))
+                && said[0].contains(why)
+                && said[0].contains("--tap-interface any"),
+            "{}",
+            said[0]
+        );
+        // Said on the console too, not only in the events and the report.
+        let console = std::fs::read_to_string(&stderr).unwrap();
+        assert!(
+            console.contains("--tap read no packet of port"),
+            "{console}"
+        );
+        let _ = (std::fs::remove_file(&stderr), std::fs::remove_file(&log));
+    }
     // The same run on loopback reads the request and says nothing of the kind.
     let tap = start_tapped("tap-lo-reads", &[], &[]);
     assert!(post(&tap.server, "/generate", body).status.contains("200"));

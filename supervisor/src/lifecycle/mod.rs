@@ -71,8 +71,13 @@ pub fn check_listen_addrs(args: &RunArgs) -> Result<()> {
         "--health-url"
     } else if args.upstream.is_some() {
         "--upstream"
-    } else {
+    } else if argv_text(&args.command)
+        .iter()
+        .any(|a| a == "--port" || a.starts_with("--port="))
+    {
         "the server's --port"
+    } else {
+        "SGLang's default port, the command having no --port"
     };
     let mut servers = vec![(server_url(args)?, from)];
     if let Some(u) = args
@@ -389,7 +394,7 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
             None => {
                 let target = tapped(args, &url)?;
                 if args.tap_interface == "lo" {
-                    warn_tap_misses(&target.host).await;
+                    warn_tap_misses(&target.host);
                 }
                 let tap = sglang_exporters::tap::start(sglang_exporters::tap::TapConfig {
                     port: target.port,
@@ -423,17 +428,34 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
 }
 
 /// `--tap` on `lo` sees only clients on this machine: said when the server's address is one
-/// that other hosts' clients reach, or that is not this machine's at all.
-async fn warn_tap_misses(host: &str) {
+/// that other hosts' clients reach, or that is not this machine's at all. The name is looked up
+/// on a thread of its own, left running: a slow resolver neither holds up the launch nor the
+/// exit.
+fn warn_tap_misses(host: &str) {
     use crate::listen_addr::Route;
-    let whose = match crate::listen_addr::route(host, Duration::from_secs(1)).await {
-        Route::Loopback => return,
-        Route::ThisHost => "clients on other hosts",
-        Route::Away => "its clients",
-    };
-    tracing::warn!(
-        "--tap copies loopback only, and the server is reached at {host}: {whose} come in on another interface (pass --tap-interface any)"
-    );
+    let host = host.to_string();
+    let said = std::thread::Builder::new()
+        .name("tap-route".into())
+        .spawn(move || {
+            let whose = match crate::listen_addr::route(&host) {
+                Route::Loopback => return,
+                Route::ThisHost => "clients on other hosts come",
+                Route::Away => "its clients come",
+                Route::Unresolved => "it did not resolve here, and clients on other hosts would come",
+            };
+            tracing::warn!(
+                "--tap copies loopback only, and the server is reached at {host}: {whose} in on another interface (pass --tap-interface any)"
+            );
+        });
+    if let Err(e) = said {
+        tracing::debug!("no thread to look up the server's host for the loopback warning: {e}");
+    }
+}
+
+/// An interface the kernel says is down (`/sys/class/net/IFACE/operstate`).
+fn is_down(iface: &str) -> bool {
+    std::fs::read_to_string(format!("/sys/class/net/{iface}/operstate"))
+        .is_ok_and(|s| s.trim() == "down")
 }
 
 /// A taken proxy port's error names its holder (another supervisor given the same address).
@@ -900,9 +922,10 @@ impl Supervision {
         }
     }
 
-    /// A tap that read no segment of the port, where our own readiness request went, was on an
-    /// interface the server's traffic does not cross: the report says so, not only
-    /// an empty table.
+    /// A tap that read no segment of the port measured nothing: the report says why, not only
+    /// with an empty table. On `lo` or `any` our own readiness request to that port crossed it,
+    /// so the server's traffic went elsewhere; a named interface sees only clients on other
+    /// hosts (this machine's own traffic to it goes over `lo`), and none came, or it is down.
     fn after_tap(&mut self, read: Option<TapRead>) {
         let Some(TapRead {
             port,
@@ -912,14 +935,21 @@ impl Supervision {
         else {
             return;
         };
-        // Readiness was confirmed by a request of ours to that port: without one (a run that
-        // never became ready, or readiness read from another port), an empty tap proves nothing.
-        if self.ready_at.is_none() || self.node.serves_no_api() || port != self.url.port {
+        // A run never ready had no requests to measure.
+        if self.ready_at.is_none() || self.node.serves_no_api() {
             return;
         }
-        self.warn(format!(
-            "--tap read no packet of port {port} on interface {iface:?} over the whole run, not even the supervisor's own readiness request: the server's traffic crosses another interface (--tap-interface any takes every one), so no request was measured"
-        ));
+        let why = match iface.as_str() {
+            "lo" | "any" if port == self.url.port => "not even the supervisor's own readiness request: the server's traffic crosses another interface (--tap-interface any takes every one)".to_string(),
+            "lo" | "any" => return, // readiness was read from another port: nothing proven
+            _ if is_down(&iface) => "the interface is down (clients on this machine reach the server over lo; --tap-interface any takes every interface)".to_string(),
+            _ => "no client on another host sent a request over it (clients on this machine reach the server over lo; --tap-interface any takes every interface)".to_string(),
+        };
+        let message = format!(
+            "--tap read no packet of port {port} on interface {iface:?} over the whole run, so no request was measured: {why}"
+        );
+        tracing::warn!("{message}");
+        self.warn(message);
     }
 
     fn warn(&mut self, message: String) {
