@@ -797,7 +797,7 @@ impl CsvLines {
         let file = std::fs::File::open(path).map_err(|_| vec!["telemetry_file_unreadable"])?;
         let reader = std::io::BufReader::with_capacity(1 << 16, file);
         Ok(CsvLines {
-            lines: crate::lines::CappedLines::new(reader, MAX_CSV_LINE),
+            lines: crate::lines::CappedLines::csv(reader, MAX_CSV_LINE),
             failed: false,
         })
     }

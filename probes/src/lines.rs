@@ -13,6 +13,39 @@ pub enum Line {
     TooLong,
 }
 
+/// Where a CSV record's scan stands, as Python's csv module reads one (`skipinitialspace`):
+/// a quote opens a field only at its start, after spaces; inside, "" is a quote, and a line end
+/// is part of the field, not the record's end.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Quoting {
+    /// Not a CSV file: every line end is one.
+    Off,
+    FieldStart,
+    Unquoted,
+    Quoted,
+    /// A quote inside a quoted field: an escaped quote if another follows, else the field's end.
+    QuoteInQuoted,
+}
+
+impl Quoting {
+    /// The state after `b`, and whether `b` ends the record.
+    fn after(self, b: u8) -> (Quoting, bool) {
+        use Quoting::*;
+        let ends = b == b'\n' || b == b'\r';
+        match (self, b) {
+            (Off, _) => (Off, ends),
+            (Quoted, b'"') => (QuoteInQuoted, false),
+            (Quoted, _) => (Quoted, false),
+            (QuoteInQuoted, b'"') => (Quoted, false),
+            (FieldStart, b'"') => (Quoted, false),
+            (FieldStart, b' ') => (FieldStart, false),
+            (_, b',') => (FieldStart, false),
+            _ if ends => (FieldStart, true),
+            _ => (Unquoted, false),
+        }
+    }
+}
+
 /// The lines of `reader`, each at most `cap` bytes.
 pub struct CappedLines<R> {
     reader: R,
@@ -20,6 +53,7 @@ pub struct CappedLines<R> {
     buf: Vec<u8>,
     /// The last line ended at a "\r": a "\n" right after it belongs to that end.
     after_cr: bool,
+    quoting: Quoting,
 }
 
 impl<R: BufRead> CappedLines<R> {
@@ -29,8 +63,34 @@ impl<R: BufRead> CappedLines<R> {
             cap,
             buf: Vec::new(),
             after_cr: false,
+            quoting: Quoting::Off,
         }
     }
+
+    /// A CSV file's records: a line end inside a quoted field is kept in it, as Python's csv
+    /// reads it (a record then spans lines), instead of ending the record.
+    pub fn csv(reader: R, cap: usize) -> Self {
+        CappedLines {
+            quoting: Quoting::FieldStart,
+            ..CappedLines::new(reader, cap)
+        }
+    }
+}
+
+/// Where in `chunk` the line ends (the index of its end byte), the CSV scan's state carried in
+/// `quoting` from chunk to chunk.
+fn end_in(quoting: &mut Quoting, chunk: &[u8]) -> Option<usize> {
+    if *quoting == Quoting::Off {
+        return memchr::memchr2(b'\n', b'\r', chunk);
+    }
+    for (i, &b) in chunk.iter().enumerate() {
+        let (next, ends) = quoting.after(b);
+        *quoting = next;
+        if ends {
+            return Some(i);
+        }
+    }
+    None
 }
 
 impl<R: BufRead> Iterator for CappedLines<R> {
@@ -53,7 +113,7 @@ impl<R: BufRead> Iterator for CappedLines<R> {
                 continue;
             }
             any = true;
-            let (part, done) = match chunk.iter().position(|&b| b == b'\n' || b == b'\r') {
+            let (part, done) = match end_in(&mut self.quoting, chunk) {
                 Some(i) => {
                     self.after_cr = chunk[i] == b'\r';
                     (&chunk[..i], Some(i + 1))
@@ -121,5 +181,26 @@ mod tests {
         assert_eq!(lines(b"\r\n\r\n", 8), [t(""), t("")]);
         // a line over the cap ends at a lone CR too
         assert_eq!(lines(b"123456789\rok", 8), [Line::TooLong, t("ok")]);
+    }
+
+    #[test]
+    fn a_csv_record_keeps_a_line_end_inside_quotes_as_pythons_csv_does() {
+        let csv = |bytes: &[u8]| -> Vec<Line> {
+            CappedLines::csv(io::BufReader::with_capacity(4, bytes), 64)
+                .map(|l| l.unwrap())
+                .collect()
+        };
+        let t = |s: &str| Line::Text(s.into());
+        assert_eq!(
+            csv(b"a, \"x\r\ny\"\nb,\"\"\"\n\"\rc"),
+            [t("a, \"x\r\ny\""), t("b,\"\"\"\n\""), t("c")]
+        );
+        // a quote past a field's start is a character, and one after a closing quote too
+        assert_eq!(csv(b"a\"b\nc\n"), [t("a\"b"), t("c")]);
+        assert_eq!(csv(b"\"a\"b\nc\n"), [t("\"a\"b"), t("c")]);
+        // "" inside quotes is a quote: the field goes on over the line end
+        assert_eq!(csv(b"\"a\"\"\nb\"\n"), [t("\"a\"\"\nb\"")]);
+        // not a CSV: every line end is one, quotes or not
+        assert_eq!(lines(b"\"a\nb\"\n", 8), [t("\"a"), t("b\"")]);
     }
 }

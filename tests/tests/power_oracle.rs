@@ -247,6 +247,32 @@ fn cases() -> Vec<Case> {
             recorded: (true, &[], &[("0", 3205.7418014685827)]),
         },
         Case {
+            // a line end inside a quoted field is part of the field: the record spans lines
+            name: "the real window with the GPU index quoted around a line end",
+            csv: real_csv().replacen(", 0, ", ", \"0\r\", ", 40).replacen(
+                ", 0, ",
+                ", \"0\n\", ",
+                40,
+            ),
+            bench: bench(START, END),
+            gpus: 1,
+            recorded: (true, &[], &[("0", 3205.7418014685827)]),
+        },
+        Case {
+            // the quote is never closed: the rest of the file is one field (no usable sample)
+            name: "an unbalanced quote in one row's GPU index",
+            csv: edit_rows(|l| {
+                Some(if at(l, (15, 32, 0.0), (15, 32, 0.1)) {
+                    l.replacen(", 0, ", ", \"0, ", 1)
+                } else {
+                    l.to_string()
+                })
+            }),
+            bench: bench(START, END),
+            gpus: 1,
+            recorded: (false, &["no_usable_power_samples"], &[]),
+        },
+        Case {
             name: "the real window with the memory.used column run writes now, last",
             csv: with_memory_column(&real_csv(), |_| false),
             bench: bench(START, END),
