@@ -210,6 +210,17 @@ struct Case {
     ),
 }
 
+/// The real window's samples written another way that InferenceX reads as the same: its answer.
+fn real_window_as(name: &'static str, csv: String) -> Case {
+    Case {
+        name,
+        csv,
+        bench: bench(START, END),
+        gpus: 1,
+        recorded: (true, &[], &[("0", 3205.7418014685827)]),
+    }
+}
+
 fn cases() -> Vec<Case> {
     let first_row = 1796225507.976; // 2026/12/02 15:31:47.976, the CSV's first sample
     let two_gpus = edit_rows(|l| {
@@ -223,41 +234,24 @@ fn cases() -> Vec<Case> {
         })
     });
     vec![
-        Case {
-            name: "real H200 c32 window",
-            csv: real_csv(),
-            bench: bench(START, END),
-            gpus: 1,
-            recorded: (true, &[], &[("0", 3205.7418014685827)]),
-        },
-        Case {
-            // Python's csv module ends a row at a lone CR too (the file opened with newline="")
-            name: "the real window with CR-only line ends",
-            csv: real_csv().replace('\n', "\r"),
-            bench: bench(START, END),
-            gpus: 1,
-            recorded: (true, &[], &[("0", 3205.7418014685827)]),
-        },
-        Case {
-            // a row, then an empty one (skipped), at each line end
-            name: "the real window with \\r\\r\\n line ends",
-            csv: real_csv().replace('\n', "\r\r\n"),
-            bench: bench(START, END),
-            gpus: 1,
-            recorded: (true, &[], &[("0", 3205.7418014685827)]),
-        },
-        Case {
-            // a line end inside a quoted field is part of the field: the record spans lines
-            name: "the real window with the GPU index quoted around a line end",
-            csv: real_csv().replacen(", 0, ", ", \"0\r\", ", 40).replacen(
-                ", 0, ",
-                ", \"0\n\", ",
-                40,
-            ),
-            bench: bench(START, END),
-            gpus: 1,
-            recorded: (true, &[], &[("0", 3205.7418014685827)]),
-        },
+        real_window_as("real H200 c32 window", real_csv()),
+        // Python's csv module ends a row at a lone CR too (the file opened with newline="")
+        real_window_as(
+            "the real window with CR-only line ends",
+            real_csv().replace('\n', "\r"),
+        ),
+        // a row, then an empty one (skipped), at each line end
+        real_window_as(
+            "the real window with \\r\\r\\n line ends",
+            real_csv().replace('\n', "\r\r\n"),
+        ),
+        // a line end inside a quoted field is part of the field: the record spans lines
+        real_window_as(
+            "the real window with the GPU index quoted around a line end",
+            real_csv()
+                .replacen(", 0, ", ", \"0\r\", ", 40)
+                .replacen(", 0, ", ", \"0\n\", ", 40),
+        ),
         Case {
             // the quote is never closed: the rest of the file is one field (no usable sample)
             name: "an unbalanced quote in one row's GPU index",
@@ -272,20 +266,14 @@ fn cases() -> Vec<Case> {
             gpus: 1,
             recorded: (false, &["no_usable_power_samples"], &[]),
         },
-        Case {
-            name: "the real window with the memory.used column run writes now, last",
-            csv: with_memory_column(&real_csv(), |_| false),
-            bench: bench(START, END),
-            gpus: 1,
-            recorded: (true, &[], &[("0", 3205.7418014685827)]),
-        },
-        Case {
-            name: "memory.used [N/A] inside the window is no power issue",
-            csv: with_memory_column(&real_csv(), |l| at(l, (15, 34, 0.0), (15, 34, 5.0))),
-            bench: bench(START, END),
-            gpus: 1,
-            recorded: (true, &[], &[("0", 3205.7418014685827)]),
-        },
+        real_window_as(
+            "the real window with the memory.used column run writes now, last",
+            with_memory_column(&real_csv(), |_| false),
+        ),
+        real_window_as(
+            "memory.used [N/A] inside the window is no power issue",
+            with_memory_column(&real_csv(), |l| at(l, (15, 34, 0.0), (15, 34, 5.0))),
+        ),
         Case {
             name: "a 3.5 s hole in the samples, with the memory.used column",
             csv: with_memory_column(
@@ -392,18 +380,12 @@ fn cases() -> Vec<Case> {
                 &[("0", 3205.77480147645)],
             ),
         },
-        Case {
-            name: "the rows in reverse time order",
-            csv: {
-                let text = real_csv();
-                let mut lines: Vec<&str> = text.lines().collect();
-                lines[1..].reverse();
-                lines.join("\n") + "\n"
-            },
-            bench: bench(START, END),
-            gpus: 1,
-            recorded: (true, &[], &[("0", 3205.7418014685827)]),
-        },
+        real_window_as("the rows in reverse time order", {
+            let text = real_csv();
+            let mut lines: Vec<&str> = text.lines().collect();
+            lines[1..].reverse();
+            lines.join("\n") + "\n"
+        }),
         Case {
             name: "a second reading at each timestamp of 5 s of the window, averaged",
             csv: edit_rows(|l| {

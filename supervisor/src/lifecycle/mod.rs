@@ -940,10 +940,10 @@ impl Supervision {
             return;
         }
         let why = match iface.as_str() {
-            "lo" | "any" if port == self.url.port => "not even the supervisor's own readiness request: the server's traffic crosses another interface (--tap-interface any takes every one)".to_string(),
+            "lo" | "any" if port == self.url.port => "not even the supervisor's own readiness request: the server's traffic crosses another interface (--tap-interface any takes every one)",
             "lo" | "any" => return, // readiness was read from another port: nothing proven
-            _ if is_down(&iface) => "the interface is down (clients on this machine reach the server over lo; --tap-interface any takes every interface)".to_string(),
-            _ => "no client on another host sent a request over it (clients on this machine reach the server over lo; --tap-interface any takes every interface)".to_string(),
+            _ if is_down(&iface) => "the interface is down (clients on this machine reach the server over lo; --tap-interface any takes every interface)",
+            _ => "no client on another host sent a request over it (clients on this machine reach the server over lo; --tap-interface any takes every interface)",
         };
         let message = format!(
             "--tap read no packet of port {port} on interface {iface:?} over the whole run, so no request was measured: {why}"
