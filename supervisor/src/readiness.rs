@@ -137,11 +137,26 @@ pub fn ranks_settled(last: &BTreeMap<String, PhaseName>) -> bool {
     !last.is_empty() && last.values().all(|p| p.settles_a_rank())
 }
 
+/// Where [`server_url`] read the server's address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressFrom {
+    /// `--health-url`/`--upstream`.
+    Given,
+    /// The command's `--port`.
+    Port,
+    /// SGLang's default port: the command has no `--port`.
+    DefaultPort,
+}
+
 /// The server's base URL and key: `--health-url`/`--upstream` if given, else `--host`/`--port`
 /// of the server's argv (SGLang's defaults 127.0.0.1:30000), and its `--api-key` (or
-/// `--admin-api-key`) for the requests of the rule.
-pub fn server_url(argv: &[String], explicit: Option<&str>) -> anyhow::Result<HttpUrl> {
+/// `--admin-api-key`) for the requests of the rule; and where its address was read.
+pub fn server_url(
+    argv: &[String],
+    explicit: Option<&str>,
+) -> anyhow::Result<(HttpUrl, AddressFrom)> {
     let (mut host, mut port) = ("127.0.0.1".to_string(), 30000u16);
+    let mut port_from = AddressFrom::DefaultPort;
     let (mut api_key, mut admin_key) = (None, None);
     let mut bad_port = None;
     let mut it = argv.iter();
@@ -161,7 +176,7 @@ pub fn server_url(argv: &[String], explicit: Option<&str>) -> anyhow::Result<Htt
             "--api-key" => api_key = Some(v),
             "--admin-api-key" => admin_key = Some(v),
             _ => match v.parse() {
-                Ok(p) => port = p,
+                Ok(p) => (port, port_from) = (p, AddressFrom::Port),
                 Err(_) => bad_port = Some(v),
             },
         }
@@ -179,18 +194,20 @@ pub fn server_url(argv: &[String], explicit: Option<&str>) -> anyhow::Result<Htt
     if let Some(u) = explicit {
         let base =
             HttpUrl::parse(u).map_err(|e| anyhow::anyhow!("--health-url/--upstream {u:?}: {e}"))?;
-        return Ok(HttpUrl {
+        let url = HttpUrl {
             bearer,
             ..base.with_path("/")
-        });
+        };
+        return Ok((url, AddressFrom::Given));
     }
-    Ok(HttpUrl {
+    let url = HttpUrl {
         host,
         port,
         path: "/".into(),
         bearer,
         tls: false,
-    })
+    };
+    Ok((url, port_from))
 }
 
 #[cfg(test)]
@@ -243,7 +260,7 @@ mod tests {
 
     #[test]
     fn server_url_comes_from_the_command_with_sglang_defaults_and_its_key() {
-        let url = |v: &[&str]| server_url(&s(v), None).unwrap();
+        let url = |v: &[&str]| server_url(&s(v), None).unwrap().0;
         assert_eq!(url(&["python3"]).base(), "http://127.0.0.1:30000");
         assert_eq!(
             url(&["x", "--host", "0.0.0.0", "--port=8000"]).base(),
@@ -258,7 +275,13 @@ mod tests {
             Some(Bearer("k1".into()))
         );
         assert!(server_url(&s(&["x", "--port", "http"]), None).is_err());
-        let up = server_url(&s(&["x", "--api-key=k"]), Some("http://10.0.0.1:9/x")).unwrap();
+        let from = |v: &[&str]| server_url(&s(v), None).unwrap().1;
+        assert_eq!(from(&["python3"]), AddressFrom::DefaultPort);
+        assert_eq!(from(&["python3", "--port"]), AddressFrom::DefaultPort);
+        assert_eq!(from(&["x", "--port=8000"]), AddressFrom::Port);
+        let (up, up_from) =
+            server_url(&s(&["x", "--api-key=k"]), Some("http://10.0.0.1:9/x")).unwrap();
+        assert_eq!(up_from, AddressFrom::Given);
         assert_eq!(
             (up.base(), up.bearer),
             ("http://10.0.0.1:9".into(), Some(Bearer("k".into())))

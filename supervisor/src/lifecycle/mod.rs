@@ -56,30 +56,31 @@ const MAX_WARNING_EVENTS: usize = 200;
 
 /// The server URL: `--health-url`, `--upstream`, else `--host`/`--port` from the server's argv.
 pub fn server_url(args: &RunArgs) -> Result<HttpUrl> {
-    readiness::server_url(
-        &argv_text(&args.command),
-        args.health_url.as_deref().or(args.upstream.as_deref()),
-    )
+    server_address(args).map(|(url, _)| url)
+}
+
+/// The server URL and, in words, where it was read.
+fn server_address(args: &RunArgs) -> Result<(HttpUrl, &'static str)> {
+    let given = [
+        ("--health-url", &args.health_url),
+        ("--upstream", &args.upstream),
+    ]
+    .into_iter()
+    .find_map(|(flag, v)| Some((flag, v.as_deref()?)));
+    let (url, from) = readiness::server_url(&argv_text(&args.command), given.map(|(_, u)| u))?;
+    let from = match (from, given) {
+        (readiness::AddressFrom::Given, Some((flag, _))) => flag,
+        (readiness::AddressFrom::Port, _) => "the server's --port",
+        _ => "SGLang's default port, the command having no --port",
+    };
+    Ok((url, from))
 }
 
 /// `--metrics-addr` and `--proxy-addr`, checked before anything starts: each must be an address,
 /// and not the server's own (the server could not take its port, the proxy would forward to
 /// itself).
 pub fn check_listen_addrs(args: &RunArgs) -> Result<()> {
-    // Where server_url read the address: --health-url, else --upstream, else the command.
-    let from = if args.health_url.is_some() {
-        "--health-url"
-    } else if args.upstream.is_some() {
-        "--upstream"
-    } else if argv_text(&args.command)
-        .iter()
-        .any(|a| a == "--port" || a.starts_with("--port="))
-    {
-        "the server's --port"
-    } else {
-        "SGLang's default port, the command having no --port"
-    };
-    let mut servers = vec![(server_url(args)?, from)];
+    let mut servers = vec![server_address(args)?];
     if let Some(u) = args
         .upstream
         .as_deref()
