@@ -227,6 +227,12 @@ def t975(n):
     return T975[n - 2] if n <= 31 else 1.96
 
 
+def half_width(xs, shared):
+    """Half the 95 % interval of the mean of `xs`; `shared`: widened by √(4/3), neighbours
+    sharing the off-turn between them."""
+    return t975(len(xs)) * st.stdev(xs) / math.sqrt(len(xs)) * (math.sqrt(4 / 3) if shared else 1.0)
+
+
 def verdict(rs, shared=True):
     """The geometric mean of the ratios and its 95 % interval. `shared`: neighbouring ratios
     share a turn in their denominators (on/off: an off-turn between two on-turns; tap/ctl: a
@@ -239,7 +245,7 @@ def verdict(rs, shared=True):
     gm = math.exp(st.fmean(logs))
     if len(logs) < 2:
         return f"{gm:.4f} (one turn: no interval)"
-    half = t975(len(logs)) * st.stdev(logs) / math.sqrt(len(logs)) * (math.sqrt(4 / 3) if shared else 1.0)
+    half = half_width(logs, shared)
     lo, hi = math.exp(st.fmean(logs) - half), math.exp(st.fmean(logs) + half)
     return f"{gm:.4f}, 95 % interval {lo:.4f}..{hi:.4f}, {len(rs)} turns"
 
@@ -297,13 +303,14 @@ def cpu_differences(turn_lists, kind="tog"):
             if len(beside) != 2:
                 continue
             mean = lambda f: st.fmean(f(b) for b in beside)
-            if mean(both) <= 0:
+            off_both = mean(both)
+            if off_both <= 0:
                 continue  # no CPU read beside it: nothing to hold it against
             for key in ("cpu_user", "cpu_sys"):
                 out[key].append(r[key] - mean(lambda b: b[key]))
-            out["cpu_both"].append(both(r) - mean(both))
-            out["share_sys"].append(100 * out["cpu_sys"][-1] / mean(both))
-            out["share_both"].append(100 * out["cpu_both"][-1] / mean(both))
+            out["cpu_both"].append(both(r) - off_both)
+            out["share_sys"].append(100 * out["cpu_sys"][-1] / off_both)
+            out["share_both"].append(100 * out["cpu_both"][-1] / off_both)
     return out
 
 
@@ -311,7 +318,7 @@ def mean_interval(xs, unit):
     """The mean and its 95 % interval, widened by √(4/3) for the off-turns two on-turns share."""
     if len(xs) < 2:
         return "fewer than two turns"
-    half = t975(len(xs)) * st.stdev(xs) / math.sqrt(len(xs)) * math.sqrt(4 / 3)
+    half = half_width(xs, shared=True)
     m = st.fmean(xs)
     return f"{m:+.3f}{unit} ({m - half:+.3f} to {m + half:+.3f})"
 
