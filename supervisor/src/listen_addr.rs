@@ -115,22 +115,24 @@ pub(crate) fn route(host: &str) -> Route {
             Err(_) => return Route::Unresolved,
         },
     };
-    let route_of = |ip: &IpAddr| {
-        // ::ffff:127.0.0.1 is loopback too
-        let ip = ip.to_canonical();
-        if ip.is_loopback() || ip.is_unspecified() {
-            Route::Loopback
-        } else if std::net::UdpSocket::bind((ip, 0)).is_ok() {
-            // Only an address assigned to this machine can be bound.
-            Route::ThisHost
-        } else {
-            Route::Away
-        }
-    };
-    ips.iter()
-        .map(route_of)
+    ips.into_iter()
+        .map(route_to)
         .max_by_key(|r| *r as u8)
         .unwrap_or(Route::Unresolved)
+}
+
+/// The route to an address: one syscall, no lookup.
+pub(crate) fn route_to(ip: IpAddr) -> Route {
+    // ::ffff:127.0.0.1 is loopback too
+    let ip = ip.to_canonical();
+    if ip.is_loopback() || ip.is_unspecified() {
+        Route::Loopback
+    } else if std::net::UdpSocket::bind((ip, 0)).is_ok() {
+        // Only an address assigned to this machine can be bound.
+        Route::ThisHost
+    } else {
+        Route::Away
+    }
 }
 
 /// Refuse a listening address that is the server's own: the same port (not 0) on the same host,

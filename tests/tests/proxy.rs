@@ -969,3 +969,54 @@ fn one_port_for_the_proxy_and_the_metrics_is_an_error_that_says_they_must_differ
         "{err}"
     );
 }
+
+#[test]
+fn a_client_on_another_host_that_goes_straight_to_the_server_is_named_with_the_proxy() {
+    let test = "a_client_on_another_host_that_goes_straight_to_the_server...";
+    let Some(other) = OtherHost::new(test) else {
+        return;
+    };
+    let (mut run, proxy, _, log) = start_with("proxy-bypassed", &[], &["--host", "0.0.0.0"], &[]);
+    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+    assert!(post(&proxy, "/generate", body).status.contains("200"));
+    let server_there = format!("{}:{}", other.here, run.port);
+    assert_eq!(other.post(&server_there, "/generate", body), "200");
+    let end = Instant::now() + T;
+    let said = loop {
+        let said: Vec<String> = run
+            .events_named("warning")
+            .iter()
+            .filter_map(|w| w["message"].as_str())
+            .filter(|m| m.contains("a client on another host"))
+            .map(String::from)
+            .collect();
+        if !said.is_empty() || Instant::now() > end {
+            break said;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(said.len(), 1, "{:#?}", run.events_named("warning"));
+    assert!(
+        said[0].contains(&format!("a request from {}", other.there))
+            && said[0].contains(&format!("not through the proxy at {proxy}")),
+        "{}",
+        said[0]
+    );
+    // Only the proxied request is measured.
+    assert_eq!(wait_records(&log, 1).len(), 1);
+    // A second request from there says nothing more.
+    assert_eq!(other.post(&server_there, "/generate", body), "200");
+    std::thread::sleep(Duration::from_millis(300));
+    run.stop_by_sigterm();
+    let again = run
+        .events_named("warning")
+        .iter()
+        .filter(|w| {
+            w["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("another host"))
+        })
+        .count();
+    assert_eq!(again, 1);
+    let _ = std::fs::remove_file(&log);
+}

@@ -1400,3 +1400,57 @@ fn start_toggle(
     );
     Some((toggle, out))
 }
+
+/// The warnings of a stopped run that name a client on another host.
+fn unseen_client_warnings(run: &Run) -> Vec<String> {
+    run.events_named("warning")
+        .iter()
+        .filter_map(|w| w["message"].as_str())
+        .filter(|m| m.contains("a client on another host"))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn a_client_on_another_host_is_named_when_the_tap_on_lo_misses_it_and_measured_on_any() {
+    let test = "a_client_on_another_host_is_named_when_the_tap_on_lo_misses_it...";
+    if !can_tap(test) {
+        return;
+    }
+    let Some(other) = OtherHost::new(test) else {
+        return;
+    };
+    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+    // A server on every interface (as recipes launch it), a client here and one on the other
+    // host: `lo` carries only the first, `any` both.
+    for (iface, measured) in [("lo", 1), ("any", 2)] {
+        let tap = start_tapped(
+            "tap-remote",
+            &["--tap-interface", iface],
+            &["--host", "0.0.0.0"],
+        );
+        assert!(post(&tap.server, "/generate", body).status.contains("200"));
+        let server_there = format!("{}:{}", other.here, tap.run.port);
+        assert_eq!(other.post(&server_there, "/generate", body), "200");
+        wait_records(&tap.log, measured);
+        // The remote request's access line reaches the supervisor through the server's log.
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(records(&tap.log).len(), measured, "on {iface}");
+        let run = tap.stop();
+        let said = unseen_client_warnings(&run);
+        if iface == "lo" {
+            assert_eq!(said.len(), 1, "{:#?}", run.events_named("warning"));
+            assert!(
+                said[0].contains(&format!(
+                    "a request from {}, a client on another host",
+                    other.there
+                )) && said[0].contains("--tap on lo copies only this machine's own traffic")
+                    && said[0].contains("--tap-interface any"),
+                "{}",
+                said[0]
+            );
+        } else {
+            assert_eq!(said, Vec::<String>::new(), "`any` measured it");
+        }
+    }
+}

@@ -428,6 +428,19 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
     })
 }
 
+/// Why the run's measuring misses requests from clients on other hosts, where it does.
+fn unseen_remote(args: &RunArgs, proxy: Option<SocketAddr>) -> Option<String> {
+    if let Some(proxy) = proxy {
+        Some(format!(
+            "it reached the server directly, not through the proxy at {proxy}"
+        ))
+    } else if args.tap && args.tap_interface == "lo" {
+        Some("--tap on lo copies only this machine's own traffic (--tap-interface any takes every interface)".into())
+    } else {
+        None
+    }
+}
+
 /// `--tap` on `lo` sees only clients on this machine: said when the server's address is one
 /// that other hosts' clients reach, or that is not this machine's at all. The name is looked up
 /// on a thread of its own, left running: a slow resolver neither holds up the launch nor the
@@ -722,6 +735,9 @@ struct Supervision {
     upstream_metrics: Option<bool>,
     /// Where the start's time goes: phase marks, JIT seconds per stage.
     startup: Arc<StartupProfile>,
+    /// Why the run's measuring misses clients on other hosts, where it does (a tap on `lo`, the
+    /// proxy); taken when the first is told of ([`Self::on_client`]).
+    unseen_remote: Option<String>,
 }
 
 impl Supervision {
@@ -751,6 +767,7 @@ impl Supervision {
         if let Some((rank, nnodes)) = node.multi() {
             tracing::info!("node rank {rank} of {nnodes}");
         }
+        let unseen_remote = unseen_remote(&args, services.proxy_addr);
         Supervision {
             args,
             events,
@@ -773,6 +790,7 @@ impl Supervision {
             exclude: watch.exclude.clone(),
             upstream_metrics: None,
             startup: services.startup.clone(),
+            unseen_remote,
         }
     }
 
@@ -920,7 +938,26 @@ impl Supervision {
                 rank,
                 excerpt,
             } => self.on_fatal(reason, rank, excerpt).await,
+            LogEvent::Client { addr } => self.on_client(addr),
         }
+    }
+
+    /// A client on another host in the server's access log, whose requests this run cannot
+    /// measure: a tap on `lo` copies only this machine's own traffic, and the proxy only what
+    /// is sent to it. Said once, for the first such client.
+    fn on_client(&mut self, addr: std::net::IpAddr) {
+        use crate::listen_addr::{route_to, Route};
+        if self.unseen_remote.is_none() || route_to(addr) != Route::Away {
+            return;
+        }
+        let Some(how) = self.unseen_remote.take() else {
+            return;
+        };
+        let message = format!(
+            "the server's access log shows a request from {addr}, a client on another host, which this run does not measure: {how}"
+        );
+        tracing::warn!("{message}");
+        self.warn(message);
     }
 
     /// A tap that read no segment of the port measured nothing: the report says why, not only

@@ -14,6 +14,7 @@ use aho_corasick::AhoCorasick;
 use serde_json::{Map, Value};
 use std::borrow::Cow;
 use std::collections::VecDeque;
+use std::net::IpAddr;
 use std::sync::OnceLock;
 
 /// What one or more log lines meant.
@@ -62,7 +63,16 @@ pub enum LogEvent {
         requests: u64,
         line: String,
     },
+    /// A uvicorn access line from a client whose address is not loopback: each address once
+    /// per stream, the first [`MAX_CLIENTS`] of them.
+    Client {
+        addr: IpAddr,
+    },
 }
+
+/// Distinct non-loopback client addresses told per stream: enough to find one on another host
+/// among a few of this machine's own, bounded whatever the traffic.
+pub const MAX_CLIENTS: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BatchKind {
@@ -348,6 +358,8 @@ impl ParseStats {
 #[derive(Default)]
 pub struct LogParser {
     capture: Option<Capture>,
+    /// Clients not on loopback told so far ([`LogEvent::Client`]).
+    clients: Vec<IpAddr>,
     pub stats: ParseStats,
 }
 
@@ -436,14 +448,11 @@ impl LogParser {
             (BatchKind::Decode, r)
         } else if let Some(r) = msg.strip_prefix(b"Prefill batch") {
             (BatchKind::Prefill, r)
-        } else if msg
-            .strip_prefix(b"INFO:     ")
-            .and_then(|r| r.first())
-            .is_some_and(|c| c.is_ascii_digit() || *c == b'[')
-        {
+        } else if let Some(client) = access_client(msg) {
             if self.capture.is_some() {
                 self.flush(out);
             }
+            self.client(client, out);
             return true;
         } else {
             return false;
@@ -458,6 +467,30 @@ impl LogParser {
             .flatten();
         out.batch(kind, rank, body);
         true
+    }
+
+    /// An access line's client (`HOST:PORT`), told when it is not loopback and new. The common
+    /// case, `127.…`, costs one comparison.
+    fn client(&mut self, client: &[u8], out: &mut impl LogSink) {
+        if client.starts_with(b"127.") || self.clients.len() >= MAX_CLIENTS {
+            return;
+        }
+        let Some(addr) = std::str::from_utf8(client)
+            .ok()
+            .and_then(|c| c.rsplit_once(':'))
+            .and_then(|(host, _port)| {
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                host.parse::<IpAddr>().ok()
+            })
+            .map(|ip| ip.to_canonical())
+        else {
+            return;
+        };
+        if addr.is_loopback() || self.clients.contains(&addr) {
+            return;
+        }
+        self.clients.push(addr);
+        out.event(LogEvent::Client { addr });
     }
 
     fn classify(&mut self, line: &str, out: &mut impl LogSink) {
@@ -502,11 +535,10 @@ impl LogParser {
                 return;
             }
             // uvicorn access lines (`INFO:     127.0.0.1:50312 - "GET /health ..." 200`) are half of
-            // a busy log and mean nothing to us: skip them before the pattern scan.
-            if let Some(rest) = msg.strip_prefix("INFO:     ") {
-                if rest.starts_with(|c: char| c.is_ascii_digit() || c == '[') {
-                    return;
-                }
+            // a busy log and mean nothing to us but their client: skip them before the pattern scan.
+            if let Some(client) = access_client(msg.as_bytes()) {
+                self.client(client, out);
+                return;
             }
         }
 
@@ -785,6 +817,15 @@ pub fn batch_fields(rest: &str) -> Map<String, Value> {
         m.insert(k.trim().to_string(), val);
     }
     m
+}
+
+/// The client of a uvicorn access line (`INFO:     127.0.0.1:50312 - "GET …`), as uvicorn
+/// writes it (`"%s:%d" % client`: `::1:50312` for IPv6, empty when unknown); `None` for
+/// any other line.
+fn access_client(msg: &[u8]) -> Option<&[u8]> {
+    let rest = msg.strip_prefix(b"INFO:     ")?;
+    let end = memchr::memchr(b' ', rest)?;
+    rest[end..].starts_with(b" - \"").then(|| &rest[..end])
 }
 
 #[cfg(test)]
@@ -1090,5 +1131,52 @@ mod tests {
         let v6 =
             "[2026-12-02 09:20:21] INFO:     [::1]:39496 - \"GET /ready to roll! HTTP/1.1\" 200 OK";
         assert!(events(&[v6]).is_empty());
+    }
+
+    #[test]
+    fn a_client_not_on_loopback_is_told_once_per_address_by_either_reading() {
+        let access = |client: &str| {
+            format!("[2026-12-02 09:20:21] INFO:     {client} - \"POST /generate HTTP/1.1\" 200 OK")
+        };
+        // uvicorn writes `"%s:%d" % client`: IPv6 without brackets, mapped IPv4 as such.
+        let lines: Vec<String> = [
+            "127.0.0.1:39496",
+            "::1:5000",
+            "::ffff:127.0.0.1:5000",
+            "",
+            "192.0.2.7:1",
+            "192.0.2.7:2",
+            "fd00::5:443",
+            "::ffff:10.0.0.9:80",
+            "[fd00::5]:444",
+        ]
+        .iter()
+        .map(|c| access(c))
+        // Coloured, the same line is read as text rather than by the byte shortcut.
+        .chain(["[2026-12-02 09:20:21] \x1b[32mINFO\x1b[0m:     198.51.100.3:9 - \"GET / HTTP/1.1\" 200".into()])
+        .collect();
+        let told: Vec<String> = events(&lines.iter().map(String::as_str).collect::<Vec<_>>())
+            .into_iter()
+            .map(|e| match e {
+                LogEvent::Client { addr } => addr.to_string(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(told, ["192.0.2.7", "fd00::5", "10.0.0.9", "198.51.100.3"]);
+        // However many clients come, the first MAX_CLIENTS are told.
+        let many: Vec<String> = (0..MAX_CLIENTS + 5)
+            .map(|i| access(&format!("10.0.1.{i}:80")))
+            .collect();
+        let n = events(&many.iter().map(String::as_str).collect::<Vec<_>>()).len();
+        assert_eq!(n, MAX_CLIENTS);
+        // uvicorn's other lines are no access lines.
+        let up = "[2026-12-02 09:20:21] INFO:     Uvicorn running on http://0.0.0.0:30000 (Press CTRL+C to quit)";
+        assert!(matches!(
+            events(&[up])[..],
+            [LogEvent::Phase {
+                name: PhaseName::HttpUp,
+                ..
+            }]
+        ));
     }
 }

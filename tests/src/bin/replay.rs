@@ -763,7 +763,11 @@ fn start_http(args: &Args, fx: Arc<HttpFixtures>) -> Result<()> {
 
 fn serve(conn: TcpStream, fx: &HttpFixtures) -> Result<()> {
     conn.set_nodelay(true)?;
-    let peer = conn.peer_addr().map(|a| a.port()).unwrap_or(0);
+    // The client as uvicorn writes it (`"%s:%d" % client`): `::1:5000` for IPv6, no brackets.
+    let peer = conn
+        .peer_addr()
+        .map(|a| format!("{}:{}", a.ip(), a.port()))
+        .unwrap_or_default();
     let mut reader = BufReader::new(conn.try_clone()?);
     let mut w = conn;
     loop {
@@ -841,7 +845,7 @@ fn serve(conn: TcpStream, fx: &HttpFixtures) -> Result<()> {
             _ => route(&method, &path, &body, fx, &mut w)?,
         };
         let access = format!(
-            "[{}] INFO:     127.0.0.1:{peer} - \"{method} {path} HTTP/1.1\" {status}\n",
+            "[{}] INFO:     {peer} - \"{method} {path} HTTP/1.1\" {status}\n",
             now_ts(fx.log_ms),
             status = status_text(status)
         );

@@ -603,3 +603,112 @@ pub fn has_net_raw() -> bool {
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .is_some_and(|caps| caps & (1 << CAP_NET_RAW) != 0)
 }
+
+/// Another host, as far as this machine's routing goes: a network namespace joined to ours by
+/// a veth pair, its end at `there`, ours at `here`. Its clients come in on the veth, never on
+/// `lo`, and their address is no address of this machine. Gone (with the pair) on drop.
+pub struct OtherHost {
+    ns: String,
+    pub here: String,
+    pub there: String,
+}
+
+impl OtherHost {
+    /// `None`, said as SKIPPED for `test`, where namespaces cannot be made (no CAP_SYS_ADMIN or
+    /// CAP_NET_ADMIN, no `ip`).
+    pub fn new(test: &str) -> Option<OtherHost> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 60;
+        let pid = std::process::id();
+        let ns = format!("sglsup-{pid}-{n}");
+        // 198.18.0.0/15 is for benchmarking networks: a /30 per namespace.
+        let at = |i: u32| format!("198.18.{}.{}", pid % 256, n * 4 + i);
+        let (here, there) = (at(1), at(2));
+        let (veth_here, veth_there) = (format!("sg{}h{n}", pid % 100_000), "eth1".to_string());
+        let host = OtherHost { ns, here, there };
+        let steps: [&[&str]; 7] = [
+            &["netns", "add", &host.ns],
+            &[
+                "link",
+                "add",
+                &veth_here,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &veth_there,
+                "netns",
+                &host.ns,
+            ],
+            &[
+                "addr",
+                "add",
+                &format!("{}/30", host.here),
+                "dev",
+                &veth_here,
+            ],
+            &["link", "set", &veth_here, "up"],
+            &[
+                "-n",
+                &host.ns,
+                "addr",
+                "add",
+                &format!("{}/30", host.there),
+                "dev",
+                &veth_there,
+            ],
+            &["-n", &host.ns, "link", "set", &veth_there, "up"],
+            &["-n", &host.ns, "link", "set", "lo", "up"],
+        ];
+        for step in steps {
+            let out = Command::new("ip").args(step).output();
+            if !out.as_ref().is_ok_and(|o| o.status.success()) {
+                let why = out.map_or_else(
+                    |e| e.to_string(),
+                    |o| String::from_utf8_lossy(&o.stderr).trim().to_string(),
+                );
+                eprintln!(
+                    "SKIPPED {test}: no other host to be had here (`ip {}`: {why})",
+                    step.join(" ")
+                );
+                return None; // drop removes what was made
+            }
+        }
+        Some(host)
+    }
+
+    /// POST `body` to `http://{addr}{path}` from the other host: the HTTP status ("000" for
+    /// none).
+    pub fn post(&self, addr: &str, path: &str, body: &str) -> String {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.ns,
+                "curl",
+                "-s",
+                "-o",
+                "/dev/null",
+                "-m",
+                "30",
+            ])
+            .args([
+                "-w",
+                "%{http_code}",
+                "-H",
+                "content-type: application/json",
+                "-d",
+                body,
+            ])
+            .arg(format!("http://{addr}{path}"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for OtherHost {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+    }
+}
