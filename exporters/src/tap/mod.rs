@@ -155,56 +155,54 @@ impl Drop for TapHandle {
     }
 }
 
-/// Ring size in MiB, from `SGLANG_SUPERVISOR_TAP_RING_MB` (default 32: a third of a second of a
-/// fast server's streams at 100 MB/s, and at least 2 s of a slow one's, blocks being handed over
-/// every [`ring::BLOCK_TIMEOUT_MS`] at the latest).
-fn ring_blocks() -> Result<usize, TapError> {
-    let set = std::env::var("SGLANG_SUPERVISOR_TAP_RING_MB").ok();
-    let mb = ring_mb(set.as_deref()).map_err(TapError::Setting)?;
-    Ok(mb * ring::BLOCKS_PER_MB)
-}
-
-const DEFAULT_RING_MB: usize = 32;
-
-/// The ring's size in MiB from `SGLANG_SUPERVISOR_TAP_RING_MB` (unset: the default), or why the
-/// value cannot be used.
-fn ring_mb(set: Option<&str>) -> Result<usize, String> {
-    setting(
-        "SGLANG_SUPERVISOR_TAP_RING_MB",
-        set,
-        4096,
-        DEFAULT_RING_MB,
-        "a size in MiB",
-    )
-}
-
-/// Readers from `SGLANG_SUPERVISOR_TAP_READERS` (unset: one): each reads a ring of its own of
-/// the ring's size, the connections hashed among them by the kernel ([`Ring::open_group`]).
-fn readers() -> Result<usize, TapError> {
-    let set = std::env::var("SGLANG_SUPERVISOR_TAP_READERS").ok();
-    readers_from(set.as_deref()).map_err(TapError::Setting)
-}
-
-fn readers_from(set: Option<&str>) -> Result<usize, String> {
-    setting("SGLANG_SUPERVISOR_TAP_READERS", set, 16, 1, "a count")
-}
-
-/// A whole number from 1 to `max` in the variable `name` (unset: `default`), or why not.
-fn setting(
-    name: &str,
-    set: Option<&str>,
+/// A whole number from 1 to `max` read from the environment variable `var` (unset: `default`).
+struct Setting {
+    var: &'static str,
     max: usize,
     default: usize,
-    what: &str,
-) -> Result<usize, String> {
-    let Some(v) = set else {
-        return Ok(default);
-    };
-    match v.trim().parse::<usize>() {
-        Ok(n) if (1..=max).contains(&n) => Ok(n),
-        _ => Err(format!("{name}={v:?} is not {what} from 1 to {max}")),
+    /// What the number is, for the refusal: "a count".
+    what: &'static str,
+}
+
+impl Setting {
+    fn read(&self) -> Result<usize, TapError> {
+        let set = std::env::var(self.var).ok();
+        self.parse(set.as_deref()).map_err(TapError::Setting)
+    }
+
+    /// The value `set` (`None`: unset), or why it cannot be used.
+    fn parse(&self, set: Option<&str>) -> Result<usize, String> {
+        let Some(v) = set else {
+            return Ok(self.default);
+        };
+        match v.trim().parse::<usize>() {
+            Ok(n) if (1..=self.max).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "{}={v:?} is not {} from 1 to {}",
+                self.var, self.what, self.max
+            )),
+        }
     }
 }
+
+/// Ring size in MiB (default 32: a third of a second of a fast server's streams at 100 MB/s, and
+/// at least 2 s of a slow one's, blocks being handed over every [`ring::BLOCK_TIMEOUT_MS`] at the
+/// latest).
+const RING_MB: Setting = Setting {
+    var: "SGLANG_SUPERVISOR_TAP_RING_MB",
+    max: 4096,
+    default: 32,
+    what: "a size in MiB",
+};
+
+/// Readers: each reads a ring of its own of the ring's size, the connections hashed among them
+/// by the kernel ([`Ring::open_group`]).
+const READERS: Setting = Setting {
+    var: "SGLANG_SUPERVISOR_TAP_READERS",
+    max: 16,
+    default: 1,
+    what: "a count",
+};
 
 /// Where the tap is ready to measure (`--tap`): the server's port, the interface, and where
 /// finished requests go (as for the proxy).
@@ -229,10 +227,10 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
         traffic_window,
         tap_metrics,
     } = cfg;
-    let members = readers()?;
+    let members = READERS.read()?;
     // Each reader's ring is the whole size (one connection's segments all go to one of them),
     // 4 GiB over all at most.
-    let blocks = ring_blocks()?.min(4096 * ring::BLOCKS_PER_MB / members);
+    let blocks = (RING_MB.read()? * ring::BLOCKS_PER_MB).min(4096 * ring::BLOCKS_PER_MB / members);
     let ledger = Ledger::new(metrics, stats.clone(), requests_log, traffic_window);
     let open = || -> std::io::Result<_> {
         let iface = Interface::parse(&iface);
@@ -1690,10 +1688,10 @@ mod tests {
 
     #[test]
     fn the_reader_count_is_one_unless_set_and_a_bad_value_is_named() {
-        assert_eq!(readers_from(None), Ok(1));
-        assert_eq!(readers_from(Some("4")), Ok(4));
+        assert_eq!(READERS.parse(None), Ok(1));
+        assert_eq!(READERS.parse(Some("4")), Ok(4));
         for bad in ["0", "17", "two", ""] {
-            let why = readers_from(Some(bad)).unwrap_err();
+            let why = READERS.parse(Some(bad)).unwrap_err();
             assert!(
                 why.contains("SGLANG_SUPERVISOR_TAP_READERS") && why.contains("1 to 16"),
                 "{why}"
@@ -1703,10 +1701,10 @@ mod tests {
 
     #[test]
     fn the_ring_size_is_read_in_mib_and_a_bad_value_is_named_not_ignored() {
-        assert_eq!(ring_mb(None), Ok(DEFAULT_RING_MB));
-        assert_eq!(ring_mb(Some(" 128 ")), Ok(128));
+        assert_eq!(RING_MB.parse(None), Ok(32));
+        assert_eq!(RING_MB.parse(Some(" 128 ")), Ok(128));
         for bad in ["0", "4097", "32MB", "", "-1"] {
-            let why = ring_mb(Some(bad)).unwrap_err();
+            let why = RING_MB.parse(Some(bad)).unwrap_err();
             assert!(
                 why.contains(&format!("{bad:?}")) && why.contains("1 to 4096"),
                 "{why}"
