@@ -940,16 +940,6 @@ fn on_every_interface_a_loopback_client_is_measured_once() {
     tap.stop();
 }
 
-/// The warnings of a stopped run that say the tap read nothing.
-fn read_nothing_warnings(run: &Run) -> Vec<String> {
-    run.events_named("warning")
-        .iter()
-        .filter_map(|w| w["message"].as_str())
-        .filter(|m| m.contains("--tap read no packet"))
-        .map(String::from)
-        .collect()
-}
-
 #[test]
 fn a_tap_on_an_interface_the_servers_traffic_does_not_cross_says_so_in_the_runs_warnings() {
     if !can_tap("a_tap_on_an_interface_the_servers_traffic_does_not_cross...") {
@@ -985,7 +975,7 @@ fn a_tap_on_an_interface_the_servers_traffic_does_not_cross_says_so_in_the_runs_
         let (stderr, log) = (tap.stderr.clone(), tap.log.clone());
         let mut run = tap.run;
         run.stop_by_sigterm();
-        let said = read_nothing_warnings(&run);
+        let said = run.warnings_with("--tap read no packet");
         assert_eq!(said.len(), 1, "{:#?}", run.events_named("warning"));
         // Why, by what the interface is: down, or up with no client from another host on it
         // (our own requests to a local server go over lo).
@@ -1014,7 +1004,10 @@ fn a_tap_on_an_interface_the_servers_traffic_does_not_cross_says_so_in_the_runs_
     assert!(post(&tap.server, "/generate", body).status.contains("200"));
     wait_records(&tap.log, 1);
     let run = tap.stop();
-    assert_eq!(read_nothing_warnings(&run), Vec::<String>::new());
+    assert_eq!(
+        run.warnings_with("--tap read no packet"),
+        Vec::<String>::new()
+    );
 }
 
 #[test]
@@ -1401,16 +1394,6 @@ fn start_toggle(
     Some((toggle, out))
 }
 
-/// The warnings of a stopped run that name a client on another host.
-fn unseen_client_warnings(run: &Run) -> Vec<String> {
-    run.events_named("warning")
-        .iter()
-        .filter_map(|w| w["message"].as_str())
-        .filter(|m| m.contains("a client on another host"))
-        .map(String::from)
-        .collect()
-}
-
 #[test]
 fn a_client_on_another_host_is_named_when_the_tap_on_lo_misses_it_and_measured_on_any() {
     let test = "a_client_on_another_host_is_named_when_the_tap_on_lo_misses_it...";
@@ -1437,7 +1420,7 @@ fn a_client_on_another_host_is_named_when_the_tap_on_lo_misses_it_and_measured_o
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(records(&tap.log).len(), measured, "on {iface}");
         let run = tap.stop();
-        let said = unseen_client_warnings(&run);
+        let said = run.warnings_with("a client on another host");
         if iface == "lo" {
             assert_eq!(said.len(), 1, "{:#?}", run.events_named("warning"));
             assert!(

@@ -263,6 +263,16 @@ impl Run {
             .collect()
     }
 
+    /// The messages of the run's warnings so far that contain `needle`.
+    pub fn warnings_with(&self, needle: &str) -> Vec<String> {
+        self.events_named("warning")
+            .iter()
+            .filter_map(|w| w["message"].as_str())
+            .filter(|m| m.contains(needle))
+            .map(String::from)
+            .collect()
+    }
+
     pub fn wait_event(&self, name: &str, timeout: Duration) -> Value {
         wait_event_at(&self.dir.join("events.jsonl"), name, timeout)
     }
