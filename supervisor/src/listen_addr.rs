@@ -127,12 +127,26 @@ pub(crate) fn route_to(ip: IpAddr) -> Route {
     let ip = ip.to_canonical();
     if ip.is_loopback() || ip.is_unspecified() {
         Route::Loopback
-    } else if std::net::UdpSocket::bind((ip, 0)).is_ok() {
+    } else if std::net::UdpSocket::bind((ip, 0)).is_ok() || own_link_local(ip) {
         // Only an address assigned to this machine can be bound.
         Route::ThisHost
     } else {
         Route::Away
     }
+}
+
+/// An IPv6 link-local address of one of this machine's interfaces (`/proc/net/if_inet6`): one
+/// that cannot be bound without its interface's scope (EINVAL), which the log does not give.
+fn own_link_local(ip: IpAddr) -> bool {
+    let IpAddr::V6(v6) = ip else {
+        return false;
+    };
+    if !v6.is_unicast_link_local() {
+        return false;
+    }
+    let hex: String = v6.octets().iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::read_to_string("/proc/net/if_inet6")
+        .is_ok_and(|t| t.lines().any(|l| l.starts_with(&hex)))
 }
 
 /// Refuse a listening address that is the server's own: the same port (not 0) on the same host,
@@ -201,6 +215,18 @@ mod tests {
         if let Ok(ip) = own.map(|a| a.ip()) {
             assert_eq!(route(&ip.to_string()), Route::ThisHost, "{ip}");
         }
+        // A link-local address of ours cannot be bound without its scope, which a log line
+        // does not give: it is still this machine's; one nobody here has is not.
+        let inet6 = std::fs::read_to_string("/proc/net/if_inet6").unwrap_or_default();
+        let ours = inet6.lines().filter_map(|l| {
+            let hex = l.get(..32)?;
+            let bits = u128::from_str_radix(hex, 16).ok()?;
+            Some(std::net::Ipv6Addr::from(bits)).filter(|a| a.is_unicast_link_local())
+        });
+        for ip in ours {
+            assert_eq!(route_to(IpAddr::V6(ip)), Route::ThisHost, "{ip}");
+        }
+        assert_eq!(route("fe80::dead:beef:1:2"), Route::Away);
     }
 
     #[test]

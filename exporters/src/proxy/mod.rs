@@ -183,7 +183,8 @@ const HOP_BY_HOP: &[&str] = &[
     "transfer-encoding",
 ];
 
-pub(crate) fn measured_endpoint(path: &str) -> Option<(&'static str, Api)> {
+/// The generation endpoints the proxy and the tap measure, by path (no query).
+pub fn measured_endpoint(path: &str) -> Option<(&'static str, Api)> {
     match path {
         "/generate" => Some(("/generate", Api::Generate)),
         "/v1/completions" => Some(("/v1/completions", Api::Completions)),

@@ -428,14 +428,26 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
     })
 }
 
-/// Why the run's measuring misses requests from clients on other hosts, where it does.
+/// What a tap on `lo` missing clients elsewhere should be given instead.
+const TAP_ELSEWHERE: &str =
+    "pass --tap-interface with the interface its clients come in on, or any";
+
+/// Why the run's measuring misses generation requests that come from a client elsewhere than
+/// loopback, where it does: how the warning of [`Supervision::on_client`] goes on.
 fn unseen_remote(args: &RunArgs, proxy: Option<SocketAddr>) -> Option<String> {
+    const LEFT_OUT: &str =
+        "the requests log and the request_* figures leave out this client's requests";
     if let Some(proxy) = proxy {
         Some(format!(
-            "it reached the server directly, not through the proxy at {proxy}"
+            "sent straight to the server, not through the proxy at {proxy}: {LEFT_OUT} (point \
+             the client at the proxy; a server started with --host 127.0.0.1 is reached through \
+             the proxy only)"
         ))
     } else if args.tap && args.tap_interface == "lo" {
-        Some("--tap on lo copies only this machine's own traffic (--tap-interface any takes every interface)".into())
+        Some(format!(
+            "which came in on an interface other than lo: --tap on lo does not see it, so \
+             {LEFT_OUT} ({TAP_ELSEWHERE})"
+        ))
     } else {
         None
     }
@@ -458,7 +470,7 @@ fn warn_tap_misses(host: &str) {
                 Route::Unresolved => "it did not resolve here, and clients on other hosts would come",
             };
             tracing::warn!(
-                "--tap copies loopback only, and the server is reached at {host}: {whose} in on another interface (pass --tap-interface any)"
+                "--tap copies loopback only, and the server is reached at {host}: {whose} in on another interface ({TAP_ELSEWHERE})"
             );
         });
     if let Err(e) = said {
@@ -942,9 +954,9 @@ impl Supervision {
         }
     }
 
-    /// A client on another host in the server's access log, whose requests this run cannot
-    /// measure: a tap on `lo` copies only this machine's own traffic, and the proxy only what
-    /// is sent to it. Said once, for the first such client.
+    /// A client elsewhere than this machine in the server's access log, whose generation
+    /// requests this run cannot measure: a tap on `lo` copies only this machine's own traffic,
+    /// and the proxy only what is sent to it. Said once, for the first such client.
     fn on_client(&mut self, addr: std::net::IpAddr) {
         use crate::listen_addr::{route_to, Route};
         if self.unseen_remote.is_none() || route_to(addr) != Route::Away {
@@ -953,9 +965,8 @@ impl Supervision {
         let Some(how) = self.unseen_remote.take() else {
             return;
         };
-        let message = format!(
-            "the server's access log shows a request from {addr}, a client on another host, which this run does not measure: {how}"
-        );
+        let message =
+            format!("the server's access log shows a generation request from {addr}, {how}");
         tracing::warn!("{message}");
         self.warn(message);
     }

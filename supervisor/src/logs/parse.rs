@@ -63,15 +63,16 @@ pub enum LogEvent {
         requests: u64,
         line: String,
     },
-    /// A uvicorn access line from a client whose address is not loopback: each address once
-    /// per stream, the first [`MAX_CLIENTS`] of them.
+    /// A uvicorn access line of a generation request (one the proxy and the tap measure) from
+    /// a client whose address is not loopback: each address once per stream, of the first
+    /// [`MAX_CLIENTS`] clients.
     Client {
         addr: IpAddr,
     },
 }
 
-/// Distinct non-loopback client addresses told per stream: enough to find one on another host
-/// among a few of this machine's own, bounded whatever the traffic.
+/// Distinct clients read per stream: enough to find one on another host among a few of this
+/// machine's own, bounded whatever the traffic.
 pub const MAX_CLIENTS: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -358,8 +359,11 @@ impl ParseStats {
 #[derive(Default)]
 pub struct LogParser {
     capture: Option<Capture>,
-    /// Clients not on loopback told so far ([`LogEvent::Client`]).
-    clients: Vec<IpAddr>,
+    /// Client hosts, as logged, whose generation requests were read ([`LogEvent::Client`]):
+    /// their next lines are told by a comparison, with no parsing.
+    clients: Vec<Box<[u8]>>,
+    /// The addresses told of.
+    told: Vec<IpAddr>,
     pub stats: ParseStats,
 }
 
@@ -469,8 +473,9 @@ impl LogParser {
         true
     }
 
-    /// An access line's client (`HOST:PORT` first in `access`), told when it is not loopback
-    /// and new. The common case, `127.…`, costs one comparison.
+    /// An access line's client (`HOST:PORT` first in `access`), told when it is new, not
+    /// loopback, and its request one the proxy and the tap measure. The common case, `127.…`,
+    /// costs one comparison.
     #[inline]
     fn client(&mut self, access: &[u8], out: &mut impl LogSink) {
         if !access.starts_with(b"127.") && self.clients.len() < MAX_CLIENTS {
@@ -480,23 +485,36 @@ impl LogParser {
 
     #[cold]
     fn new_client(&mut self, access: &[u8], out: &mut impl LogSink) {
-        let client = &access[..memchr::memchr(b' ', access).unwrap_or(access.len())];
-        let Some(addr) = std::str::from_utf8(client)
-            .ok()
-            .and_then(|c| c.rsplit_once(':'))
-            .and_then(|(host, _port)| {
-                let host = host.trim_start_matches('[').trim_end_matches(']');
-                host.parse::<IpAddr>().ok()
-            })
-            .map(|ip| ip.to_canonical())
-        else {
+        // `HOST:PORT - "METHOD PATH HTTP/1.1" STATUS`
+        let end = memchr::memchr(b' ', access).unwrap_or(access.len());
+        let Some(colon) = memchr::memrchr(b':', &access[..end]) else {
             return;
         };
-        if addr.is_loopback() || self.clients.contains(&addr) {
+        let (host, port) = (&access[..colon], &access[colon + 1..end]);
+        // Port 0 is no TCP peer: uvicorn's proxy headers put a forwarded client there
+        // (X-Forwarded-For from 127.0.0.1), the request having come over a local connection.
+        if port == b"0" || self.clients.iter().any(|c| **c == *host) {
             return;
         }
-        self.clients.push(addr);
-        out.event(LogEvent::Client { addr });
+        // A probe or a scrape from elsewhere misses nothing that is measured.
+        if !measured_request(&access[end..]) {
+            return;
+        }
+        self.clients.push(host.into());
+        let addr = std::str::from_utf8(host)
+            .ok()
+            .and_then(|h| {
+                h.trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse::<IpAddr>()
+                    .ok()
+            })
+            .map(|ip| ip.to_canonical());
+        // One address may be logged in more than one form (`::ffff:10.0.0.9`, `10.0.0.9`).
+        if let Some(addr) = addr.filter(|a| !a.is_loopback() && !self.told.contains(a)) {
+            self.told.push(addr);
+            out.event(LogEvent::Client { addr });
+        }
     }
 
     fn classify(&mut self, line: &str, out: &mut impl LogSink) {
@@ -834,8 +852,26 @@ fn access_client(msg: &[u8]) -> Option<&[u8]> {
     if rest.first().is_some_and(u8::is_ascii_digit) {
         return Some(rest);
     }
+    // Else a word ending in `:PORT`, or none, then ` - "`: never any `WORD - "…` message.
     let end = memchr::memchr(b' ', rest)?;
-    rest[end..].starts_with(b" - \"").then_some(rest)
+    let client = &rest[..end];
+    let addressed = client.is_empty()
+        || memchr::memrchr(b':', client).is_some_and(|i| {
+            i + 1 < client.len() && client[i + 1..].iter().all(u8::is_ascii_digit)
+        });
+    (addressed && rest[end..].starts_with(b" - \"")).then_some(rest)
+}
+
+/// Whether the request of an access line (` - "METHOD PATH HTTP/1.1" …`) is one the proxy and
+/// the tap measure.
+fn measured_request(request: &[u8]) -> bool {
+    let Some(line) = request.strip_prefix(b" - \"") else {
+        return false;
+    };
+    let mut words = line.split(|&b| b == b' ');
+    let path = words.nth(1).unwrap_or_default();
+    let path = &path[..memchr::memchr(b'?', path).unwrap_or(path.len())];
+    std::str::from_utf8(path).is_ok_and(|p| sglang_exporters::proxy::measured_endpoint(p).is_some())
 }
 
 #[cfg(test)]
@@ -1154,6 +1190,8 @@ mod tests {
             "::1:5000",
             "::ffff:127.0.0.1:5000",
             "",
+            // uvicorn's proxy headers: a forwarded client, over a local connection.
+            "203.0.113.9:0",
             "192.0.2.7:1",
             "192.0.2.7:2",
             "fd00::5:443",
@@ -1162,8 +1200,13 @@ mod tests {
         ]
         .iter()
         .map(|c| access(c))
+        // A probe from elsewhere is no measured request; the same client's next one is.
+        .chain([
+            "[2026-12-02 09:20:21] INFO:     198.51.100.3:9 - \"GET /health HTTP/1.1\" 200 OK".into(),
+            "[2026-12-02 09:20:21] INFO:     198.51.100.3:9 - \"GET /metrics HTTP/1.1\" 200 OK".into(),
+        ])
         // Coloured, the same line is read as text rather than by the byte shortcut.
-        .chain(["[2026-12-02 09:20:21] \x1b[32mINFO\x1b[0m:     198.51.100.3:9 - \"GET / HTTP/1.1\" 200".into()])
+        .chain(["[2026-12-02 09:20:21] \x1b[32mINFO\x1b[0m:     198.51.100.3:9 - \"POST /v1/chat/completions?x=1 HTTP/1.1\" 200".into()])
         .collect();
         let told: Vec<String> = events(&lines.iter().map(String::as_str).collect::<Vec<_>>())
             .into_iter()
@@ -1179,6 +1222,13 @@ mod tests {
             .collect();
         let n = events(&many.iter().map(String::as_str).collect::<Vec<_>>()).len();
         assert_eq!(n, MAX_CLIENTS);
+        // A message shaped like an access line but for its client is read as any other.
+        let oom = "[2026-12-02 09:20:21] INFO:     Started - \"RuntimeError: CUDA out of memory\"";
+        assert!(
+            matches!(events(&[oom])[..], [LogEvent::Fatal { .. }]),
+            "{:?}",
+            events(&[oom])
+        );
         // uvicorn's other lines are no access lines.
         let up = "[2026-12-02 09:20:21] INFO:     Uvicorn running on http://0.0.0.0:30000 (Press CTRL+C to quit)";
         assert!(matches!(

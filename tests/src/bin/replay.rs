@@ -783,6 +783,7 @@ fn serve(conn: TcpStream, fx: &HttpFixtures) -> Result<()> {
         let mut len = 0usize;
         let mut close = false;
         let mut bearer = None;
+        let mut forwarded_for = None;
         loop {
             let mut h = String::new();
             if reader.read_line(&mut h)? == 0 {
@@ -802,7 +803,16 @@ fn serve(conn: TcpStream, fx: &HttpFixtures) -> Result<()> {
             if lower.starts_with("authorization: bearer ") {
                 bearer = Some(h["authorization: bearer ".len()..].to_string());
             }
+            if let Some(v) = lower.strip_prefix("x-forwarded-for:") {
+                forwarded_for = v.rsplit(',').next().map(|c| c.trim().to_string());
+            }
         }
+        // uvicorn's proxy headers, on by default and trusting 127.0.0.1: the forwarded client,
+        // with port 0, stands for the peer.
+        let client = match forwarded_for.filter(|_| peer.starts_with("127.0.0.1:")) {
+            Some(c) => format!("{c}:0"),
+            None => peer.clone(),
+        };
         let open = path.starts_with("/health") || path.starts_with("/metrics");
         let mut body = vec![0u8; len.min(64 << 20)];
         let early = fx.reject_before_body
@@ -845,7 +855,7 @@ fn serve(conn: TcpStream, fx: &HttpFixtures) -> Result<()> {
             _ => route(&method, &path, &body, fx, &mut w)?,
         };
         let access = format!(
-            "[{}] INFO:     {peer} - \"{method} {path} HTTP/1.1\" {status}\n",
+            "[{}] INFO:     {client} - \"{method} {path} HTTP/1.1\" {status}\n",
             now_ts(fx.log_ms),
             status = status_text(status)
         );

@@ -273,6 +273,22 @@ impl Run {
             .collect()
     }
 
+    /// The first warning that contains `needle`, waited for.
+    pub fn wait_warning(&self, needle: &str, timeout: Duration) -> String {
+        let end = Instant::now() + timeout;
+        loop {
+            if let Some(w) = self.warnings_with(needle).into_iter().next() {
+                return w;
+            }
+            assert!(
+                Instant::now() < end,
+                "no warning with {needle:?} in {timeout:?}: {:#?}",
+                self.events_named("warning")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn wait_event(&self, name: &str, timeout: Duration) -> Value {
         wait_event_at(&self.dir.join("events.jsonl"), name, timeout)
     }
@@ -630,9 +646,16 @@ impl OtherHost {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 60;
         let pid = std::process::id();
+        if Command::new("curl").arg("--version").output().is_err() {
+            eprintln!("SKIPPED {test}: no curl to be the other host's client (scripts/setup.sh installs it)");
+            return None;
+        }
+        remove_stale_namespaces();
         let ns = format!("sglsup-{pid}-{n}");
-        // 198.18.0.0/15 is for benchmarking networks: a /30 per namespace.
-        let at = |i: u32| format!("198.18.{}.{}", pid % 256, n * 4 + i);
+        // 198.18.0.0/15 is for benchmarking networks: a /30 per namespace, told apart by the
+        // process (512 apart) and the namespace within it.
+        let block = (pid % 512) * 64 + n;
+        let at = |i: u32| std::net::Ipv4Addr::from(0xC612_0000 + block * 4 + i).to_string();
         let (here, there) = (at(1), at(2));
         let (veth_here, veth_there) = (format!("sg{}h{n}", pid % 100_000), "eth1".to_string());
         let host = OtherHost { ns, here, there };
@@ -690,6 +713,19 @@ impl OtherHost {
     /// POST `body` to `http://{addr}{path}` from the other host: the HTTP status ("000" for
     /// none).
     pub fn post(&self, addr: &str, path: &str, body: &str) -> String {
+        self.curl(
+            &["-H", "content-type: application/json", "-d", body],
+            addr,
+            path,
+        )
+    }
+
+    /// GET `http://{addr}{path}` from the other host: the HTTP status.
+    pub fn get(&self, addr: &str, path: &str) -> String {
+        self.curl(&[], addr, path)
+    }
+
+    fn curl(&self, args: &[&str], addr: &str, path: &str) -> String {
         let out = Command::new("ip")
             .args([
                 "netns",
@@ -702,18 +738,28 @@ impl OtherHost {
                 "-m",
                 "30",
             ])
-            .args([
-                "-w",
-                "%{http_code}",
-                "-H",
-                "content-type: application/json",
-                "-d",
-                body,
-            ])
+            .args(["-w", "%{http_code}"])
+            .args(args)
             .arg(format!("http://{addr}{path}"))
             .output()
             .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+/// Namespaces of test processes that are gone (killed before their drop ran).
+fn remove_stale_namespaces() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or_default();
+        let pid = name
+            .strip_prefix("sglsup-")
+            .and_then(|r| r.split('-').next());
+        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = Command::new("ip").args(["netns", "del", name]).output();
+        }
     }
 }
 
