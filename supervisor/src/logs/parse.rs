@@ -475,10 +475,19 @@ impl LogParser {
 
     /// An access line's client (`HOST:PORT` first in `access`), told when it is new, not
     /// loopback, and its request one the proxy and the tap measure. The common case, `127.…`,
-    /// costs one comparison.
+    /// costs one comparison; a client read before, a comparison or a few.
     #[inline]
     fn client(&mut self, access: &[u8], out: &mut impl LogSink) {
-        if !access.starts_with(b"127.") && self.clients.len() < MAX_CLIENTS {
+        if access.starts_with(b"127.") || self.clients.len() >= MAX_CLIENTS {
+            return;
+        }
+        let known = |host: &Box<[u8]>| {
+            access
+                .strip_prefix(&host[..])
+                .and_then(|r| r.strip_prefix(b":"))
+                .is_some_and(|r| r.iter().take_while(|&&b| b != b' ').all(u8::is_ascii_digit))
+        };
+        if !self.clients.iter().any(known) {
             self.new_client(access, out);
         }
     }
@@ -487,17 +496,17 @@ impl LogParser {
     fn new_client(&mut self, access: &[u8], out: &mut impl LogSink) {
         // `HOST:PORT - "METHOD PATH HTTP/1.1" STATUS`
         let end = memchr::memchr(b' ', access).unwrap_or(access.len());
+        // A probe or a scrape from elsewhere misses nothing that is measured.
+        if !measured_request(&access[end..]) {
+            return;
+        }
         let Some(colon) = memchr::memrchr(b':', &access[..end]) else {
             return;
         };
         let (host, port) = (&access[..colon], &access[colon + 1..end]);
         // Port 0 is no TCP peer: uvicorn's proxy headers put a forwarded client there
         // (X-Forwarded-For from 127.0.0.1), the request having come over a local connection.
-        if port == b"0" || self.clients.iter().any(|c| **c == *host) {
-            return;
-        }
-        // A probe or a scrape from elsewhere misses nothing that is measured.
-        if !measured_request(&access[end..]) {
+        if port == b"0" {
             return;
         }
         self.clients.push(host.into());
@@ -865,11 +874,11 @@ fn access_client(msg: &[u8]) -> Option<&[u8]> {
 /// Whether the request of an access line (` - "METHOD PATH HTTP/1.1" …`) is one the proxy and
 /// the tap measure.
 fn measured_request(request: &[u8]) -> bool {
-    let Some(line) = request.strip_prefix(b" - \"") else {
+    // Each is a POST: a probe's or a scrape's GET is told by four bytes.
+    let Some(line) = request.strip_prefix(b" - \"POST ") else {
         return false;
     };
-    let mut words = line.split(|&b| b == b' ');
-    let path = words.nth(1).unwrap_or_default();
+    let path = line.split(|&b| b == b' ').next().unwrap_or_default();
     let path = &path[..memchr::memchr(b'?', path).unwrap_or(path.len())];
     std::str::from_utf8(path).is_ok_and(|p| sglang_exporters::proxy::measured_endpoint(p).is_some())
 }
