@@ -481,13 +481,13 @@ impl LogParser {
         if access.starts_with(b"127.") || self.clients.len() >= MAX_CLIENTS {
             return;
         }
-        let known = |host: &Box<[u8]>| {
+        let known = |host: &[u8]| {
             access
-                .strip_prefix(&host[..])
+                .strip_prefix(host)
                 .and_then(|r| r.strip_prefix(b":"))
                 .is_some_and(|r| r.iter().take_while(|&&b| b != b' ').all(u8::is_ascii_digit))
         };
-        if !self.clients.iter().any(known) {
+        if !self.clients.iter().any(|h| known(h)) {
             self.new_client(access, out);
         }
     }
