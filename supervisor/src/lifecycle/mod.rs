@@ -747,7 +747,7 @@ struct Supervision {
     upstream_metrics: Option<bool>,
     /// Where the start's time goes: phase marks, JIT seconds per stage.
     startup: Arc<StartupProfile>,
-    /// Why the run's measuring misses clients on other hosts, where it does (a tap on `lo`, the
+    /// Why the run's measuring misses clients elsewhere, where it does (a tap on `lo`, the
     /// proxy); taken when the first is told of ([`Self::on_client`]).
     unseen_remote: Option<String>,
 }
@@ -959,10 +959,10 @@ impl Supervision {
     /// and the proxy only what is sent to it. Said once, for the first such client.
     fn on_client(&mut self, addr: std::net::IpAddr) {
         use crate::listen_addr::{route_to, Route};
-        if self.unseen_remote.is_none() || route_to(addr) != Route::Away {
-            return;
-        }
-        let Some(how) = self.unseen_remote.take() else {
+        let Some(how) = self
+            .unseen_remote
+            .take_if(|_| route_to(addr) == Route::Away)
+        else {
             return;
         };
         let message =
