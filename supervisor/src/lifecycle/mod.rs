@@ -967,8 +967,7 @@ impl Supervision {
         };
         let message =
             format!("the server's access log shows a generation request from {addr}, {how}");
-        tracing::warn!("{message}");
-        self.warn(message);
+        self.warn_ours(message);
     }
 
     /// A tap that read no segment of the port measured nothing: the report says why, not only
@@ -997,6 +996,12 @@ impl Supervision {
         let message = format!(
             "--tap read no packet of port {port} on interface {iface:?} over the whole run, so no request was measured: {why}"
         );
+        self.warn_ours(message);
+    }
+
+    /// A warning of the supervisor's own: on the console too, where the server's warnings
+    /// ([`Self::warn`]) already are, in its log.
+    fn warn_ours(&mut self, message: String) {
         tracing::warn!("{message}");
         self.warn(message);
     }
