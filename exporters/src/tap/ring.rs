@@ -281,6 +281,26 @@ fn filter(port: u16, lo_index: Option<i32>) -> Vec<libc::sock_filter> {
         // More fragments, or a fragment's offset: not a whole segment.
         Op(ld_h, 6),
         Jump(jset, 0x3fff, "drop", NEXT),
+        // A header without options (every loopback segment Linux sends): fixed offsets, which
+        // the kernel loads inline; an indexed load is a helper call, paid by the sender.
+        Op(ld_b, 0),
+        Jump(jeq, 0x45, NEXT, "v4 options"),
+        Op(ld_h, 20),
+        Jump(jeq, port, "v4 plain bytes", NEXT),
+        Op(ld_h, 22),
+        Jump(jeq, port, "v4 plain bytes", "drop"),
+        Label("v4 plain bytes"),
+        // payload = total length - TCP header - 20
+        Op(ld_b, 32),
+        Op(rsh, 2),
+        Op(and, 0x3c),
+        Op(tax, 0),
+        Op(ld_h, 2),
+        Op(sub_x, 0),
+        Jump(jgt, 20, "accept", NEXT),
+        Op(ld_b, 33),
+        Jump(jset, FLAGS, "accept", "drop"),
+        Label("v4 options"),
         Op(ldx_msh, 0),
         Op(ld_h_ind, 0),
         Jump(jeq, port, "v4 bytes", NEXT),
@@ -1262,7 +1282,19 @@ mod tests {
                 (v6(6, tcp(30000, 1, 8, ACK, 3)), true),
                 (v6(17, tcp(30000, 1, 5, ACK, 7)), false),
             ];
-            for ((proto, pkt), want) in cases {
+            // Each IPv4 case again with 4 bytes of options: the indexed path.
+            let with_options = cases.iter().filter(|((proto, _), _)| *proto == 0x0800).map(
+                |((proto, pkt), want)| {
+                    let mut b = pkt.clone();
+                    b[0] = 0x46;
+                    let total = u16::from_be_bytes([b[2], b[3]]) + 4;
+                    b[2..4].copy_from_slice(&total.to_be_bytes());
+                    b.splice(20..20, [1, 1, 1, 0]);
+                    ((*proto, b), *want)
+                },
+            );
+            let all: Vec<_> = with_options.chain(cases.iter().cloned()).collect();
+            for ((proto, pkt), want) in all {
                 assert_eq!(
                     run(&p, proto, &pkt, 2, 0) == SNAPLEN,
                     want,
