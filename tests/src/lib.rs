@@ -79,7 +79,11 @@ pub fn dechunked(body: &[u8]) -> Vec<u8> {
 
 /// POST `body` to `path` on `addr` (HOST:PORT), `Connection: close`, and time the answer.
 pub fn post_timed(addr: &str, path: &str, body: &str) -> std::io::Result<Timed> {
-    let mut s = TcpStream::connect(addr)?;
+    post_on(TcpStream::connect(addr)?, path, body)
+}
+
+/// [`post_timed`] on a connection the caller opened (and set up).
+pub fn post_on(mut s: TcpStream, path: &str, body: &str) -> std::io::Result<Timed> {
     s.set_nodelay(true)?;
     let req = format!(
         "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

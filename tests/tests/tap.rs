@@ -6,7 +6,7 @@
 mod common;
 use common::*;
 use serde_json::Value;
-use sglang_supervisor_tests::{http, post_timed, Timed};
+use sglang_supervisor_tests::{http, post_on, post_timed, Timed};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -936,6 +936,47 @@ fn on_every_interface_a_loopback_client_is_measured_once() {
         assert_eq!(r["itl_s"].as_array().unwrap().len(), 5, "{r}");
         assert!(r.get("error").is_none(), "{r}");
     }
+    assert_tap_saw_everything(&tap.metrics);
+    tap.stop();
+}
+
+#[test]
+fn a_client_whose_segments_carry_ip_options_is_measured_all_the_same() {
+    if !can_tap("a_client_whose_segments_carry_ip_options...") {
+        return;
+    }
+    // The filter reads an IPv4 header without options at fixed offsets and one with options
+    // through its length: the request's segments here take the second path, the answer's the
+    // first.
+    let tap = start_tapped("tap-ipopt", &[], &[]);
+    let s = TcpStream::connect(&tap.server).unwrap();
+    // Three no-operations and the end of the list: a 24-byte header on every segment sent
+    // from here on.
+    let opts = [1u8, 1, 1, 0];
+    // SAFETY: a live socket and a buffer of the length passed.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&s),
+            libc::IPPROTO_IP,
+            libc::IP_OPTIONS,
+            opts.as_ptr().cast(),
+            opts.len() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "IP_OPTIONS: {}", std::io::Error::last_os_error());
+    let body = r#"{"model":"m","prompt":"a b","max_tokens":6,"stream":true,"stream_options":{"include_usage":true}}"#;
+    let answer = post_on(s, "/v1/completions", body).unwrap();
+    assert!(answer.status.contains("200"), "{}", answer.status);
+    let recs = wait_records(&tap.log, 1);
+    assert_eq!(recs.len(), 1, "{recs:#?}");
+    let r = &recs[0];
+    assert_eq!(
+        (&r["completion_tokens"], &r["prompt_tokens"]),
+        (&Value::from(6), &Value::from(2)),
+        "{r}"
+    );
+    assert_eq!(r["itl_s"].as_array().unwrap().len(), 5, "{r}");
+    assert!(r.get("error").is_none(), "{r}");
     assert_tap_saw_everything(&tap.metrics);
     tap.stop();
 }
