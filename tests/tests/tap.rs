@@ -910,6 +910,20 @@ fn without_cap_net_raw_the_start_is_refused_with_125_and_one_line_naming_it() {
     assert_eq!(exited[0]["exit_status"], 125);
 }
 
+/// A completion of 6 tokens for a prompt of 2, streamed with usage asked.
+const SIX_OF_TWO: &str = r#"{"model":"m","prompt":"a b","max_tokens":6,"stream":true,"stream_options":{"include_usage":true}}"#;
+
+/// The record of one [`SIX_OF_TWO`] request measured whole: its counts, 5 gaps, no error.
+fn assert_six_of_two(r: &Value) {
+    assert_eq!(
+        (&r["completion_tokens"], &r["prompt_tokens"]),
+        (&Value::from(6), &Value::from(2)),
+        "{r}"
+    );
+    assert_eq!(r["itl_s"].as_array().unwrap().len(), 5, "{r}");
+    assert!(r.get("error").is_none(), "{r}");
+}
+
 #[test]
 fn on_every_interface_a_loopback_client_is_measured_once() {
     if !can_tap("on_every_interface...") {
@@ -917,9 +931,8 @@ fn on_every_interface_a_loopback_client_is_measured_once() {
     }
     // `any` sees loopback's sent copy of each segment too: the filter must keep only one.
     let tap = start_tapped("tap-any", &["--tap-interface", "any"], &[]);
-    let body = r#"{"model":"m","prompt":"a b","max_tokens":6,"stream":true,"stream_options":{"include_usage":true}}"#;
     for _ in 0..3 {
-        assert!(post(&tap.server, "/v1/completions", body)
+        assert!(post(&tap.server, "/v1/completions", SIX_OF_TWO)
             .status
             .contains("200"));
     }
@@ -927,15 +940,7 @@ fn on_every_interface_a_loopback_client_is_measured_once() {
     std::thread::sleep(Duration::from_millis(50));
     let recs = records(&tap.log);
     assert_eq!(recs.len(), 3, "{recs:#?}");
-    for r in &recs {
-        assert_eq!(
-            (&r["completion_tokens"], &r["prompt_tokens"]),
-            (&Value::from(6), &Value::from(2)),
-            "{r}"
-        );
-        assert_eq!(r["itl_s"].as_array().unwrap().len(), 5, "{r}");
-        assert!(r.get("error").is_none(), "{r}");
-    }
+    recs.iter().for_each(assert_six_of_two);
     assert_tap_saw_everything(&tap.metrics);
     tap.stop();
 }
@@ -964,19 +969,11 @@ fn a_client_whose_segments_carry_ip_options_is_measured_all_the_same() {
         )
     };
     assert_eq!(r, 0, "IP_OPTIONS: {}", std::io::Error::last_os_error());
-    let body = r#"{"model":"m","prompt":"a b","max_tokens":6,"stream":true,"stream_options":{"include_usage":true}}"#;
-    let answer = post_on(s, "/v1/completions", body).unwrap();
+    let answer = post_on(s, "/v1/completions", SIX_OF_TWO).unwrap();
     assert!(answer.status.contains("200"), "{}", answer.status);
     let recs = wait_records(&tap.log, 1);
     assert_eq!(recs.len(), 1, "{recs:#?}");
-    let r = &recs[0];
-    assert_eq!(
-        (&r["completion_tokens"], &r["prompt_tokens"]),
-        (&Value::from(6), &Value::from(2)),
-        "{r}"
-    );
-    assert_eq!(r["itl_s"].as_array().unwrap().len(), 5, "{r}");
-    assert!(r.get("error").is_none(), "{r}");
+    assert_six_of_two(&recs[0]);
     assert_tap_saw_everything(&tap.metrics);
     tap.stop();
 }

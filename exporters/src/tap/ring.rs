@@ -261,6 +261,26 @@ fn filter(port: u16, lo_index: Option<i32>) -> Vec<libc::sock_filter> {
     let port = port as u32;
     // SYN, FIN or RST: a segment without bytes that still says something.
     const FLAGS: u32 = 0x07;
+    // A TCP header at `tcp`: either port ours, then bytes past the TCP header (the 16-bit
+    // length at `len` less that header, more than `less`) or a SYN, FIN or RST.
+    let at_fixed_offsets = |tcp: u32, len: u32, less: u32, bytes: &'static str| {
+        [
+            Op(ld_h, tcp),
+            Jump(jeq, port, bytes, NEXT),
+            Op(ld_h, tcp + 2),
+            Jump(jeq, port, bytes, "drop"),
+            Label(bytes),
+            Op(ld_b, tcp + 12),
+            Op(rsh, 2),
+            Op(and, 0x3c),
+            Op(tax, 0),
+            Op(ld_h, len),
+            Op(sub_x, 0),
+            Jump(jgt, less, "accept", NEXT),
+            Op(ld_b, tcp + 13),
+            Jump(jset, FLAGS, "accept", "drop"),
+        ]
+    };
     let mut p = Vec::new();
     if let Some(lo) = lo_index {
         p.extend([
@@ -285,21 +305,10 @@ fn filter(port: u16, lo_index: Option<i32>) -> Vec<libc::sock_filter> {
         // the kernel loads inline; an indexed load is a helper call, paid by the sender.
         Op(ld_b, 0),
         Jump(jeq, 0x45, NEXT, "v4 options"),
-        Op(ld_h, 20),
-        Jump(jeq, port, "v4 plain bytes", NEXT),
-        Op(ld_h, 22),
-        Jump(jeq, port, "v4 plain bytes", "drop"),
-        Label("v4 plain bytes"),
-        // payload = total length - TCP header - 20
-        Op(ld_b, 32),
-        Op(rsh, 2),
-        Op(and, 0x3c),
-        Op(tax, 0),
-        Op(ld_h, 2),
-        Op(sub_x, 0),
-        Jump(jgt, 20, "accept", NEXT),
-        Op(ld_b, 33),
-        Jump(jset, FLAGS, "accept", "drop"),
+    ]);
+    // payload = total length - TCP header - 20
+    p.extend(at_fixed_offsets(20, 2, 20, "v4 plain bytes"));
+    p.extend([
         Label("v4 options"),
         Op(ldx_msh, 0),
         Op(ld_h_ind, 0),
@@ -324,26 +333,10 @@ fn filter(port: u16, lo_index: Option<i32>) -> Vec<libc::sock_filter> {
         Label("v6"),
         Op(ld_b, 6),
         Jump(jeq, 6, NEXT, "drop"),
-        Op(ld_h, 40),
-        Jump(jeq, port, "v6 bytes", NEXT),
-        Op(ld_h, 42),
-        Jump(jeq, port, "v6 bytes", "drop"),
-        Label("v6 bytes"),
-        // payload = payload length - TCP header
-        Op(ld_b, 52),
-        Op(rsh, 2),
-        Op(and, 0x3c),
-        Op(tax, 0),
-        Op(ld_h, 4),
-        Op(sub_x, 0),
-        Jump(jgt, 0, "accept", NEXT),
-        Op(ld_b, 53),
-        Jump(jset, FLAGS, "accept", "drop"),
-        Label("accept"),
-        Op(ret, SNAPLEN),
-        Label("drop"),
-        Op(ret, 0),
     ]);
+    // payload = payload length - TCP header
+    p.extend(at_fixed_offsets(40, 4, 0, "v6 bytes"));
+    p.extend([Label("accept"), Op(ret, SNAPLEN), Label("drop"), Op(ret, 0)]);
     assemble(&p)
 }
 
