@@ -500,10 +500,9 @@ impl LogParser {
         if !measured_request(&access[end..]) {
             return;
         }
-        let Some(colon) = memchr::memrchr(b':', &access[..end]) else {
+        let Some((host, port)) = host_port(&access[..end]) else {
             return;
         };
-        let (host, port) = (&access[..colon], &access[colon + 1..end]);
         // Port 0 is no TCP peer: uvicorn's proxy headers put a forwarded client there
         // (X-Forwarded-For from 127.0.0.1), the request having come over a local connection.
         if port == b"0" {
@@ -864,11 +863,16 @@ fn access_client(msg: &[u8]) -> Option<&[u8]> {
     // Else a word ending in `:PORT`, or none, then ` - "`: never any `WORD - "…` message.
     let end = memchr::memchr(b' ', rest)?;
     let client = &rest[..end];
-    let addressed = client.is_empty()
-        || memchr::memrchr(b':', client).is_some_and(|i| {
-            i + 1 < client.len() && client[i + 1..].iter().all(u8::is_ascii_digit)
-        });
+    let addressed = client.is_empty() || host_port(client).is_some();
     (addressed && rest[end..].starts_with(b" - \"")).then_some(rest)
+}
+
+/// A client as uvicorn writes it, `HOST:PORT` (`::1:50312` for IPv6), split at its last colon;
+/// `None` unless PORT is digits.
+fn host_port(client: &[u8]) -> Option<(&[u8], &[u8])> {
+    let colon = memchr::memrchr(b':', client)?;
+    let port = &client[colon + 1..];
+    (!port.is_empty() && port.iter().all(u8::is_ascii_digit)).then_some((&client[..colon], port))
 }
 
 /// Whether the request of an access line (` - "METHOD PATH HTTP/1.1" …`) is one the proxy and
