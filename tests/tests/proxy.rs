@@ -1005,11 +1005,20 @@ fn a_client_elsewhere_that_goes_straight_to_the_server_is_named_with_the_proxy()
             && said.contains("point the client at the proxy"),
         "{said}"
     );
-    // Only the proxied request is measured; a second one from there says nothing more.
+    // Only the proxied request is measured; a second one from there is not said again.
     assert_eq!(other.post(&server_there, "/generate", body), "200");
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(records(&log).len(), 1);
     run.stop_by_sigterm();
     assert_eq!(run.warnings_with(needle).len(), 1);
+    // At the end, both are counted; the forwarded client that came through the proxy is not.
+    assert_eq!(
+        run.warnings_with("went unmeasured"),
+        [format!(
+            "in all, 2 generation requests from {} went unmeasured: the requests log and the \
+             request_* figures leave them out",
+            other.there
+        )]
+    );
     let _ = std::fs::remove_file(&log);
 }

@@ -1433,7 +1433,8 @@ fn start_toggle(
 }
 
 #[test]
-fn a_client_elsewhere_is_named_when_the_tap_on_lo_misses_it_and_measured_on_any() {
+fn a_client_elsewhere_is_named_and_its_requests_counted_when_the_tap_on_lo_misses_it_and_measured_on_any(
+) {
     let test = "a_client_elsewhere_is_named_when_the_tap_on_lo_misses_it...";
     if !can_tap(test) {
         return;
@@ -1488,5 +1489,19 @@ fn a_client_elsewhere_is_named_when_the_tap_on_lo_misses_it_and_measured_on_any(
             "on {iface}: {:#?}",
             run.events_named("warning")
         );
+        // At the end, how many went unmeasured: the other host's one request, on lo only.
+        let total = run.warnings_with("went unmeasured");
+        if iface == "lo" {
+            assert_eq!(
+                total,
+                [format!(
+                    "in all, 1 generation request from {} went unmeasured: the requests log and \
+                     the request_* figures leave it out",
+                    other.there
+                )]
+            );
+        } else {
+            assert_eq!(total, Vec::<String>::new(), "on {iface}");
+        }
     }
 }

@@ -8,6 +8,7 @@
 mod machine;
 mod preflight;
 mod signals;
+mod unseen;
 
 pub use machine::{signal_name, Stop};
 pub use preflight::{preflight_unless_stopped, Preflight};
@@ -39,6 +40,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::time::sleep_until;
+use unseen::{Unseen, TAP_ELSEWHERE};
 
 /// How long the log threads may take to drain after the tree is dead.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
@@ -428,31 +430,6 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
     })
 }
 
-/// What a tap on `lo` missing clients elsewhere should be given instead.
-const TAP_ELSEWHERE: &str =
-    "pass --tap-interface with the interface its clients come in on, or any";
-
-/// Why the run's measuring misses generation requests that come from a client elsewhere than
-/// loopback, where it does: how the warning of [`Supervision::on_client`] goes on.
-fn unseen_remote(args: &RunArgs, proxy: Option<SocketAddr>) -> Option<String> {
-    const LEFT_OUT: &str =
-        "the requests log and the request_* figures leave out this client's requests";
-    if let Some(proxy) = proxy {
-        Some(format!(
-            "sent straight to the server, not through the proxy at {proxy}: {LEFT_OUT} (point \
-             the client at the proxy; a server started with --host 127.0.0.1 is reached through \
-             the proxy only)"
-        ))
-    } else if args.tap && args.tap_interface == "lo" {
-        Some(format!(
-            "which came in on an interface other than lo: --tap on lo does not see it, so \
-             {LEFT_OUT} ({TAP_ELSEWHERE})"
-        ))
-    } else {
-        None
-    }
-}
-
 /// `--tap` on `lo` sees only clients on this machine: said when the server's address is one
 /// that other hosts' clients reach, or that is not this machine's at all. The name is looked up
 /// on a thread of its own, left running: a slow resolver neither holds up the launch nor the
@@ -747,9 +724,9 @@ struct Supervision {
     upstream_metrics: Option<bool>,
     /// Where the start's time goes: phase marks, JIT seconds per stage.
     startup: Arc<StartupProfile>,
-    /// Why the run's measuring misses clients elsewhere, where it does (a tap on `lo`, the
-    /// proxy); taken when the first is told of ([`Self::on_client`]).
-    unseen_remote: Option<String>,
+    /// The requests from clients elsewhere, where the run's measuring misses them (a tap on
+    /// `lo`, the proxy).
+    unseen: Option<Unseen>,
 }
 
 impl Supervision {
@@ -779,7 +756,7 @@ impl Supervision {
         if let Some((rank, nnodes)) = node.multi() {
             tracing::info!("node rank {rank} of {nnodes}");
         }
-        let unseen_remote = unseen_remote(&args, services.proxy_addr);
+        let unseen = Unseen::new(&args, services.proxy_addr);
         Supervision {
             args,
             events,
@@ -802,7 +779,7 @@ impl Supervision {
             exclude: watch.exclude.clone(),
             upstream_metrics: None,
             startup: services.startup.clone(),
-            unseen_remote,
+            unseen,
         }
     }
 
@@ -954,20 +931,14 @@ impl Supervision {
         }
     }
 
-    /// A client elsewhere than this machine in the server's access log, whose generation
-    /// requests this run cannot measure: a tap on `lo` copies only this machine's own traffic,
-    /// and the proxy only what is sent to it. Said once, for the first such client.
+    /// A generation request in the server's access log from a client not on loopback: one
+    /// this run cannot measure when the client is elsewhere than this machine (a tap on `lo`
+    /// copies only this machine's own traffic, the proxy only what is sent to it). The first
+    /// is said at once, the count at the end ([`Self::teardown`]).
     fn on_client(&mut self, addr: std::net::IpAddr) {
-        use crate::listen_addr::{route_to, Route};
-        let Some(how) = self
-            .unseen_remote
-            .take_if(|_| route_to(addr) == Route::Away)
-        else {
-            return;
-        };
-        let message =
-            format!("the server's access log shows a generation request from {addr}, {how}");
-        self.warn_ours(message);
+        if let Some(message) = self.unseen.as_mut().and_then(|u| u.request(addr)) {
+            self.warn_ours(message);
+        }
     }
 
     /// A tap that read no segment of the port measured nothing: the report says why, not only
@@ -1259,6 +1230,9 @@ impl Supervision {
         let stats = join_readers(std::mem::take(&mut watch.readers)).await;
         while let Ok(t) = watch.log_rx.try_recv() {
             self.on_log(t).await;
+        }
+        if let Some(total) = self.unseen.as_ref().and_then(Unseen::total) {
+            self.warn_ours(total);
         }
         if !leftover.is_empty() {
             self.events.emit(Event::Leftover {

@@ -64,8 +64,8 @@ pub enum LogEvent {
         line: String,
     },
     /// A uvicorn access line of a generation request (one the proxy and the tap measure) from
-    /// a client whose address is not loopback: each address once per stream, of the first
-    /// [`MAX_CLIENTS`] clients.
+    /// a client whose address is not loopback: every such line of the first [`MAX_CLIENTS`]
+    /// client hosts of a stream (the supervisor counts those it could not measure).
     Client {
         addr: IpAddr,
     },
@@ -359,11 +359,10 @@ impl ParseStats {
 #[derive(Default)]
 pub struct LogParser {
     capture: Option<Capture>,
-    /// Client hosts, as logged, whose generation requests were read ([`LogEvent::Client`]):
-    /// their next lines are told by a comparison, with no parsing.
-    clients: Vec<Box<[u8]>>,
-    /// The addresses told of.
-    told: Vec<IpAddr>,
+    /// Client hosts, as logged, whose generation requests were read, each with the address
+    /// its requests are told as ([`LogEvent::Client`]; none for loopback or what is no
+    /// address): their next lines are told by a comparison, with no parsing.
+    clients: Vec<(Box<[u8]>, Option<IpAddr>)>,
     pub stats: ParseStats,
 }
 
@@ -473,22 +472,32 @@ impl LogParser {
         true
     }
 
-    /// An access line's client (`HOST:PORT` first in `access`), told when it is new, not
-    /// loopback, and its request one the proxy and the tap measure. The common case, `127.…`,
-    /// costs one comparison; a client read before, a comparison or a few.
+    /// An access line's client (`HOST:PORT` first in `access`), told for each request that is
+    /// one the proxy and the tap measure from a client not on loopback. The common case,
+    /// `127.…`, costs one comparison; a client read before, a comparison or a few and the
+    /// request's path.
     #[inline]
     fn client(&mut self, access: &[u8], out: &mut impl LogSink) {
-        if access.starts_with(b"127.") || self.clients.len() >= MAX_CLIENTS {
+        if access.starts_with(b"127.") {
             return;
         }
-        let known = |host: &[u8]| {
-            access
-                .strip_prefix(host)
-                .and_then(|r| r.strip_prefix(b":"))
-                .is_some_and(|r| r.iter().take_while(|&&b| b != b' ').all(u8::is_ascii_digit))
+        // The port and the request (` - "POST /generate …`) after a host read before.
+        let after = |host: &[u8]| {
+            let r = access.strip_prefix(host)?.strip_prefix(b":")?;
+            let digits = r.iter().take_while(|b| b.is_ascii_digit()).count();
+            (digits > 0 && r.get(digits).is_none_or(|&b| b == b' ')).then(|| r.split_at(digits))
         };
-        if !self.clients.iter().any(|h| known(h)) {
-            self.new_client(access, out);
+        match self
+            .clients
+            .iter()
+            .find_map(|(h, addr)| Some((after(h)?, *addr)))
+        {
+            Some(((port, request), Some(addr))) if told_request(port, request) => {
+                out.event(LogEvent::Client { addr });
+            }
+            Some(_) => {}
+            None if self.clients.len() < MAX_CLIENTS => self.new_client(access, out),
+            None => {}
         }
     }
 
@@ -496,19 +505,14 @@ impl LogParser {
     fn new_client(&mut self, access: &[u8], out: &mut impl LogSink) {
         // `HOST:PORT - "METHOD PATH HTTP/1.1" STATUS`
         let end = memchr::memchr(b' ', access).unwrap_or(access.len());
-        // A probe or a scrape from elsewhere misses nothing that is measured.
-        if !measured_request(&access[end..]) {
-            return;
-        }
         let Some((host, port)) = host_port(&access[..end]) else {
             return;
         };
-        // Port 0 is no TCP peer: uvicorn's proxy headers put a forwarded client there
-        // (X-Forwarded-For from 127.0.0.1), the request having come over a local connection.
-        if port == b"0" {
+        // A host is kept once it sends a measured request: probes from elsewhere take no place.
+        if !told_request(port, &access[end..]) {
             return;
         }
-        self.clients.push(host.into());
+        // One address may be logged in more than one form (`::ffff:10.0.0.9`, `10.0.0.9`).
         let addr = std::str::from_utf8(host)
             .ok()
             .and_then(|h| {
@@ -517,10 +521,10 @@ impl LogParser {
                     .parse::<IpAddr>()
                     .ok()
             })
-            .map(|ip| ip.to_canonical());
-        // One address may be logged in more than one form (`::ffff:10.0.0.9`, `10.0.0.9`).
-        if let Some(addr) = addr.filter(|a| !a.is_loopback() && !self.told.contains(a)) {
-            self.told.push(addr);
+            .map(|ip| ip.to_canonical())
+            .filter(|a| !a.is_loopback());
+        self.clients.push((host.into(), addr));
+        if let Some(addr) = addr {
             out.event(LogEvent::Client { addr });
         }
     }
@@ -875,6 +879,14 @@ fn host_port(client: &[u8]) -> Option<(&[u8], &[u8])> {
     (!port.is_empty() && port.iter().all(u8::is_ascii_digit)).then_some((&client[..colon], port))
 }
 
+/// Whether an access line's request from `PORT` is one to tell of: one the proxy and the tap
+/// measure ([`measured_request`]) over a connection of its own. Port 0 is no TCP peer:
+/// uvicorn's proxy headers put a forwarded client there (X-Forwarded-For from 127.0.0.1), the
+/// request having come over a local connection.
+fn told_request(port: &[u8], request: &[u8]) -> bool {
+    port != b"0" && measured_request(request)
+}
+
 /// Whether the request of an access line (` - "METHOD PATH HTTP/1.1" …`) is one the proxy and
 /// the tap measure.
 fn measured_request(request: &[u8]) -> bool {
@@ -1193,7 +1205,7 @@ mod tests {
     }
 
     #[test]
-    fn a_client_not_on_loopback_is_told_once_per_address_by_either_reading() {
+    fn each_generation_request_of_a_client_not_on_loopback_is_told_by_either_reading() {
         let access = |client: &str| {
             format!("[2026-12-02 09:20:21] INFO:     {client} - \"POST /generate HTTP/1.1\" 200 OK")
         };
@@ -1228,13 +1240,43 @@ mod tests {
                 other => panic!("{other:?}"),
             })
             .collect();
-        assert_eq!(told, ["192.0.2.7", "fd00::5", "10.0.0.9", "198.51.100.3"]);
-        // However many clients come, the first MAX_CLIENTS are told.
+        // Each request, whichever form its address is logged in, read the first time or after.
+        assert_eq!(
+            told,
+            [
+                "192.0.2.7",
+                "192.0.2.7",
+                "fd00::5",
+                "10.0.0.9",
+                "fd00::5",
+                "198.51.100.3"
+            ]
+        );
+        // However many clients come, the first MAX_CLIENTS are told, each request of theirs.
         let many: Vec<String> = (0..MAX_CLIENTS + 5)
+            .chain(0..MAX_CLIENTS + 5)
             .map(|i| access(&format!("10.0.1.{i}:80")))
             .collect();
         let n = events(&many.iter().map(String::as_str).collect::<Vec<_>>()).len();
-        assert_eq!(n, MAX_CLIENTS);
+        assert_eq!(n, 2 * MAX_CLIENTS);
+        // A host read before: a longer host that starts like it, its forwarded clients (port 0)
+        // and its probes are told apart from its requests.
+        let known = [
+            access("10.0.2.1:80"),
+            access("10.0.2.12:80"),
+            access("10.0.2.1:0"),
+            "[2026-12-02 09:20:21] INFO:     10.0.2.1:81 - \"GET /health HTTP/1.1\" 200 OK".into(),
+            access("10.0.2.1:82"),
+        ];
+        let told: Vec<String> = events(&known.iter().map(String::as_str).collect::<Vec<_>>())
+            .into_iter()
+            .map(|e| format!("{e:?}"))
+            .collect();
+        assert_eq!(told.len(), 3, "{told:?}");
+        assert!(
+            told[1].contains("10.0.2.12") && told[2].contains("10.0.2.1 "),
+            "{told:?}"
+        );
         // A message shaped like an access line but for its client is read as any other.
         let oom = "[2026-12-02 09:20:21] INFO:     Started - \"RuntimeError: CUDA out of memory\"";
         assert!(
