@@ -453,9 +453,10 @@ pub struct RunArgs {
     /// Serve a latency-measuring reverse proxy in front of the server here (off by default);
     /// point the benchmark client at it. Port 0 picks a free port (see the `listening` event);
     /// `:PORT` is loopback. The server's own port is refused before launching (125). A generation
-    /// request from a client elsewhere that the server's access log shows going straight to the
-    /// server, not through the proxy, is a warning in the run's events and report, and the
-    /// run's end says how many such requests went unmeasured.
+    /// request that the server's access log shows going straight to the server, not through
+    /// the proxy, from a client elsewhere or from this machine's own address (not loopback), is
+    /// a warning in the run's events and report, and the run's end says how many such requests
+    /// went unmeasured.
     #[arg(long, env = "SGLANG_SUPERVISOR_PROXY_ADDR", value_name = "ADDR")]
     pub proxy_addr: Option<String>,
 
@@ -486,9 +487,11 @@ pub struct RunArgs {
     /// other hosts too), or an interface's name. With `any`, a port the host relays to a
     /// container (docker-proxy) is seen on both sides of the relay: each request twice; name the
     /// interface the clients come in on instead. A run whose tap read nothing there (not even our
-    /// own readiness request) says so in its warnings and report; so does one on `lo` whose
-    /// server's access log shows a generation request from a client elsewhere (not seen), and
-    /// at its end how many such requests went unmeasured.
+    /// own readiness request) says so in its warnings and report; so does one whose server's
+    /// access log shows a generation request the tap did not see (on `lo`, from a client
+    /// elsewhere; on a named interface, from this machine's own address there: its requests
+    /// cross lo; those from a loopback address are not counted), and at its end how many such
+    /// requests went unmeasured.
     #[arg(
         long,
         env = "SGLANG_SUPERVISOR_TAP_INTERFACE",

@@ -1049,6 +1049,50 @@ fn a_tap_on_an_interface_the_servers_traffic_does_not_cross_says_so_in_the_runs_
 }
 
 #[test]
+fn a_tap_on_another_interface_counts_the_requests_of_this_machines_own_address_it_misses() {
+    let test = "a_tap_on_another_interface_counts_the_requests...";
+    if !can_tap(test) {
+        return;
+    }
+    let Some(other) = OtherHost::new(test) else {
+        return;
+    };
+    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+    let tap = start_tapped(
+        "tap-veth",
+        &["--tap-interface", &other.iface],
+        &["--host", "0.0.0.0"],
+    );
+    let server_there = format!("{}:{}", other.here, tap.run.port);
+    // From the other host: over the interface, measured, nothing said.
+    assert_eq!(other.post(&server_there, "/generate", body), "200");
+    wait_records(&tap.log, 1);
+    let needle = "access log shows a generation request from";
+    assert_eq!(tap.run.warnings_with(needle), Vec::<String>::new());
+    // From this machine at its own address there: over lo, missed, and said at once.
+    assert!(post(&server_there, "/generate", body)
+        .status
+        .contains("200"));
+    let said = tap.run.wait_warning(needle, T);
+    assert!(
+        said.contains(&format!("from {}, an address of this machine", other.here))
+            && said.contains(&format!("cross lo, not {}", other.iface)),
+        "{said}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(records(&tap.log).len(), 1);
+    let run = tap.stop();
+    assert_eq!(
+        run.warnings_with("went unmeasured"),
+        [format!(
+            "in all, 1 generation request from {} went unmeasured: the requests log and the \
+             request_* figures leave it out",
+            other.here
+        )]
+    );
+}
+
+#[test]
 fn an_interface_that_does_not_exist_is_refused_at_start_by_name() {
     // Without CAP_NET_RAW the packet socket is refused before the name is looked up.
     if !can_tap("an_interface_that_does_not_exist...") {

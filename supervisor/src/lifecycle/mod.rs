@@ -756,7 +756,7 @@ impl Supervision {
         if let Some((rank, nnodes)) = node.multi() {
             tracing::info!("node rank {rank} of {nnodes}");
         }
-        let unseen = Unseen::new(&args, services.proxy_addr);
+        let unseen = Unseen::new(&args, services.proxy_addr, &services.url.host);
         Supervision {
             args,
             events,

@@ -1,67 +1,125 @@
-//! Generation requests this run's measuring cannot see: those the server's access log shows
-//! from clients elsewhere than this machine, while the proxy or a tap on `lo` measures. The
-//! first is said at once, the count at the end.
+//! Generation requests this run's measuring cannot see, which the server's access log shows:
+//! from clients elsewhere than this machine while the proxy or a tap on `lo` measures, from
+//! this machine's own addresses while the proxy reaches the server over loopback or a tap
+//! watches another interface. The first is said at once, the count at the end.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::cli::RunArgs;
-use crate::listen_addr::{route_to, Route};
+use crate::listen_addr::{local, route_to, Route};
 
 /// What a tap on `lo` missing clients elsewhere should be given instead.
 pub(super) const TAP_ELSEWHERE: &str =
     "pass --tap-interface with the interface its clients come in on, or any";
 
-/// The requests from clients elsewhere read so far, for a run that misses them.
+/// Client addresses whose route is kept: more are looked up on each request.
+const MAX_ROUTES: usize = 1024;
+
+/// Which clients' requests the run's measuring misses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Blind {
+    /// The proxy sees only what is sent to it: not clients elsewhere, nor this machine's own
+    /// at its other addresses where the proxy reaches the server over loopback (its own
+    /// requests are then logged from loopback).
+    Proxy { over_loopback: bool },
+    /// A tap on `lo` copies this machine's own traffic only.
+    TapOnLo,
+    /// A tap on another interface: this machine's own clients reach the server over `lo`.
+    /// Those at loopback addresses are not told by the log parser (its fast path), so only
+    /// those at the machine's other addresses are counted.
+    TapElsewhere,
+}
+
+impl Blind {
+    fn misses(self, route: Route) -> bool {
+        match self {
+            Blind::Proxy { over_loopback } => {
+                route == Route::Away || (over_loopback && route == Route::ThisHost)
+            }
+            Blind::TapOnLo => route == Route::Away,
+            Blind::TapElsewhere => route == Route::ThisHost,
+        }
+    }
+}
+
+/// The requests read so far that the run could not measure, for a run that misses some.
 pub(super) struct Unseen {
+    blind: Blind,
     /// How the first one's warning goes on: why it is not measured and what to do.
     how: String,
-    /// Each client address read, and whether the way to it leaves this machine (looked up
-    /// once; the log parser tells of a few addresses at most).
-    routes: Vec<(IpAddr, bool)>,
+    /// Each client address read and the way to it (looked up once, for the first
+    /// [`MAX_ROUTES`]).
+    routes: HashMap<IpAddr, Route>,
     requests: u64,
+    /// The clients missed, the first of them.
+    clients: u64,
     first: Option<IpAddr>,
 }
 
 impl Unseen {
-    /// For a run whose measuring misses clients elsewhere (a tap on `lo`, the proxy); `None`
-    /// where it sees them all, or measures nothing.
-    pub(super) fn new(args: &RunArgs, proxy: Option<SocketAddr>) -> Option<Self> {
+    /// For a run whose measuring misses some clients (the proxy, a tap on one interface);
+    /// `None` where it sees them all (`--tap-interface any`), or measures nothing. `upstream`
+    /// is the host the proxy sends requests to.
+    pub(super) fn new(args: &RunArgs, proxy: Option<SocketAddr>, upstream: &str) -> Option<Self> {
         const LEFT_OUT: &str =
             "the requests log and the request_* figures leave out this client's requests";
-        let how = if let Some(proxy) = proxy {
-            format!(
+        let iface = &args.tap_interface;
+        let (blind, how) = if let Some(proxy) = proxy {
+            let how = format!(
                 "sent straight to the server, not through the proxy at {proxy}: {LEFT_OUT} \
                  (point the client at the proxy; a server started with --host 127.0.0.1 is \
                  reached through the proxy only)"
+            );
+            (
+                Blind::Proxy {
+                    over_loopback: local(upstream),
+                },
+                how,
             )
-        } else if args.tap && args.tap_interface == "lo" {
-            format!(
+        } else if !args.tap || iface == "any" {
+            return None;
+        } else if iface == "lo" {
+            let how = format!(
                 "which came in on an interface other than lo: --tap on lo does not see it, so \
                  {LEFT_OUT} ({TAP_ELSEWHERE})"
-            )
+            );
+            (Blind::TapOnLo, how)
         } else {
-            return None;
+            let how = format!(
+                "an address of this machine, whose requests to the server cross lo, not \
+                 {iface}: --tap on {iface} does not see them, so {LEFT_OUT} (--tap-interface \
+                 any takes both)"
+            );
+            (Blind::TapElsewhere, how)
         };
         Some(Unseen {
+            blind,
             how,
-            routes: Vec::new(),
+            routes: HashMap::new(),
             requests: 0,
+            clients: 0,
             first: None,
         })
     }
 
     /// A generation request from `addr`, not loopback, in the access log: the warning to give
-    /// now when it is the first from a client elsewhere.
+    /// now when it is the first the run misses.
     pub(super) fn request(&mut self, addr: IpAddr) -> Option<String> {
-        let away = match self.routes.iter().find(|(a, _)| *a == addr) {
-            Some(&(_, away)) => away,
+        let known = self.routes.len();
+        let route = match self.routes.get(&addr) {
+            Some(&route) => route,
             None => {
-                let away = route_to(addr) == Route::Away;
-                self.routes.push((addr, away));
-                away
+                let route = route_to(addr);
+                // Past the addresses kept, the count of clients stops (the requests' goes on).
+                if known < MAX_ROUTES {
+                    self.routes.insert(addr, route);
+                    self.clients += u64::from(self.blind.misses(route));
+                }
+                route
             }
         };
-        if !away {
+        if !self.blind.misses(route) {
             return None;
         }
         self.requests += 1;
@@ -82,9 +140,9 @@ impl Unseen {
             1 => ("1 generation request".to_string(), "it"),
             n => (format!("{n} generation requests"), "them"),
         };
-        let clients = match self.routes.iter().filter(|(_, away)| *away).count() {
+        let clients = match self.clients {
             1 => format!("from {first}"),
-            k => format!("from {k} clients elsewhere, the first {first},"),
+            k => format!("from {k} clients (the first {first})"),
         };
         Some(format!(
             "in all, {n} {clients} went unmeasured: the requests log and the request_* figures \
@@ -98,17 +156,20 @@ mod tests {
     use super::*;
     use crate::cli::{parse_from, Command};
 
-    fn tapped_on_lo() -> Unseen {
-        let cli = parse_from(["sglang-supervisor", "run", "--tap", "--", "true"]).unwrap();
-        let Command::Run(args) = cli.command else {
+    fn run_args(flags: &[&str]) -> RunArgs {
+        let argv = ["sglang-supervisor", "run"]
+            .iter()
+            .chain(flags)
+            .chain(&["--", "true"]);
+        let Command::Run(args) = parse_from(argv).unwrap().command else {
             panic!("not a run")
         };
-        Unseen::new(&args, None).expect("a tap on lo misses clients elsewhere")
+        *args
     }
 
     #[test]
-    fn the_first_request_from_elsewhere_is_said_and_every_one_counted() {
-        let mut u = tapped_on_lo();
+    fn the_first_request_missed_is_said_and_every_one_counted() {
+        let mut u = Unseen::new(&run_args(&["--tap"]), None, "127.0.0.1").unwrap();
         assert_eq!(u.total(), None);
         // This machine's own addresses are reached over lo: seen by the tap, not counted.
         assert_eq!(u.request("::1".parse().unwrap()), None);
@@ -127,8 +188,43 @@ mod tests {
         assert_eq!(u.request("198.51.100.3".parse().unwrap()), None);
         assert_eq!(
             u.total().unwrap(),
-            "in all, 3 generation requests from 2 clients elsewhere, the first 192.0.2.7, went \
-             unmeasured: the requests log and the request_* figures leave them out"
+            "in all, 3 generation requests from 2 clients (the first 192.0.2.7) went unmeasured: \
+             the requests log and the request_* figures leave them out"
+        );
+    }
+
+    #[test]
+    fn each_way_of_measuring_misses_its_own_clients() {
+        use Route::{Away, Loopback, ThisHost};
+        let proxy = Some("127.0.0.1:31000".parse().unwrap());
+        let blind = |flags: &[&str], proxy, upstream| {
+            Unseen::new(&run_args(flags), proxy, upstream).map(|u| u.blind)
+        };
+        let cases = [
+            (blind(&[], proxy, "127.0.0.1"), [false, true, true]),
+            (blind(&[], proxy, "localhost"), [false, true, true]),
+            // A proxy that reaches the server at this machine's own address is logged from it.
+            (blind(&[], proxy, "192.0.2.1"), [false, false, true]),
+            (blind(&["--tap"], None, "127.0.0.1"), [false, false, true]),
+            (
+                blind(&["--tap", "--tap-interface", "eth0"], None, ""),
+                [false, true, false],
+            ),
+        ];
+        for (blind, want) in cases {
+            let blind = blind.expect("misses some");
+            let got = [Loopback, ThisHost, Away].map(|r| blind.misses(r));
+            assert_eq!(got, want, "{blind:?}");
+        }
+        // Every interface, or nothing measured: nothing missed.
+        assert!(blind(&["--tap", "--tap-interface", "any"], None, "").is_none());
+        assert!(blind(&[], None, "127.0.0.1").is_none());
+        let named = Unseen::new(&run_args(&["--tap", "--tap-interface", "eth0"]), None, "")
+            .unwrap()
+            .how;
+        assert!(
+            named.contains("cross lo, not eth0") && named.contains("any takes both"),
+            "{named}"
         );
     }
 }

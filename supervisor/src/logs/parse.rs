@@ -64,15 +64,15 @@ pub enum LogEvent {
         line: String,
     },
     /// A uvicorn access line of a generation request (one the proxy and the tap measure) from
-    /// a client whose address is not loopback: every such line of the first [`MAX_CLIENTS`]
-    /// client hosts of a stream (the supervisor counts those it could not measure).
+    /// a client whose address is not loopback: every such line (the supervisor counts those it
+    /// could not measure).
     Client {
         addr: IpAddr,
     },
 }
 
-/// Distinct clients read per stream: enough to find one on another host among a few of this
-/// machine's own, bounded whatever the traffic.
+/// Distinct client hosts kept per stream, whose next lines are told by a comparison: enough for
+/// a benchmark's clients, bounded whatever the traffic (more are read in full, line by line).
 pub const MAX_CLIENTS: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -474,11 +474,12 @@ impl LogParser {
 
     /// An access line's client (`HOST:PORT` first in `access`), told for each request that is
     /// one the proxy and the tap measure from a client not on loopback. The common case,
-    /// `127.…`, costs one comparison; a client read before, a comparison or a few and the
-    /// request's path.
+    /// `127.…` (`::ffff:127.…` from a server on `::`), costs a comparison or two; a client read
+    /// before, a comparison or a few and the request's path; past [`MAX_CLIENTS`] hosts, a
+    /// new one is read in full on each line, and still told.
     #[inline]
     fn client(&mut self, access: &[u8], out: &mut impl LogSink) {
-        if access.starts_with(b"127.") {
+        if access.starts_with(b"127.") || access.starts_with(b"::ffff:127.") {
             return;
         }
         // The port and the request (` - "POST /generate …`) after a host read before.
@@ -496,8 +497,7 @@ impl LogParser {
                 out.event(LogEvent::Client { addr });
             }
             Some(_) => {}
-            None if self.clients.len() < MAX_CLIENTS => self.new_client(access, out),
-            None => {}
+            None => self.new_client(access, out),
         }
     }
 
@@ -512,18 +512,20 @@ impl LogParser {
         if !told_request(port, &access[end..]) {
             return;
         }
-        // One address may be logged in more than one form (`::ffff:10.0.0.9`, `10.0.0.9`).
+        // One address may be logged in more than one form (`::ffff:10.0.0.9`, `10.0.0.9`); a
+        // link-local one with its interface (`fe80::1%eth0`), which an address does not hold.
         let addr = std::str::from_utf8(host)
             .ok()
             .and_then(|h| {
-                h.trim_start_matches('[')
-                    .trim_end_matches(']')
-                    .parse::<IpAddr>()
-                    .ok()
+                let h = h.trim_start_matches('[').trim_end_matches(']');
+                h[..h.find('%').unwrap_or(h.len())].parse::<IpAddr>().ok()
             })
             .map(|ip| ip.to_canonical())
             .filter(|a| !a.is_loopback());
-        self.clients.push((host.into(), addr));
+        // The hosts kept are bounded whatever the traffic; one past them is read each time.
+        if self.clients.len() < MAX_CLIENTS {
+            self.clients.push((host.into(), addr));
+        }
         if let Some(addr) = addr {
             out.event(LogEvent::Client { addr });
         }
@@ -884,7 +886,7 @@ fn host_port(client: &[u8]) -> Option<(&[u8], &[u8])> {
 /// uvicorn's proxy headers put a forwarded client there (X-Forwarded-For from 127.0.0.1), the
 /// request having come over a local connection.
 fn told_request(port: &[u8], request: &[u8]) -> bool {
-    port != b"0" && measured_request(request)
+    port.iter().any(|&b| b != b'0') && measured_request(request)
 }
 
 /// Whether the request of an access line (` - "METHOD PATH HTTP/1.1" …`) is one the proxy and
@@ -1222,6 +1224,9 @@ mod tests {
             "fd00::5:443",
             "::ffff:10.0.0.9:80",
             "[fd00::5]:444",
+            // A forwarded client, however its port is written; a link-local one, with its scope.
+            "203.0.113.9:00",
+            "fe80::7%eth0:5000",
         ]
         .iter()
         .map(|c| access(c))
@@ -1249,16 +1254,24 @@ mod tests {
                 "fd00::5",
                 "10.0.0.9",
                 "fd00::5",
+                "fe80::7",
                 "198.51.100.3"
             ]
         );
-        // However many clients come, the first MAX_CLIENTS are told, each request of theirs.
+        // However many clients come, each request of theirs is told; loopback in the form a
+        // server on `::` logs takes no place among the hosts kept.
         let many: Vec<String> = (0..MAX_CLIENTS + 5)
-            .chain(0..MAX_CLIENTS + 5)
-            .map(|i| access(&format!("10.0.1.{i}:80")))
+            .map(|i| access(&format!("::ffff:127.0.0.{i}:80")))
+            .chain((0..MAX_CLIENTS + 5).map(|i| access(&format!("10.0.1.{i}:80"))))
+            .chain((0..MAX_CLIENTS + 5).map(|i| access(&format!("10.0.1.{i}:81"))))
             .collect();
-        let n = events(&many.iter().map(String::as_str).collect::<Vec<_>>()).len();
-        assert_eq!(n, 2 * MAX_CLIENTS);
+        let mut p = LogParser::new();
+        let mut n = 0;
+        for l in &many {
+            p.line(l.as_bytes(), false, &mut |_| n += 1);
+        }
+        assert_eq!(n, 2 * (MAX_CLIENTS + 5));
+        assert_eq!(p.clients.len(), MAX_CLIENTS);
         // A host read before: a longer host that starts like it, its forwarded clients (port 0)
         // and its probes are told apart from its requests.
         let known = [

@@ -637,6 +637,8 @@ pub struct OtherHost {
     ns: String,
     pub here: String,
     pub there: String,
+    /// This machine's end of the link to it.
+    pub iface: String,
 }
 
 impl OtherHost {
@@ -658,7 +660,12 @@ impl OtherHost {
         let at = |i: u32| std::net::Ipv4Addr::from(0xC612_0000 + block * 4 + i).to_string();
         let (here, there) = (at(1), at(2));
         let (veth_here, veth_there) = (format!("sg{}h{n}", pid % 100_000), "eth1".to_string());
-        let host = OtherHost { ns, here, there };
+        let host = OtherHost {
+            ns,
+            here,
+            there,
+            iface: veth_here.clone(),
+        };
         let steps: [&[&str]; 7] = [
             &["netns", "add", &host.ns],
             &[
