@@ -1,5 +1,4 @@
 //! Command line (the contract is in DESIGN.md: names here are relied on by scripts).
-use clap::builder::FalseyValueParser;
 use clap::error::ErrorKind;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use std::ffi::OsString;
@@ -11,7 +10,9 @@ use std::time::Duration;
     name = "sglang-supervisor",
     version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("SGLANG_SUPERVISOR_COMMIT"), ")"),
     about = "Supervise an SGLang server: launch, lossless log tee, log parsing, readiness, fail-fast, teardown",
-    long_about = None
+    long_about = None,
+    after_help = "Every option can also be set in the environment, as its [env: ...] says; a \
+                  switch there is true or false (yes or no, on or off, 1 or 0), and empty is unset."
 )]
 pub struct Cli {
     /// Format of the supervisor's own messages on stderr (filter them with RUST_LOG).
@@ -156,7 +157,7 @@ pub struct PythonPlacement {
     /// Run the introspection module in a subprocess of the Python (python3 on PATH for static
     /// mode) instead of the interpreter embedded in this binary. Automatic when the target
     /// interpreter's version differs from the embedded one, or the binary has none.
-    #[arg(long, env = "SGLANG_SUPERVISOR_FLAGS_SUBPROCESS")]
+    #[arg(long, env = "SGLANG_SUPERVISOR_FLAGS_SUBPROCESS", value_parser = switch)]
     pub subprocess: bool,
 }
 
@@ -195,7 +196,7 @@ pub struct FlagsDumpArgs {
     pub format: CompareFormat,
     /// Print the parser's actions as read (argparse's fields, the shape of a saved dump, usable
     /// as a SOURCE later), with the SGLANG_* variables and, in import mode, the timings.
-    #[arg(long, env = "SGLANG_SUPERVISOR_FLAGS_RAW")]
+    #[arg(long, env = "SGLANG_SUPERVISOR_FLAGS_RAW", value_parser = switch)]
     pub raw: bool,
     #[command(flatten)]
     pub python: PythonPlacement,
@@ -234,7 +235,7 @@ pub struct CompareArgs {
     pub format: CompareOutput,
     /// Compare even when model, GPU count, ISL/OSL or precision differ. Models are matched by
     /// their last path component (`/models/X` and `org/X` are the same model).
-    #[arg(long, env = "SGLANG_SUPERVISOR_COMPARE_FORCE")]
+    #[arg(long, env = "SGLANG_SUPERVISOR_COMPARE_FORCE", value_parser = switch)]
     pub force: bool,
     /// The noise band in percent: a change whose size is within it prints ≈, not better/worse.
     #[arg(long, value_name = "PCT", default_value_t = 1.0, value_parser = parse_noise, env = "SGLANG_SUPERVISOR_COMPARE_NOISE")]
@@ -380,7 +381,7 @@ pub struct ProbeArgs {
     pub gpu: GpuArgs,
 
     /// Print a JSON array instead of a table.
-    #[arg(long, env = "SGLANG_SUPERVISOR_PROBE_JSON")]
+    #[arg(long, env = "SGLANG_SUPERVISOR_PROBE_JSON", value_parser = switch)]
     pub json: bool,
 }
 
@@ -430,7 +431,7 @@ pub struct RunArgs {
 
     /// Forward stop signals to the server's whole process group instead of its main process.
     /// (SGLang drains from its main process, whose workers must keep running meanwhile.)
-    #[arg(long, env = "SGLANG_SUPERVISOR_SIGNAL_GROUP")]
+    #[arg(long, env = "SGLANG_SUPERVISOR_SIGNAL_GROUP", value_parser = switch)]
     pub signal_group: bool,
 
     /// Run this shell command once when the server is ready (e.g. start the benchmark).
@@ -480,7 +481,7 @@ pub struct RunArgs {
     /// a second than one thread reads (where the kernel refuses the group, one reader). On a
     /// 16-core host one reader lost segments at 512k a second, four kept every one.
     /// SGLANG_SUPERVISOR_TAP=0 (false, no, off) is --tap not given.
-    #[arg(long, env = "SGLANG_SUPERVISOR_TAP", value_parser = FalseyValueParser::new())]
+    #[arg(long, env = "SGLANG_SUPERVISOR_TAP", value_parser = switch)]
     pub tap: bool,
 
     /// With --tap: where the copy is taken: `lo` (clients on this machine), `any` (clients on
@@ -508,11 +509,7 @@ pub struct RunArgs {
     /// With --proxy-addr or --tap: a measurement window that follows the request traffic, from
     /// the first generation request to the moment the last one finished (reported as
     /// `proxy-traffic`).
-    #[arg(
-        long,
-        env = "SGLANG_SUPERVISOR_WINDOW_FROM_PROXY",
-        value_parser = FalseyValueParser::new()
-    )]
+    #[arg(long, env = "SGLANG_SUPERVISOR_WINDOW_FROM_PROXY", value_parser = switch)]
     pub window_from_proxy: bool,
 
     #[command(flatten)]
@@ -584,18 +581,18 @@ pub struct RunArgs {
     pub preflight_timeout: Duration,
 
     /// Skip the pre-flight flag audit.
-    #[arg(long, env = "SGLANG_SUPERVISOR_NO_PREFLIGHT")]
+    #[arg(long, env = "SGLANG_SUPERVISOR_NO_PREFLIGHT", value_parser = switch)]
     pub no_preflight: bool,
 
     /// Do not copy the child's output to our stdout/stderr (the log file still gets every byte).
-    #[arg(long, env = "SGLANG_SUPERVISOR_NO_TEE")]
+    #[arg(long, env = "SGLANG_SUPERVISOR_NO_TEE", value_parser = switch)]
     pub no_tee: bool,
 
     /// Replace secret values (what follows --api-key / --admin-api-key and the like in COMMAND,
     /// and secret-named environment variables such as HF_TOKEN) with `<redacted>` in the log
     /// file and the terminal copy too. Without it those are the child's exact bytes; events,
     /// metrics and reports never carry secrets either way.
-    #[arg(long, env = "SGLANG_SUPERVISOR_REDACT_LOG")]
+    #[arg(long, env = "SGLANG_SUPERVISOR_REDACT_LOG", value_parser = switch)]
     pub redact_log: bool,
 
     /// The server command, run as argv (no shell), e.g. `python3 -m sglang.launch_server --model-path M`.
@@ -658,11 +655,64 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     let mut command = Cli::command();
-    let matches = command.try_get_matches_from_mut(args)?;
+    let argv: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let matches = command
+        .try_get_matches_from_mut(&argv)
+        .map_err(|e| name_the_environment(&command, e, &argv))?;
     if let Some(("run", run)) = matches.subcommand() {
         check_measure_options(&mut command, run)?;
     }
     Cli::from_arg_matches(&matches)
+}
+
+/// A value clap refuses that came from the environment, not the command line: the error names
+/// the variable and what it holds, so that an exported setting is found without a search.
+fn name_the_environment(command: &clap::Command, e: clap::Error, argv: &[OsString]) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue};
+    if !matches!(
+        e.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return e;
+    }
+    let Some(ContextValue::String(invalid)) = e.get(ContextKind::InvalidArg) else {
+        return e;
+    };
+    let long = invalid.split(' ').next().unwrap_or_default();
+    let given = |flag: &str| {
+        argv.iter()
+            .filter_map(|a| a.to_str())
+            .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+    };
+    let arg = std::iter::once(command)
+        .chain(command.get_subcommands())
+        .flat_map(clap::Command::get_arguments)
+        .find(|a| a.get_long().is_some_and(|l| format!("--{l}") == long));
+    let Some((var, value)) = arg
+        .and_then(|a| a.get_env())
+        .filter(|_| !given(long))
+        .and_then(|var| Some((var.to_str()?, std::env::var_os(var)?)))
+    else {
+        return e;
+    };
+    let line = error_line(&e);
+    let mut command = command.clone();
+    command.error(
+        e.kind(),
+        format!(
+            "{line}: it comes from the environment ({var}={value:?}); set it right, or unset it"
+        ),
+    )
+}
+
+/// A switch's value from the environment (on the command line, the flag alone is true): empty
+/// is as unset, so that `export VAR=` turns a switch off.
+fn switch(v: &str) -> Result<bool, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" | "y" | "t" => Ok(true),
+        "" | "0" | "false" | "no" | "off" | "n" | "f" => Ok(false),
+        _ => Err("a switch is true or false (yes or no, on or off, 1 or 0)".into()),
+    }
 }
 
 fn check_measure_options(command: &mut clap::Command, run: &ArgMatches) -> Result<(), clap::Error> {

@@ -1307,8 +1307,9 @@ fn measuring_options_need_a_measure_on_the_command_line_and_are_left_unused_from
     );
     assert_ne!(code, Some(125), "{err}");
     assert!(!std::path::Path::new(log).exists(), "{err}");
-    // A falsey SGLANG_SUPERVISOR_TAP is no tap: the proxy runs and writes the log.
-    for falsey in ["0", "false", "no", "off"] {
+    // A falsey SGLANG_SUPERVISOR_TAP is no tap, in any case, empty too (`export VAR=`): the
+    // proxy runs and writes the log.
+    for falsey in ["0", "false", "no", "off", "Off", ""] {
         let (code, err) = run(
             &[("SGLANG_SUPERVISOR_TAP", falsey)],
             &["--proxy-addr", "127.0.0.1:0", "--requests-log", log],
@@ -1321,6 +1322,32 @@ fn measuring_options_need_a_measure_on_the_command_line_and_are_left_unused_from
         assert!(std::path::Path::new(log).exists(), "TAP={falsey}: {err}");
         std::fs::remove_file(log).unwrap();
     }
+    // A switch in the environment that is neither is refused, naming the variable; so is any
+    // value from there that clap refuses.
+    for (var, bad, says) in [
+        (
+            "SGLANG_SUPERVISOR_TAP",
+            "maybe",
+            "a switch is true or false",
+        ),
+        ("SGLANG_SUPERVISOR_NO_TEE", "2", "a switch is true or false"),
+        ("SGLANG_SUPERVISOR_GRACE", "xyz", "for '--grace <DUR>'"),
+    ] {
+        let (code, err) = run(&[(var, bad)], &[]);
+        assert_eq!(code, Some(125), "{var}={bad}: {err}");
+        assert!(
+            err.contains(says)
+                && err.contains(&format!("it comes from the environment ({var}=\"{bad}\")")),
+            "{var}={bad}: {err}"
+        );
+    }
+    // The same value on the command line is the command line's error, not the environment's.
+    let (code, err) = run(&[("SGLANG_SUPERVISOR_GRACE", "xyz")], &["--grace", "abc"]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(
+        err.contains("invalid value 'abc'") && !err.contains("environment"),
+        "{err}"
+    );
     // The tap's settings from the environment: out of range is refused, never replaced.
     for (var, bad, says) in [
         ("SGLANG_SUPERVISOR_TAP_RING_MB", "0", "from 1 to 4096"),
