@@ -121,32 +121,41 @@ pub(crate) fn route(host: &str) -> Route {
         .unwrap_or(Route::Unresolved)
 }
 
-/// The route to an address: one syscall, no lookup.
+/// The route to an address: this machine's addresses read once (one netlink request), no lookup.
 pub(crate) fn route_to(ip: IpAddr) -> Route {
+    route_among(ip, &own_addresses())
+}
+
+/// The route to an address, `own` being this machine's addresses ([`own_addresses`]).
+pub(crate) fn route_among(ip: IpAddr, own: &[IpAddr]) -> Route {
     // ::ffff:127.0.0.1 is loopback too
     let ip = ip.to_canonical();
     if ip.is_loopback() || ip.is_unspecified() {
         Route::Loopback
-    } else if std::net::UdpSocket::bind((ip, 0)).is_ok() || own_link_local(ip) {
-        // Only an address assigned to this machine can be bound.
+    } else if own.contains(&ip) {
         Route::ThisHost
     } else {
         Route::Away
     }
 }
 
-/// An IPv6 link-local address of one of this machine's interfaces (`/proc/net/if_inet6`): one
-/// that cannot be bound without its interface's scope (EINVAL), which the log does not give.
-fn own_link_local(ip: IpAddr) -> bool {
-    let IpAddr::V6(v6) = ip else {
-        return false;
+/// The addresses of this machine's interfaces (getifaddrs), IPv6 link-local ones without their
+/// scope, as a server's log gives them. Not "what can be bound": with
+/// `net.ipv4.ip_nonlocal_bind` any address can.
+pub(crate) fn own_addresses() -> Vec<IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        tracing::debug!("cannot list this machine's addresses: every client counts as elsewhere");
+        return Vec::new();
     };
-    if !v6.is_unicast_link_local() {
-        return false;
-    }
-    let hex: String = v6.octets().iter().map(|b| format!("{b:02x}")).collect();
-    std::fs::read_to_string("/proc/net/if_inet6")
-        .is_ok_and(|t| t.lines().any(|l| l.starts_with(&hex)))
+    addrs
+        .filter_map(|a| {
+            let s = a.address?;
+            s.as_sockaddr_in()
+                .map(|v4| IpAddr::V4(v4.ip()))
+                .or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+        })
+        .map(|ip| ip.to_canonical())
+        .collect()
 }
 
 /// Refuse a listening address that is the server's own: the same port (not 0) on the same host,
@@ -227,6 +236,19 @@ mod tests {
             assert_eq!(route_to(IpAddr::V6(ip)), Route::ThisHost, "{ip}");
         }
         assert_eq!(route("fe80::dead:beef:1:2"), Route::Away);
+    }
+
+    #[test]
+    fn this_machine_is_its_interfaces_addresses_not_what_it_may_bind() {
+        // With net.ipv4.ip_nonlocal_bind any address binds: ownership is the interfaces' list.
+        let own: Vec<IpAddr> = ["192.0.2.2", "fd00::2"].map(|a| a.parse().unwrap()).into();
+        let at = |a: &str| route_among(a.parse().unwrap(), &own);
+        assert_eq!(at("192.0.2.2"), Route::ThisHost);
+        assert_eq!(at("::ffff:192.0.2.2"), Route::ThisHost);
+        assert_eq!(at("fd00::2"), Route::ThisHost);
+        assert_eq!(at("10.9.9.9"), Route::Away);
+        assert_eq!(at("::ffff:127.0.0.1"), Route::Loopback);
+        assert!(own_addresses().contains(&IpAddr::from([127, 0, 0, 1])));
     }
 
     #[test]

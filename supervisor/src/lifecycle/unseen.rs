@@ -3,18 +3,22 @@
 //! this machine's own addresses while the proxy reaches the server over loopback or a tap
 //! watches another interface. The first is said at once, the count at the end.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
 
 use crate::cli::RunArgs;
-use crate::listen_addr::{local, route_to, Route};
+use crate::listen_addr::{local, own_addresses, route_among, Route};
 
 /// What a tap on `lo` missing clients elsewhere should be given instead.
 pub(super) const TAP_ELSEWHERE: &str =
     "pass --tap-interface with the interface its clients come in on, or any";
 
-/// Client addresses whose route is kept: more are looked up on each request.
-const MAX_ROUTES: usize = 1024;
+/// Missed clients kept to be counted: past them, the count is a floor.
+const MAX_CLIENTS: usize = 65_536;
+
+/// How long this machine's addresses are taken as read (an address may come or go in a run).
+const OWN_FOR: Duration = Duration::from_secs(10);
 
 /// Which clients' requests the run's measuring misses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,12 +52,12 @@ pub(super) struct Unseen {
     blind: Blind,
     /// How the first one's warning goes on: why it is not measured and what to do.
     how: String,
-    /// Each client address read and the way to it (looked up once, for the first
-    /// [`MAX_ROUTES`]).
-    routes: HashMap<IpAddr, Route>,
+    /// This machine's addresses, and when they were read.
+    own: Option<(Vec<IpAddr>, Instant)>,
     requests: u64,
-    /// The clients missed, the first of them.
-    clients: u64,
+    /// The clients missed (the first [`MAX_CLIENTS`]; `more`: others came), the first of them.
+    clients: HashSet<IpAddr>,
+    more: bool,
     first: Option<IpAddr>,
 }
 
@@ -96,9 +100,10 @@ impl Unseen {
         Some(Unseen {
             blind,
             how,
-            routes: HashMap::new(),
+            own: None,
             requests: 0,
-            clients: 0,
+            clients: HashSet::new(),
+            more: false,
             first: None,
         })
     }
@@ -106,23 +111,20 @@ impl Unseen {
     /// A generation request from `addr`, not loopback, in the access log: the warning to give
     /// now when it is the first the run misses.
     pub(super) fn request(&mut self, addr: IpAddr) -> Option<String> {
-        let known = self.routes.len();
-        let route = match self.routes.get(&addr) {
-            Some(&route) => route,
-            None => {
-                let route = route_to(addr);
-                // Past the addresses kept, the count of clients stops (the requests' goes on).
-                if known < MAX_ROUTES {
-                    self.routes.insert(addr, route);
-                    self.clients += u64::from(self.blind.misses(route));
-                }
-                route
-            }
+        let now = Instant::now();
+        let own = match &self.own {
+            Some((own, at)) if now.duration_since(*at) < OWN_FOR => own,
+            _ => &self.own.insert((own_addresses(), now)).0,
         };
-        if !self.blind.misses(route) {
+        if !self.blind.misses(route_among(addr, own)) {
             return None;
         }
         self.requests += 1;
+        if self.clients.len() < MAX_CLIENTS {
+            self.clients.insert(addr.to_canonical());
+        } else {
+            self.more |= !self.clients.contains(&addr.to_canonical());
+        }
         if self.first.is_some() {
             return None;
         }
@@ -140,9 +142,10 @@ impl Unseen {
             1 => ("1 generation request".to_string(), "it"),
             n => (format!("{n} generation requests"), "them"),
         };
-        let clients = match self.clients {
-            1 => format!("from {first}"),
-            k => format!("from {k} clients (the first {first})"),
+        let clients = match (self.clients.len(), self.more) {
+            (1, false) => format!("from {first}"),
+            (k, false) => format!("from {k} clients (the first {first})"),
+            (k, true) => format!("from more than {k} clients (the first {first})"),
         };
         Some(format!(
             "in all, {n} {clients} went unmeasured: the requests log and the request_* figures \
@@ -170,6 +173,7 @@ mod tests {
     #[test]
     fn the_first_request_missed_is_said_and_every_one_counted() {
         let mut u = Unseen::new(&run_args(&["--tap"]), None, "127.0.0.1").unwrap();
+        u.own = Some((Vec::new(), Instant::now()));
         assert_eq!(u.total(), None);
         // This machine's own addresses are reached over lo: seen by the tap, not counted.
         assert_eq!(u.request("::1".parse().unwrap()), None);
@@ -190,6 +194,27 @@ mod tests {
             u.total().unwrap(),
             "in all, 3 generation requests from 2 clients (the first 192.0.2.7) went unmeasured: \
              the requests log and the request_* figures leave them out"
+        );
+    }
+
+    #[test]
+    fn past_the_clients_kept_their_count_is_a_floor_and_every_request_counted() {
+        let mut u = Unseen::new(&run_args(&["--tap"]), None, "127.0.0.1").unwrap();
+        // None of them this machine's, whatever addresses the machine that runs this has.
+        u.own = Some((Vec::new(), Instant::now()));
+        let n = MAX_CLIENTS as u32 + 2;
+        for i in 0..n {
+            u.request(std::net::Ipv4Addr::from((10u32 << 24) + i).into());
+        }
+        u.request("10.0.0.0".parse().unwrap());
+        assert_eq!(
+            u.total().unwrap(),
+            format!(
+                "in all, {} generation requests from more than {MAX_CLIENTS} clients (the first \
+                 10.0.0.0) went unmeasured: the requests log and the request_* figures leave \
+                 them out",
+                n + 1
+            )
         );
     }
 
