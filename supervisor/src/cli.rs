@@ -679,40 +679,68 @@ fn name_the_environment(command: &clap::Command, e: clap::Error, argv: &[OsStrin
         return e;
     };
     let long = invalid.split(' ').next().unwrap_or_default();
-    let given = |flag: &str| {
-        argv.iter()
-            .filter_map(|a| a.to_str())
-            .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+    // On the command line (ours, before `--`), the flag's own value is the one refused.
+    let ours = argv
+        .iter()
+        .take_while(|a| *a != "--")
+        .filter_map(|a| a.to_str());
+    if ours
+        .into_iter()
+        .any(|a| a == long || a.starts_with(&format!("{long}=")))
+    {
+        return e;
+    }
+    let refused = match e.get(ContextKind::InvalidValue) {
+        Some(ContextValue::String(v)) => Some(v.as_str()),
+        _ => None,
     };
-    let arg = std::iter::once(command)
-        .chain(command.get_subcommands())
-        .flat_map(clap::Command::get_arguments)
-        .find(|a| a.get_long().is_some_and(|l| format!("--{l}") == long));
-    let Some((var, value)) = arg
-        .and_then(|a| a.get_env())
-        .filter(|_| !given(long))
-        .and_then(|var| Some((var.to_str()?, std::env::var_os(var)?)))
+    // The options of that name, in any subcommand, set in the environment: the one that holds
+    // the refused value, else the only one.
+    let mut set: Vec<(&str, OsString)> = Vec::new();
+    for arg in every_argument(command) {
+        let var = arg.get_env().and_then(|v| v.to_str());
+        let value = var.and_then(std::env::var_os);
+        if let (Some(var), Some(value)) = (var, value) {
+            if arg.get_long().is_some_and(|l| format!("--{l}") == long)
+                && !set.iter().any(|(v, _)| *v == var)
+            {
+                set.push((var, value));
+            }
+        }
+    }
+    let holds = |value: &OsString| refused.is_some_and(|r| value.to_str() == Some(r));
+    let Some((var, value)) = set
+        .iter()
+        .find(|(_, value)| holds(value))
+        .or_else(|| set.first().filter(|_| set.len() == 1))
     else {
         return e;
     };
+    let text = value.to_string_lossy();
+    let shown: String = text.chars().take(64).collect();
+    let cut = if text.chars().count() > 64 { "…" } else { "" };
     let line = error_line(&e);
     let mut command = command.clone();
     command.error(
         e.kind(),
-        format!(
-            "{line}: it comes from the environment ({var}={value:?}); set it right, or unset it"
-        ),
+        format!("{line}: it comes from the environment ({var}={shown:?}{cut}); set it right, or unset it"),
     )
 }
 
-/// A switch's value from the environment (on the command line, the flag alone is true): empty
-/// is as unset, so that `export VAR=` turns a switch off.
-fn switch(v: &str) -> Result<bool, String> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" | "y" | "t" => Ok(true),
-        "" | "0" | "false" | "no" | "off" | "n" | "f" => Ok(false),
-        _ => Err("a switch is true or false (yes or no, on or off, 1 or 0)".into()),
+/// Every argument of `command` and of its subcommands, at any depth.
+fn every_argument(command: &clap::Command) -> Vec<&clap::Arg> {
+    let mut all: Vec<&clap::Arg> = command.get_arguments().collect();
+    for sub in command.get_subcommands() {
+        all.extend(every_argument(sub));
     }
+    all
+}
+
+/// A switch's value from the environment (on the command line, the flag alone is true): see
+/// [`sglang_exporters::switch`].
+fn switch(v: &str) -> Result<bool, String> {
+    sglang_exporters::switch(v)
+        .ok_or_else(|| "a switch is true or false (yes or no, on or off, 1 or 0)".into())
 }
 
 fn check_measure_options(command: &mut clap::Command, run: &ArgMatches) -> Result<(), clap::Error> {
@@ -723,6 +751,15 @@ fn check_measure_options(command: &mut clap::Command, run: &ArgMatches) -> Resul
     };
     let tap = run.get_flag("tap");
     let proxy = run.get_one::<String>("proxy_addr").is_some();
+    let spin = sglang_exporters::proxy::spin::SPIN;
+    if let Some(v) = std::env::var_os(spin).filter(|_| proxy) {
+        if v.to_str().and_then(sglang_exporters::switch).is_none() {
+            return Err(command.error(
+                ErrorKind::InvalidValue,
+                format!("{spin}={v:?}: a switch is true or false (yes or no, on or off, 1 or 0); set it right, or unset it"),
+            ));
+        }
+    }
     if tap && proxy {
         return Err(command.error(
             ErrorKind::ArgumentConflict,

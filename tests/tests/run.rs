@@ -1248,7 +1248,7 @@ fn the_servers_own_metrics_are_fetched_only_when_ours_are_scraped() {
 /// runs that measure never breaks one that does not. A falsey SGLANG_SUPERVISOR_TAP is no tap
 /// (it used to count as given: the proxy refused, the tap's options accepted and unused).
 #[test]
-fn measuring_options_need_a_measure_on_the_command_line_and_are_left_unused_from_the_environment_and_bad_tap_settings_are_refused(
+fn measuring_options_need_a_measure_on_the_command_line_and_are_left_unused_from_the_environment_and_bad_values_there_are_refused_by_name(
 ) {
     let dir = temp_dir("measure-options");
     let bin = supervisor_bin();
@@ -1340,6 +1340,49 @@ fn measuring_options_need_a_measure_on_the_command_line_and_are_left_unused_from
                 && err.contains(&format!("it comes from the environment ({var}=\"{bad}\")")),
             "{var}={bad}: {err}"
         );
+    }
+    // The proxy's spin switch, read by the proxy itself, is held to the same rule.
+    let (code, err) = run(
+        &[("SGLANG_SUPERVISOR_PROXY_SPIN", "maybe")],
+        &["--proxy-addr", "127.0.0.1:0"],
+    );
+    assert_eq!(code, Some(125), "{err}");
+    assert!(
+        err.contains("SGLANG_SUPERVISOR_PROXY_SPIN=\"maybe\": a switch is true or false"),
+        "{err}"
+    );
+    // A subcommand's subcommand's option, and one whose name another subcommand shares (the
+    // variable holding the refused value is named); the server's own arguments after `--`
+    // are not ours.
+    for (env, args, says) in [
+        (
+            &[("SGLANG_SUPERVISOR_FLAGS_RAW", "maybe")][..],
+            &["flags", "dump", "--sglang", "/nonexistent"][..],
+            "(SGLANG_SUPERVISOR_FLAGS_RAW=\"maybe\")",
+        ),
+        (
+            &[
+                ("SGLANG_SUPERVISOR_FLAGS_FORMAT", "bogus"),
+                ("SGLANG_SUPERVISOR_COMPARE_FORMAT", "json"),
+            ][..],
+            &["flags", "dump", "--sglang", "/nonexistent"][..],
+            "(SGLANG_SUPERVISOR_FLAGS_FORMAT=\"bogus\")",
+        ),
+        (
+            &[("SGLANG_SUPERVISOR_NO_TEE", "maybe")][..],
+            &["run", "--", "echo", "--no-tee"][..],
+            "(SGLANG_SUPERVISOR_NO_TEE=\"maybe\")",
+        ),
+    ] {
+        #[allow(clippy::disallowed_methods)]
+        let out = std::process::Command::new(&bin)
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
     }
     // The same value on the command line is the command line's error, not the environment's.
     let (code, err) = run(&[("SGLANG_SUPERVISOR_GRACE", "xyz")], &["--grace", "abc"]);

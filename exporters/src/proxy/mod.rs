@@ -14,7 +14,7 @@ mod body_counts;
 mod ledger;
 mod record;
 mod shards;
-mod spin;
+pub mod spin;
 mod sse;
 mod stream;
 mod sweep;

@@ -13,10 +13,13 @@ use std::cell::Cell;
 use std::future::poll_fn;
 use std::task::{Poll, Waker};
 
-/// Whether shards spin, from `SGLANG_SUPERVISOR_PROXY_SPIN` (`1`, `true` or `on`).
+/// The switch that makes shards spin.
+pub const SPIN: &str = "SGLANG_SUPERVISOR_PROXY_SPIN";
+
+/// Whether shards spin, from [`SPIN`] (a [`crate::switch`]; a value that is none, which `run`
+/// refuses before the proxy starts, is off).
 pub(crate) fn enabled() -> bool {
-    std::env::var("SGLANG_SUPERVISOR_PROXY_SPIN")
-        .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "on"))
+    std::env::var(SPIN).is_ok_and(|v| crate::switch(&v) == Some(true))
 }
 
 thread_local! {
