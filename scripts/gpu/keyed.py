@@ -275,7 +275,9 @@ def compared(arm_name, kind):
 
 
 def backend_of(run):
-    """The client's backend, from bench_serving's own output beside the stamps (RUN.txt)."""
+    """The client's backend, from bench_serving's own output beside the stamps (RUN.txt); where a
+    run stopped by its timeout printed none, the keyed arm's as proxy_acceptance.sh was given it
+    (KEYED_BACKEND, in the environment it runs this in)."""
     try:
         with open(run + ".txt", errors="replace") as f:
             for line in f:
@@ -283,7 +285,7 @@ def backend_of(run):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return None
+    return os.environ.get("KEYED_BACKEND")
 
 
 def cpu_differences(turn_lists, kind="tog"):

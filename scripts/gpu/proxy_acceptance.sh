@@ -483,6 +483,9 @@ print(f"    the tap over its turns: {len(r)} records, {len(ok)} whole, {tokens} 
           fi
           for half in "${halves[@]}"; do
           [ "$half" != "$side" ] && cp "$P/c$conc-$side-$i.window.json" "$P/c$conc-$half-$i.window.json"
+          # a run stopped by BENCH_TIMEOUT left no result of bench_serving's (a keyed run's stamps
+          # are read above all the same)
+          [ -f "$P/c$conc-$half-$i.jsonl" ] || { say "c$conc-$half-$i: no bench_serving result (stopped by its timeout)"; continue; }
           python3 - "$P/c$conc-$half-$i.jsonl" "$half" "$conc" "$i" "$cpu0" "$cpu1" "$by0" "$by1" "$net0" "$net1" <<'PY'
 import json, sys, os, statistics as st
 f, side, conc, i, c0, c1, by0, by1, net0, net1 = sys.argv[1:]

@@ -537,3 +537,32 @@ fn pooled_toggled_runs_give_the_cpu_an_event_each_on_turn_adds_to_the_http_proce
     assert!(after("user ").abs() < 0.02, "{line}");
     assert!(line.contains(", 8 turns:"), "{line}");
 }
+
+#[test]
+fn a_run_without_bench_servings_output_is_filed_under_the_backend_its_arm_was_given() {
+    // A run stopped by its timeout printed no "Backend:" line; its turns are the keyed arm's.
+    let dir = temp_dir("keyed-backend-given");
+    let (run, keys) = synthetic(&dir, PLAIN);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/keyed.py");
+    for given in [Some("sglang-oai-chat"), None] {
+        let mut keyed = Command::new("python3");
+        keyed
+            .arg(&script)
+            .args(["32", &run, &keys])
+            .env_remove("KEYED_BACKEND");
+        if let Some(b) = given {
+            keyed.env("KEYED_BACKEND", b);
+        }
+        let out = keyed.output().unwrap().expect_success("keyed.py");
+        let out = String::from_utf8(out.stdout).unwrap();
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("keyed-ratios "))
+            .unwrap_or_else(|| panic!("no keyed-ratios line: {out}"));
+        match given {
+            Some(b) => assert!(line.contains(&format!("\"backend\": \"{b}\"")), "{line}"),
+            None => assert!(!line.contains("\"backend\""), "{line}"),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
