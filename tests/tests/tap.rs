@@ -47,6 +47,18 @@ fn log_path(name: &str) -> PathBuf {
 }
 
 /// A run with `--tap` on the replay server's port (replay at 50×, `replay` added), ready.
+/// A generation request of four tokens, streamed.
+const FOUR_TOKENS: &str = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+
+/// Another host for `test` to send from, where the tap can open and namespaces can be made
+/// (else `None`, said as SKIPPED).
+fn tap_and_other_host(test: &str) -> Option<OtherHost> {
+    if !can_tap(test) {
+        return None;
+    }
+    OtherHost::new(test)
+}
+
 fn start_tapped(name: &str, supervisor: &[&str], replay: &[&str]) -> Tapped {
     start_tapped_with(name, supervisor, replay, &[])
 }
@@ -642,7 +654,7 @@ fn a_request_head_written_in_pieces_is_timed_from_its_first_piece() {
         return;
     }
     let tap = start_tapped("tap-pieces", &[], &[]);
-    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+    let body = FOUR_TOKENS;
     let req = format!(
         "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
@@ -1005,7 +1017,7 @@ fn a_tap_on_an_interface_the_servers_traffic_does_not_cross_says_so_in_the_runs_
         eprintln!("SKIPPED a_tap_on_an_interface...: no interface here but loopback");
         return;
     }
-    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+    let body = FOUR_TOKENS;
     for iface in picked {
         let tap = start_tapped("tap-elsewhere", &["--tap-interface", iface], &[]);
         assert!(post(&tap.server, "/generate", body).status.contains("200"));
@@ -1050,14 +1062,11 @@ fn a_tap_on_an_interface_the_servers_traffic_does_not_cross_says_so_in_the_runs_
 
 #[test]
 fn a_tap_on_another_interface_counts_the_requests_of_this_machines_own_address_it_misses() {
-    let test = "a_tap_on_another_interface_counts_the_requests...";
-    if !can_tap(test) {
-        return;
-    }
-    let Some(other) = OtherHost::new(test) else {
+    let Some(other) = tap_and_other_host("a_tap_on_another_interface_counts_the_requests...")
+    else {
         return;
     };
-    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+    let body = FOUR_TOKENS;
     let tap = start_tapped(
         "tap-veth",
         &["--tap-interface", &other.iface],
@@ -1479,14 +1488,11 @@ fn start_toggle(
 #[test]
 fn a_client_elsewhere_is_named_and_its_requests_counted_when_the_tap_on_lo_misses_it_and_measured_on_any(
 ) {
-    let test = "a_client_elsewhere_is_named_when_the_tap_on_lo_misses_it...";
-    if !can_tap(test) {
-        return;
-    }
-    let Some(other) = OtherHost::new(test) else {
+    let Some(other) = tap_and_other_host("a_client_elsewhere_is_named_when_the_tap_on_lo...")
+    else {
         return;
     };
-    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+    let body = FOUR_TOKENS;
     let named = |run: &Run| run.warnings_with("access log shows a generation request from");
     // A server on every interface (as recipes launch it). Clients here, at loopback and at
     // this machine's own address on the veth (both carried over lo), and one on the other
