@@ -307,6 +307,8 @@ pub struct Shared {
     pub tail: Mutex<Tail>,
     pub batches: Mutex<Batches>,
     pub series: Arc<ServerSeries>,
+    /// The server said it was ready, in either pipe (each pipe's parser reads it).
+    pub ready: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Shared {
@@ -317,6 +319,7 @@ impl Shared {
             tail: Mutex::new(Tail::new()),
             batches: Mutex::new(Batches::default()),
             series,
+            ready: Arc::default(),
         })
     }
 }
@@ -641,10 +644,11 @@ struct LineState<'a> {
 }
 
 impl<'a> LineState<'a> {
-    fn new(events: &'a UnboundedSender<Timed>, series: &'a ServerSeries) -> Self {
+    fn new(events: &'a UnboundedSender<Timed>, shared: &'a Shared) -> Self {
+        let series = &shared.series;
         LineState {
             framer: LineFramer::new(MAX_PARSED_LINE),
-            parser: LogParser::new(),
+            parser: LogParser::sharing_ready(shared.ready.clone()),
             sink: ReaderSink {
                 events,
                 batches: Batches::default(),
@@ -809,7 +813,7 @@ fn spawn_reader(
         .spawn(move || {
             let parsing = match word.recv() {
                 Ok(Some(tx)) => Parsing::Thread(tx, stream),
-                _ => Parsing::Inline(Box::new(LineState::new(&events, &shared.series))),
+                _ => Parsing::Inline(Box::new(LineState::new(&events, &shared))),
             };
             read_loop(fd, &shared, terminal, parsing)
         })
@@ -937,7 +941,7 @@ fn parse_loop(
     shared: &Shared,
     events: &UnboundedSender<Timed>,
 ) -> StreamStats {
-    let mut pipes = Pipes::new(events, &shared.series);
+    let mut pipes = Pipes::new(events, shared);
     loop {
         let got = match pipes.idle_deadline() {
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
@@ -966,9 +970,9 @@ struct Pipes<'a> {
 }
 
 impl<'a> Pipes<'a> {
-    fn new(events: &'a UnboundedSender<Timed>, series: &'a ServerSeries) -> Self {
+    fn new(events: &'a UnboundedSender<Timed>, shared: &'a Shared) -> Self {
         Pipes {
-            lines: [(); 2].map(|()| Some(LineState::new(events, series))),
+            lines: [(); 2].map(|()| Some(LineState::new(events, shared))),
             fed: [Instant::now(); 2],
             ended: ParseStats::default(),
         }
