@@ -500,8 +500,12 @@ impl LogParser {
             if self.ready.load(Ordering::Relaxed) {
                 // `HOST:PORT - "…`: the port ends at the first space, whatever the host's form.
                 let end = memchr::memchr(b' ', access).unwrap_or(access.len());
-                let generation = host_port(&access[..end])
-                    .is_some_and(|(_, port)| told_request(port, &access[end..]));
+                let port = memchr::memrchr(b':', &access[..end]).map(|c| &access[c + 1..end]);
+                let generation = port.is_some_and(|p| {
+                    !p.is_empty()
+                        && p.iter().all(u8::is_ascii_digit)
+                        && told_request(p, &access[end..])
+                });
                 self.count_local(generation);
             }
             return;
