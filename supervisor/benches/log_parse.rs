@@ -51,15 +51,8 @@ fn steady_remote() -> Vec<u8> {
 }
 
 fn bench(c: &mut Criterion) {
-    // The same after the server said it was ready: loopback generation requests are counted.
-    let ready = [
-        &b"[2026-12-02 09:20:22] The server is fired up and ready to roll!\n"[..],
-        &steady(),
-    ]
-    .concat();
     let corpora = [
         ("steady", steady()),
-        ("steady_ready", ready),
         ("steady_remote", steady_remote()),
         ("startup", startup()),
     ];

@@ -498,15 +498,9 @@ impl LogParser {
     fn client(&mut self, access: &[u8], out: &mut impl LogSink) {
         if access.starts_with(b"127.") || access.starts_with(b"::ffff:127.") {
             if self.ready.load(Ordering::Relaxed) {
-                // `HOST:PORT - "…`: the port ends at the first space, whatever the host's form.
                 let end = memchr::memchr(b' ', access).unwrap_or(access.len());
-                let port = memchr::memrchr(b':', &access[..end]).map(|c| &access[c + 1..end]);
-                let generation = port.is_some_and(|p| {
-                    !p.is_empty()
-                        && p.iter().all(u8::is_ascii_digit)
-                        && told_request(p, &access[end..])
-                });
-                self.count_local(generation);
+                let told = host_port(&access[..end]).map(|(_, port)| port);
+                self.count_local(told.is_some_and(|port| told_request(port, &access[end..])));
             }
             return;
         }
@@ -943,7 +937,8 @@ fn measured_request(request: &[u8]) -> bool {
     let Some(line) = request.strip_prefix(b" - \"POST ") else {
         return false;
     };
-    let path = &line[..memchr::memchr2(b' ', b'?', line).unwrap_or(line.len())];
+    let path = line.split(|&b| b == b' ').next().unwrap_or_default();
+    let path = &path[..memchr::memchr(b'?', path).unwrap_or(path.len())];
     std::str::from_utf8(path).is_ok_and(|p| sglang_exporters::proxy::measured_endpoint(p).is_some())
 }
 
