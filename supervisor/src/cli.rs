@@ -457,8 +457,7 @@ pub struct RunArgs {
     /// request that the server's access log shows going straight to the server, not through
     /// the proxy, from a client elsewhere or from this machine's own address (not loopback), is
     /// a warning in the run's events and report, and the run's end says how many such requests
-    /// went unmeasured; where the log shows more generation requests from loopback after the
-    /// server was ready than the proxy measured, it says at least how many bypassed it.
+    /// went unmeasured.
     #[arg(long, env = "SGLANG_SUPERVISOR_PROXY_ADDR", value_name = "ADDR")]
     pub proxy_addr: Option<String>,
 
