@@ -303,12 +303,6 @@ impl RequestStats {
         Some((name, w.summary(gpus)))
     }
 
-    /// Requests recorded over the whole run so far, completed or not.
-    pub fn recorded(&self) -> u64 {
-        let w = lock(&self.run);
-        w.completed + w.errors
-    }
-
     /// The whole run so far (None before the first request).
     pub fn run_summary(&self, gpus: Option<usize>) -> Option<Value> {
         let w = lock(&self.run);

@@ -1234,16 +1234,6 @@ impl Supervision {
         if let Some(total) = self.unseen.as_ref().and_then(Unseen::total) {
             self.warn_ours(total);
         }
-        let local = stats.iter().map(|s| s.parse.local_requests).sum();
-        let measured = self.metrics.requests().map(|r| r.recorded());
-        if let Some(bypassed) = self
-            .unseen
-            .as_ref()
-            .zip(measured)
-            .and_then(|(u, measured)| u.bypassed(local, measured))
-        {
-            self.warn_ours(bypassed);
-        }
         if !leftover.is_empty() {
             self.events.emit(Event::Leftover {
                 pids: leftover.clone(),

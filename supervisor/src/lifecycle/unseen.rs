@@ -50,8 +50,6 @@ impl Blind {
 /// The requests read so far that the run could not measure, for a run that misses some.
 pub(super) struct Unseen {
     blind: Blind,
-    /// The proxy's address, where it measures.
-    proxy: Option<SocketAddr>,
     /// How the first one's warning goes on: why it is not measured and what to do.
     how: String,
     /// This machine's addresses, and when they were read.
@@ -101,7 +99,6 @@ impl Unseen {
         };
         Some(Unseen {
             blind,
-            proxy,
             how,
             own: None,
             requests: 0,
@@ -135,30 +132,6 @@ impl Unseen {
         Some(format!(
             "the server's access log shows a generation request from {addr}, {}",
             self.how
-        ))
-    }
-
-    /// At the end, through the proxy: the server's access log shows `local` generation
-    /// requests from loopback after it was ready, the proxy recorded `measured`. A client on
-    /// this machine sent the rest straight to the server (uvicorn logs a request as its answer
-    /// starts, so a request the proxy recorded is there, but one it recorded as failed before
-    /// the server answered is not: the difference is a floor).
-    pub(super) fn bypassed(&self, local: u64, measured: u64) -> Option<String> {
-        let (
-            Blind::Proxy {
-                over_loopback: true,
-            },
-            Some(proxy),
-        ) = (self.blind, self.proxy)
-        else {
-            return None;
-        };
-        let missed = local.checked_sub(measured).filter(|n| *n > 0)?;
-        Some(format!(
-            "the server's access log shows {local} generation requests from this machine's \
-             loopback after it was ready, and the proxy measured {measured}: at least {missed} \
-             went straight to the server, not through the proxy at {proxy}, and the requests \
-             log and the request_* figures leave them out (point the client at the proxy)"
         ))
     }
 
@@ -243,27 +216,6 @@ mod tests {
                 n + 1
             )
         );
-    }
-
-    #[test]
-    fn loopback_requests_the_proxy_did_not_measure_went_straight_to_the_server() {
-        let proxy = Some("127.0.0.1:31000".parse().unwrap());
-        let u = Unseen::new(&run_args(&[]), proxy, "127.0.0.1").unwrap();
-        assert_eq!(u.bypassed(5, 5), None);
-        assert_eq!(u.bypassed(4, 5), None);
-        let said = u.bypassed(7, 5).unwrap();
-        assert!(
-            said.contains("shows 7 generation requests from this machine's loopback")
-                && said.contains("the proxy measured 5: at least 2 went straight to the server")
-                && said.contains("not through the proxy at 127.0.0.1:31000"),
-            "{said}"
-        );
-        // A proxy that reaches the server at another address: loopback is no proxy's; a tap
-        // on lo sees loopback itself.
-        let elsewhere = Unseen::new(&run_args(&[]), proxy, "192.0.2.1").unwrap();
-        assert_eq!(elsewhere.bypassed(7, 5), None);
-        let tap = Unseen::new(&run_args(&["--tap"]), None, "127.0.0.1").unwrap();
-        assert_eq!(tap.bypassed(7, 5), None);
     }
 
     #[test]

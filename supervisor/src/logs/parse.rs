@@ -15,8 +15,7 @@ use serde_json::{Map, Value};
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 /// What one or more log lines meant.
 #[derive(Debug, Clone, PartialEq)]
@@ -344,9 +343,6 @@ pub struct ParseStats {
     pub non_utf8_lines: u64,
     /// Lines longer than the framer's limit: parsed on their first part only (still logged whole).
     pub truncated_lines: u64,
-    /// Generation requests (ones the proxy and the tap measure) from loopback clients in the
-    /// access log after the server said it was ready (its own warm-up request comes before).
-    pub local_requests: u64,
 }
 
 impl ParseStats {
@@ -356,7 +352,6 @@ impl ParseStats {
         self.progress_lines += other.progress_lines;
         self.non_utf8_lines += other.non_utf8_lines;
         self.truncated_lines += other.truncated_lines;
-        self.local_requests += other.local_requests;
     }
 }
 
@@ -368,24 +363,12 @@ pub struct LogParser {
     /// its requests are told as ([`LogEvent::Client`]; none for loopback or what is no
     /// address): their next lines are told by a comparison, with no parsing.
     clients: Vec<(Box<[u8]>, Option<IpAddr>)>,
-    /// The server said it was ready (in this parser's stream or the other's): loopback
-    /// clients' requests count from here.
-    ready: Arc<AtomicBool>,
     pub stats: ParseStats,
 }
 
 impl LogParser {
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// A parser whose stream's server may say it is ready in another stream: `ready` is set by
-    /// whichever parser reads that line.
-    pub fn sharing_ready(ready: Arc<AtomicBool>) -> Self {
-        LogParser {
-            ready,
-            ..Self::default()
-        }
     }
 
     /// True while a multi-line message is open (the reader then wakes up to flush it when quiet).
@@ -497,11 +480,6 @@ impl LogParser {
     #[inline]
     fn client(&mut self, access: &[u8], out: &mut impl LogSink) {
         if access.starts_with(b"127.") || access.starts_with(b"::ffff:127.") {
-            if self.ready.load(Ordering::Relaxed) {
-                let end = memchr::memchr(b' ', access).unwrap_or(access.len());
-                let told = host_port(&access[..end]).map(|(_, port)| port);
-                self.count_local(told.is_some_and(|port| told_request(port, &access[end..])));
-            }
             return;
         }
         // The port and the request (` - "POST /generate …`) after a host read before.
@@ -516,7 +494,7 @@ impl LogParser {
             .find_map(|(h, addr)| Some((after(h)?, *addr)))
         {
             Some(((port, request), Some(addr))) if told_request(port, request) => {
-                self.tell(addr, out);
+                out.event(LogEvent::Client { addr });
             }
             Some(_) => {}
             None => self.new_client(access, out),
@@ -542,31 +520,15 @@ impl LogParser {
                 let h = h.trim_start_matches('[').trim_end_matches(']');
                 h[..h.find('%').unwrap_or(h.len())].parse::<IpAddr>().ok()
             })
-            .map(|ip| ip.to_canonical());
+            .map(|ip| ip.to_canonical())
+            .filter(|a| !a.is_loopback());
         // The hosts kept are bounded whatever the traffic; one past them is read each time.
         if self.clients.len() < MAX_CLIENTS {
             self.clients.push((host.into(), addr));
         }
         if let Some(addr) = addr {
-            self.tell(addr, out);
-        }
-    }
-
-    /// A generation request from `addr`: told when it is from elsewhere than loopback, counted
-    /// when from loopback.
-    fn tell(&mut self, addr: IpAddr, out: &mut impl LogSink) {
-        if addr.is_loopback() {
-            self.count_local(true);
-        } else {
             out.event(LogEvent::Client { addr });
         }
-    }
-
-    /// A loopback client's access line: counted when it is a generation request, read after
-    /// the server said it was ready.
-    #[inline]
-    fn count_local(&mut self, generation: bool) {
-        self.stats.local_requests += u64::from(generation && self.ready.load(Ordering::Relaxed));
     }
 
     fn classify(&mut self, line: &str, out: &mut impl LogSink) {
@@ -633,10 +595,7 @@ impl LogParser {
             excerpt: clip(line),
         };
         match pat {
-            Pat::Ready => {
-                self.ready.store(true, Ordering::Relaxed);
-                out.event(LogEvent::Ready);
-            }
+            Pat::Ready => out.event(LogEvent::Ready),
             Pat::Uvicorn => out.event(LogEvent::Phase {
                 name: PhaseName::HttpUp,
                 rank: rank(),
@@ -1225,8 +1184,7 @@ mod tests {
                 lines: 2,
                 progress_lines: 1,
                 non_utf8_lines: 1,
-                truncated_lines: 0,
-                local_requests: 0
+                truncated_lines: 0
             }
         );
     }
@@ -1246,53 +1204,6 @@ mod tests {
         let v6 =
             "[2026-12-02 09:20:21] INFO:     [::1]:39496 - \"GET /ready to roll! HTTP/1.1\" 200 OK";
         assert!(events(&[v6]).is_empty());
-    }
-
-    #[test]
-    fn loopback_generation_requests_are_counted_from_the_servers_ready_line_on() {
-        let access = |client: &str, request: &str| {
-            format!("[2026-12-02 09:20:21] INFO:     {client} - \"{request} HTTP/1.1\" 200 OK")
-        };
-        let post = |client: &str| access(client, "POST /generate");
-        let lines = [
-            // SGLang's own warm-up request, before it says it is ready.
-            post("127.0.0.1:40000"),
-            "[2026-12-02 09:20:22] The server is fired up and ready to roll!".into(),
-            post("127.0.0.1:40001"),
-            post("::ffff:127.0.0.1:40002"),
-            access("127.0.0.1:40003", "POST /v1/chat/completions"),
-            post("::1:40004"),
-            post("::1:40005"),
-            // Probes, a forwarded client, another host: not counted here.
-            access("127.0.0.1:40006", "GET /health"),
-            post("127.0.0.1:0"),
-            post("192.0.2.7:40007"),
-        ];
-        // uvicorn's access lines and SGLang's own may come on different pipes: the ready line
-        // read in one counts for the other.
-        let ready = Arc::new(AtomicBool::new(false));
-        let mut access_pipe = LogParser::sharing_ready(ready.clone());
-        let mut other_pipe = LogParser::sharing_ready(ready);
-        let mut told = Vec::new();
-        for l in &lines {
-            let p = if l.contains("fired up") {
-                &mut other_pipe
-            } else {
-                &mut access_pipe
-            };
-            p.line(l.as_bytes(), false, &mut |e| told.push(e));
-        }
-        assert_eq!(access_pipe.stats.local_requests, 5);
-        assert!(
-            matches!(told[..], [LogEvent::Ready, LogEvent::Client { .. }]),
-            "{told:?}"
-        );
-        // Alone, a parser that never reads the ready line counts nothing.
-        let mut alone = LogParser::new();
-        for l in lines.iter().filter(|l| !l.contains("fired up")) {
-            alone.line(l.as_bytes(), false, &mut |_| ());
-        }
-        assert_eq!(alone.stats.local_requests, 0);
     }
 
     #[test]

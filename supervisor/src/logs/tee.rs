@@ -307,8 +307,6 @@ pub struct Shared {
     pub tail: Mutex<Tail>,
     pub batches: Mutex<Batches>,
     pub series: Arc<ServerSeries>,
-    /// The server said it was ready, in either pipe (each pipe's parser reads it).
-    pub ready: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Shared {
@@ -319,7 +317,6 @@ impl Shared {
             tail: Mutex::new(Tail::new()),
             batches: Mutex::new(Batches::default()),
             series,
-            ready: Arc::default(),
         })
     }
 }
@@ -644,11 +641,10 @@ struct LineState<'a> {
 }
 
 impl<'a> LineState<'a> {
-    fn new(events: &'a UnboundedSender<Timed>, shared: &'a Shared) -> Self {
-        let series = &shared.series;
+    fn new(events: &'a UnboundedSender<Timed>, series: &'a ServerSeries) -> Self {
         LineState {
             framer: LineFramer::new(MAX_PARSED_LINE),
-            parser: LogParser::sharing_ready(shared.ready.clone()),
+            parser: LogParser::new(),
             sink: ReaderSink {
                 events,
                 batches: Batches::default(),
@@ -813,7 +809,7 @@ fn spawn_reader(
         .spawn(move || {
             let parsing = match word.recv() {
                 Ok(Some(tx)) => Parsing::Thread(tx, stream),
-                _ => Parsing::Inline(Box::new(LineState::new(&events, &shared))),
+                _ => Parsing::Inline(Box::new(LineState::new(&events, &shared.series))),
             };
             read_loop(fd, &shared, terminal, parsing)
         })
@@ -941,7 +937,7 @@ fn parse_loop(
     shared: &Shared,
     events: &UnboundedSender<Timed>,
 ) -> StreamStats {
-    let mut pipes = Pipes::new(events, shared);
+    let mut pipes = Pipes::new(events, &shared.series);
     loop {
         let got = match pipes.idle_deadline() {
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
@@ -970,9 +966,9 @@ struct Pipes<'a> {
 }
 
 impl<'a> Pipes<'a> {
-    fn new(events: &'a UnboundedSender<Timed>, shared: &'a Shared) -> Self {
+    fn new(events: &'a UnboundedSender<Timed>, series: &'a ServerSeries) -> Self {
         Pipes {
-            lines: [(); 2].map(|()| Some(LineState::new(events, shared))),
+            lines: [(); 2].map(|()| Some(LineState::new(events, series))),
             fed: [Instant::now(); 2],
             ended: ParseStats::default(),
         }
