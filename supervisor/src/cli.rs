@@ -680,14 +680,11 @@ fn name_the_environment(command: &clap::Command, e: clap::Error, argv: &[OsStrin
     };
     let long = invalid.split(' ').next().unwrap_or_default();
     // On the command line (ours, before `--`), the flag's own value is the one refused.
-    let ours = argv
+    let mut ours = argv
         .iter()
         .take_while(|a| *a != "--")
         .filter_map(|a| a.to_str());
-    if ours
-        .into_iter()
-        .any(|a| a == long || a.starts_with(&format!("{long}=")))
-    {
+    if ours.any(|a| a == long || a.starts_with(&format!("{long}="))) {
         return e;
     }
     let refused = match e.get(ContextKind::InvalidValue) {
@@ -753,10 +750,11 @@ fn check_measure_options(command: &mut clap::Command, run: &ArgMatches) -> Resul
     let proxy = run.get_one::<String>("proxy_addr").is_some();
     let spin = sglang_exporters::proxy::spin::SPIN;
     if let Some(v) = std::env::var_os(spin).filter(|_| proxy) {
-        if v.to_str().and_then(sglang_exporters::switch).is_none() {
+        // Not UTF-8 is none of the words either.
+        if let Err(why) = switch(&v.to_string_lossy()) {
             return Err(command.error(
                 ErrorKind::InvalidValue,
-                format!("{spin}={v:?}: a switch is true or false (yes or no, on or off, 1 or 0); set it right, or unset it"),
+                format!("{spin}={v:?}: {why}; set it right, or unset it"),
             ));
         }
     }

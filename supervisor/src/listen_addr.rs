@@ -115,15 +115,11 @@ pub(crate) fn route(host: &str) -> Route {
             Err(_) => return Route::Unresolved,
         },
     };
+    let own = own_addresses();
     ips.into_iter()
-        .map(route_to)
+        .map(|ip| route_among(ip, &own))
         .max_by_key(|r| *r as u8)
         .unwrap_or(Route::Unresolved)
-}
-
-/// The route to an address: this machine's addresses read once (one netlink request), no lookup.
-pub(crate) fn route_to(ip: IpAddr) -> Route {
-    route_among(ip, &own_addresses())
 }
 
 /// The route to an address, `own` being this machine's addresses ([`own_addresses`]).
@@ -233,7 +229,11 @@ mod tests {
             Some(std::net::Ipv6Addr::from(bits)).filter(|a| a.is_unicast_link_local())
         });
         for ip in ours {
-            assert_eq!(route_to(IpAddr::V6(ip)), Route::ThisHost, "{ip}");
+            assert_eq!(
+                route_among(IpAddr::V6(ip), &own_addresses()),
+                Route::ThisHost,
+                "{ip}"
+            );
         }
         assert_eq!(route("fe80::dead:beef:1:2"), Route::Away);
     }

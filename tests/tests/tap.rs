@@ -46,7 +46,6 @@ fn log_path(name: &str) -> PathBuf {
     ))
 }
 
-/// A run with `--tap` on the replay server's port (replay at 50×, `replay` added), ready.
 /// A generation request of four tokens, streamed.
 const FOUR_TOKENS: &str = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
 
@@ -59,6 +58,7 @@ fn tap_and_other_host(test: &str) -> Option<OtherHost> {
     OtherHost::new(test)
 }
 
+/// A run with `--tap` on the replay server's port (replay at 50×, `replay` added), ready.
 fn start_tapped(name: &str, supervisor: &[&str], replay: &[&str]) -> Tapped {
     start_tapped_with(name, supervisor, replay, &[])
 }

@@ -724,8 +724,8 @@ struct Supervision {
     upstream_metrics: Option<bool>,
     /// Where the start's time goes: phase marks, JIT seconds per stage.
     startup: Arc<StartupProfile>,
-    /// The requests from clients elsewhere, where the run's measuring misses them (a tap on
-    /// `lo`, the proxy).
+    /// The generation requests the run's measuring misses, where it misses some (the proxy, a
+    /// tap on one interface).
     unseen: Option<Unseen>,
 }
 
@@ -932,9 +932,10 @@ impl Supervision {
     }
 
     /// A generation request in the server's access log from a client not on loopback: one
-    /// this run cannot measure when the client is elsewhere than this machine (a tap on `lo`
-    /// copies only this machine's own traffic, the proxy only what is sent to it). The first
-    /// is said at once, the count at the end ([`Self::teardown`]).
+    /// this run cannot measure when its route is one the run's measuring misses (a tap on `lo`
+    /// copies only this machine's own traffic, one on another interface misses it, the proxy
+    /// sees only what is sent to it). The first is said at once, the count at the end
+    /// ([`Self::teardown`]).
     fn on_client(&mut self, addr: std::net::IpAddr) {
         if let Some(message) = self.unseen.as_mut().and_then(|u| u.request(addr)) {
             self.warn_ours(message);
