@@ -4,8 +4,9 @@ the off-turns beside them (scripts/gpu/proxy_acceptance.sh, SIDES=keyed).
   usage: keyed.py CONC RUN KEYS [RUN KEYS ...]
          keyed.py --pool [--backend NAME] OUTPUT [OUTPUT ...]
     RUN   the prefix of a client's event stamps (RUN.chunks, RUN.begun: scripts/gpu/clientstamps,
-          BENCH_CHUNKS=RUN), and of RUN.cpu if there is one ("UNIX USER_S SYSTEM_S" lines: the
-          server's HTTP process's CPU so far, sampled beside the run)
+          BENCH_CHUNKS=RUN), and of RUN.cpu if there is one ("UNIX USER_S SYSTEM_S [CYCLES
+          INSTRUCTIONS KERNEL_CYCLES]" lines: the server's HTTP process's CPU so far, sampled
+          beside the run by scripts/gpu/cpu_trace.py)
     KEYS  one line per on-turn: "START READY END [KIND]" (Unix seconds): the tap's start, when
           it was ready (watching), and its exit; KIND (SIDES=keyedmix) says which supervisor the
           turn held: "tap" (run --tap) or "ctl" (the same without --tap); "tog" (SIDES=keyedtog):
@@ -32,7 +33,9 @@ decode step of a request: its tokens), the median and the mean gap between a req
 (the mean is the TPOT of the slice), the median TTFT of the requests begun in it, and the median
 E2E of the requests begun and ended in it (when at least 8 were); with RUN.cpu beside the
 stamps, the server's HTTP process's user and system CPU per event over the turn (the tap's copy of
-each segment is paid in the system time of that process, which sets the pace when saturated).
+each segment is paid in the system time of that process, which sets the pace when saturated),
+and where the machine lent counters its cycles, instructions and kernel cycles per event: the
+same cost, apart from the speed its CPU ran at (which drifts on the device hosts).
 Per run and over all runs: the geometric mean of the on/off ratios with a 95 % interval
 (Student's t).
 
@@ -51,7 +54,8 @@ without a backend (saved before it was printed) counts as --backend's (default: 
 one run before). For toggled runs (SIDES=keyedtog) --pool also reads the saved "keyed-turns" lines
 and gives the HTTP process's CPU per event that each on-turn adds over the mean of the off-turns
 beside it (µs, and as a share of that process's user + system CPU an event; mean and 95 %
-interval, widened as above): the tap's cost to the process that sets the pace, read directly.
+interval, widened as above): the tap's cost to the process that sets the pace, read directly;
+with counters, the same in cycles, kernel cycles (as a share of all its cycles) and instructions.
 """
 import bisect
 import json
@@ -67,7 +71,11 @@ T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
         2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
 METRICS = [("events/s", "rate"), ("median gap ms", "gap_p50"), ("mean gap (TPOT) ms", "gap_mean"),
            ("median TTFT ms", "ttft_p50"), ("median E2E ms", "e2e_p50"),
-           ("HTTP process user us/event", "cpu_user"), ("HTTP process system us/event", "cpu_sys")]
+           ("HTTP process user us/event", "cpu_user"), ("HTTP process system us/event", "cpu_sys"),
+           ("HTTP process cycles/event", "cycles"), ("HTTP process instructions/event", "instructions"),
+           ("HTTP process kernel cycles/event", "kcycles")]
+# read from RUN.cpu, where a run has one (the last three where the machine lent counters)
+FROM_CPU_TRACE = ("cpu_user", "cpu_sys", "cycles", "instructions", "kcycles")
 
 
 def load(run):
@@ -105,14 +113,16 @@ def turns(keys_file, all_begun_after):
 
 
 def load_cpu(run):
-    """RUN.cpu ("UNIX USER_S SYSTEM_S": the server's HTTP process's CPU so far, sampled every
-    0.1 s beside the run) as a function of time to (user, system) seconds, linear between
-    samples; None without the file (runs from before it was written)."""
+    """RUN.cpu ("UNIX USER_S SYSTEM_S [CYCLES INSTRUCTIONS KERNEL_CYCLES]": the server's HTTP
+    process's CPU so far, sampled every 0.1 s beside the run) as a function of time to those
+    values, linear between samples; None without the file (runs from before it was written)."""
     try:
         with open(run + ".cpu") as f:
-            rows = [tuple(map(float, line.split())) for line in f if len(line.split()) == 3]
+            rows = [tuple(map(float, line.split())) for line in f if len(line.split()) in (3, 6)]
     except FileNotFoundError:
         return None
+    # one shape for the whole trace (a line cut by a kill has fewer fields and is left out above)
+    rows = [r for r in rows if len(r) == len(rows[0])] if rows else rows
     if len(rows) < 2:
         return None
     at = [r[0] for r in rows]
@@ -121,9 +131,9 @@ def load_cpu(run):
         if not at[0] <= t <= at[-1]:
             return None  # outside the trace (it stopped early): not read as no CPU at all
         k = min(max(bisect.bisect_left(at, t), 1), len(rows) - 1)
-        (t0, u0, s0), (t1, u1, s1) = rows[k - 1], rows[k]
-        w = (t - t0) / (t1 - t0) if t1 > t0 else 0.0
-        return u0 + (u1 - u0) * w, s0 + (s1 - s0) * w
+        r0, r1 = rows[k - 1], rows[k]
+        w = (t - r0[0]) / (r1[0] - r0[0]) if r1[0] > r0[0] else 0.0
+        return tuple(a + (b - a) * w for a, b in zip(r0[1:], r1[1:]))
 
     return cpu
 
@@ -196,12 +206,17 @@ def per_turn(conc, run, keys_file):
 def cpu_per_event(cpu, a, b, events):
     """The HTTP process's user and system CPU per event over [a, b], in µs: the tap's copy of
     each segment is paid in the system time of the process that sends it, and that process sets
-    the pace when saturated, so this is its cost read directly."""
+    the pace when saturated, so this is its cost read directly. Where the trace has counters,
+    also its cycles, instructions and kernel cycles per event: the same cost, apart from the
+    speed of the CPU it ran on."""
     ends = (cpu(a), cpu(b)) if cpu is not None and events else (None, None)
     if None in ends:
         return {"cpu_user": None, "cpu_sys": None}
-    (u0, s0), (u1, s1) = ends
-    return {"cpu_user": (u1 - u0) / events * 1e6, "cpu_sys": (s1 - s0) / events * 1e6}
+    per = [(v1 - v0) / events for v0, v1 in zip(*ends)]
+    out = {"cpu_user": per[0] * 1e6, "cpu_sys": per[1] * 1e6}
+    if len(per) == 5:
+        out.update(cycles=per[2], instructions=per[3], kcycles=per[4])
+    return out
 
 
 def ratios(rows, kinds, key, kind="on", against=None):
@@ -211,10 +226,10 @@ def ratios(rows, kinds, key, kind="on", against=None):
     step = 1 if against is None else 2
     out = []
     for k, r in enumerate(rows):
-        if not r or kinds[k] != kind or r[key] is None:
+        if not r or kinds[k] != kind or r.get(key) is None:
             continue
         beside = [rows[j][key] for j in (k - step, k + step)
-                  if 0 <= j < len(rows) and kinds[j] == against and rows[j] and rows[j][key] is not None]
+                  if 0 <= j < len(rows) and kinds[j] == against and rows[j] and rows[j].get(key) is not None]
         # both sides or none: a turn held against one side only takes the drift of a turn's
         # length, and which turns have one side depends on where the ramp and the drain fell
         if len(beside) == 2 and r[key] > 0 and min(beside) > 0:
@@ -292,7 +307,8 @@ def cpu_differences(turn_lists, kind="tog"):
     """Each kept on-turn of `kind` less the mean of the kept off-turns on either side, in the HTTP
     process's CPU per event (µs): user, system and the two together; and each as a share of the
     off-turns' user + system. Read from saved "keyed-turns" lines (each a run's turns)."""
-    out = {"cpu_user": [], "cpu_sys": [], "cpu_both": [], "share_sys": [], "share_both": []}
+    out = {"cpu_user": [], "cpu_sys": [], "cpu_both": [], "share_sys": [], "share_both": [],
+           "share_cycles": [], "share_kcycles": [], "share_instructions": []}
     both = lambda r: r["cpu_user"] + r["cpu_sys"]
     for turns in turn_lists:
         rows = [t["measured"] for t in turns]
@@ -313,6 +329,14 @@ def cpu_differences(turn_lists, kind="tog"):
             out["cpu_both"].append(both(r) - off_both)
             out["share_sys"].append(100 * out["cpu_sys"][-1] / off_both)
             out["share_both"].append(100 * out["cpu_both"][-1] / off_both)
+            if r.get("cycles") is not None and all(b.get("cycles") for b in beside):
+                # as shares of the off-turns' cycles an event: kernel cycles too, so that the
+                # kernel's work for the tap reads as a part of all the work the process does
+                off_cycles = mean(lambda b: b["cycles"])
+                out["share_cycles"].append(100 * (r["cycles"] - off_cycles) / off_cycles)
+                out["share_kcycles"].append(100 * (r["kcycles"] - mean(lambda b: b["kcycles"])) / off_cycles)
+                off_instr = mean(lambda b: b["instructions"])
+                out["share_instructions"].append(100 * (r["instructions"] - off_instr) / off_instr)
     return out
 
 
@@ -359,7 +383,7 @@ def pool(outputs, default_backend):
     for (conc, backend, what), g in sorted(groups.items()):
         arms = ", ".join(f"{a} {n} run{'s' if n > 1 else ''}" for a, n in sorted(g["arms"].items()))
         for label, key in METRICS:
-            if g[key] or key not in ("cpu_user", "cpu_sys"):
+            if g[key] or key not in FROM_CPU_TRACE:
                 print(f"keyed, pooled, c={conc} {backend} {what} ({arms}), {label}: {verdict(g[key], g['shared'])}")
     for (conc, backend), lists in sorted(turn_lists.items()):
         d = cpu_differences(lists)
@@ -369,6 +393,12 @@ def pool(outputs, default_backend):
               f" off-turns beside it, {len(d['cpu_sys'])} turns: system {mean_interval(d['cpu_sys'], ' us')},"
               f" {mean_interval(d['share_sys'], ' %')} of its CPU; user {mean_interval(d['cpu_user'], ' us')};"
               f" both {mean_interval(d['cpu_both'], ' us')}, {mean_interval(d['share_both'], ' %')}")
+        if d["share_cycles"]:
+            print(f"keyed, pooled, c={conc} {backend} toggled, HTTP process counters per event, on-turn less"
+                  f" the off-turns beside it, as a share of the off-turns' cycles or instructions,"
+                  f" {len(d['share_cycles'])} turns: cycles {mean_interval(d['share_cycles'], ' %')};"
+                  f" kernel cycles {mean_interval(d['share_kcycles'], ' %')};"
+                  f" instructions {mean_interval(d['share_instructions'], ' %')}")
 
 
 def main(argv):
@@ -421,11 +451,11 @@ def report_run(conc, run, keys_file, every):
             print(f"  {a}/{b}: {len(side(kind))} {a} turns and {len(side(against))} {b} turns at full concurrency")
         found = {}
         for label, key in METRICS:
-            if key.startswith("cpu_") and all(r[key] is None for r in kept):
-                continue  # not measured in this run (no RUN.cpu)
+            if key in FROM_CPU_TRACE and all(r.get(key) is None for r in kept):
+                continue  # not measured in this run (no RUN.cpu, or no counters in it)
             rs = found[key] = ratios(rows, kinds, key, kind, against)
             every.setdefault((f"{a}/{b}", shared), {}).setdefault(key, []).extend(rs)
-            med = lambda turns: st.median([r[key] for r in turns if r[key] is not None] or [float("nan")])
+            med = lambda turns: st.median([r[key] for r in turns if r.get(key) is not None] or [float("nan")])
             print(f"    {label}: {a} median {med(side(kind)):.3f}, {b} median {med(side(against)):.3f};"
                   f" {a}/{b} {verdict(rs, shared)}")
         line = {"conc": conc, "run": os.path.basename(run), "ratios": found}

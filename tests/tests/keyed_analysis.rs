@@ -26,6 +26,9 @@ struct Shape {
     /// One tap keyed by swapping its filter (SIDES=keyedtog): turns of kind "tog", watching
     /// from the swap itself.
     toggled: bool,
+    /// RUN.cpu also holds the HTTP process's cycles, instructions and kernel cycles, as
+    /// scripts/gpu/cpu_trace.py writes them where the machine lends counters.
+    counters: bool,
 }
 
 const PLAIN: Shape = Shape {
@@ -35,6 +38,7 @@ const PLAIN: Shape = Shape {
     mix: false,
     killed_at: None,
     toggled: false,
+    counters: false,
 };
 
 /// Writes the client's stamps (RUN.chunks, RUN.begun) and the turns (KEYS) of a run of `shape`.
@@ -46,6 +50,7 @@ fn synthetic(dir: &Path, shape: Shape) -> (String, String) {
         mix,
         killed_at,
         toggled,
+        counters,
     } = shape;
     // on-turn k spans 1005 + 10k .. 1010 + 10k; with `mix` only the even ones (the tap's) slow
     let on = |t: f64| t.rem_euclid(10.0) >= 5.0 && !(mix && ((t - 1_005.0) / 10.0) as i64 % 2 == 1);
@@ -87,20 +92,28 @@ fn synthetic(dir: &Path, shape: Shape) -> (String, String) {
         .collect();
     std::fs::write(format!("{}.begun", run.display()), lines).unwrap();
     // the server's HTTP process: 45 µs of user time an event, 4.5 µs of system time, 5.0 µs in
-    // the slowed turns (the tap's copy of each segment), sampled every 0.1 s as RUN.cpu
+    // the slowed turns (the tap's copy of each segment), sampled every 0.1 s as RUN.cpu; with
+    // `counters`, 100 000 cycles an event (10 000 in the kernel) and 80 000 instructions, the
+    // slowed turns' kernel 1 000 cycles and 500 instructions more
     let (mut user, mut sys, mut next) = (0.0, 0.0, events.iter().peekable());
+    let (mut cycles, mut instructions, mut kernel) = (0u64, 0u64, 0u64);
     let samples: String = (0..=1_000)
         .map(|k| {
             let at = 1_000.0 + k as f64 * 0.1;
             while let Some((t, _)) = next.next_if(|(t, _)| *t <= at) {
+                let slowed = on(*t) && slower != 1.0;
                 user += 45e-6;
-                sys += if on(*t) && slower != 1.0 {
-                    5.0e-6
-                } else {
-                    4.5e-6
-                };
+                sys += if slowed { 5.0e-6 } else { 4.5e-6 };
+                let more = if slowed { 1_000 } else { 0 };
+                cycles += 100_000 + more;
+                kernel += 10_000 + more;
+                instructions += 80_000 + more / 2;
             }
-            format!("{at:.6} {user:.6} {sys:.6}\n")
+            let line = format!("{at:.6} {user:.6} {sys:.6}");
+            match counters {
+                true => format!("{line} {cycles} {instructions} {kernel}\n"),
+                false => line + "\n",
+            }
         })
         .collect();
     std::fs::write(format!("{}.cpu", run.display()), samples).unwrap();
@@ -239,6 +252,49 @@ fn the_http_process_cost_an_event_is_read_turn_by_turn() {
     let user = ratio(&out, "HTTP process user us/event");
     assert!((1.10..1.12).contains(&sys), "system on/off {sys}:\n{out}");
     assert!((0.995..1.005).contains(&user), "user on/off {user}:\n{out}");
+}
+
+/// Where the machine lends counters, the work an event costs the HTTP process is read apart from
+/// the speed its CPU ran at: the synthetic server's kernel spends 1 % more cycles an event in
+/// the slowed turns.
+#[test]
+fn the_http_process_cycles_and_instructions_an_event_are_read_turn_by_turn() {
+    let out = analyse(
+        "counters",
+        Shape {
+            slower: 1.02,
+            counters: true,
+            ..PLAIN
+        },
+    );
+    let cycles = ratio(&out, "HTTP process cycles/event");
+    let kernel = ratio(&out, "HTTP process kernel cycles/event");
+    let instructions = ratio(&out, "HTTP process instructions/event");
+    assert!(
+        (1.0095..1.0105).contains(&cycles),
+        "cycles on/off {cycles}:\n{out}"
+    );
+    assert!(
+        (1.095..1.105).contains(&kernel),
+        "kernel on/off {kernel}:\n{out}"
+    );
+    assert!(
+        (1.006..1.0065).contains(&instructions),
+        "instructions on/off {instructions}:\n{out}"
+    );
+    // a trace without counters (three fields a line) has no such lines
+    let without = analyse(
+        "no-counters",
+        Shape {
+            slower: 1.02,
+            ..PLAIN
+        },
+    );
+    assert!(
+        without.contains("HTTP process system us/event"),
+        "{without}"
+    );
+    assert!(!without.contains("cycles"), "{without}");
 }
 
 #[test]
@@ -536,6 +592,92 @@ fn pooled_toggled_runs_give_the_cpu_an_event_each_on_turn_adds_to_the_http_proce
     );
     assert!(after("user ").abs() < 0.02, "{line}");
     assert!(line.contains(", 8 turns:"), "{line}");
+}
+
+/// Pooled toggled runs with counters also give what each on-turn adds in cycles, kernel cycles
+/// and instructions an event, as shares of the off-turns' (1 %, 1 % and 0.625 % here).
+#[test]
+fn pooled_toggled_runs_with_counters_give_the_share_of_cycles_each_on_turn_adds() {
+    let out = as_run(
+        &analyse(
+            "pool-counters",
+            Shape {
+                slower: 1.02,
+                toggled: true,
+                counters: true,
+                ..PLAIN
+            },
+        ),
+        "c32-keyedtog-1.jsonl",
+    );
+    let out = pool("counters", &[("tog.txt", out)], &[]);
+    let line = pooled(&out, "c=32 sglang toggled, HTTP process counters per event");
+    let after = |word: &str| -> f64 {
+        let rest = line
+            .split(word)
+            .nth(1)
+            .unwrap_or_else(|| panic!("{word:?} in {line}"));
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    assert!((0.99..1.01).contains(&after("turns: cycles ")), "{line}");
+    assert!((0.99..1.01).contains(&after("kernel cycles ")), "{line}");
+    assert!((0.62..0.63).contains(&after("instructions ")), "{line}");
+    assert!(line.contains(", 8 turns:"), "{line}");
+    let cycles = pooled(
+        &out,
+        "c=32 sglang tap/off, toggled (keyedtog/tog 1 run), HTTP process cycles/event",
+    );
+    assert!((1.0095..1.0105).contains(&pooled_value(cycles)), "{cycles}");
+}
+
+/// scripts/gpu/cpu_trace.py counts every thread of the process, those begun after the trace
+/// too. The dev machines lend no hardware counters, so this runs the same code with the
+/// kernel's software ones (CPU_TRACE_COUNTERS=software): the task clock summed over the
+/// threads is the process's CPU time.
+#[test]
+fn the_cpu_trace_counts_every_thread_of_the_process_those_begun_after_it_too() {
+    let dir = temp_dir("cpu-trace-threads");
+    // the work is all in a thread begun 0.5 s after the process (the trace has seen it by then)
+    let busy = "import threading, time\n\
+                def spin():\n    end = time.time() + 0.6\n    while time.time() < end: pass\n\
+                time.sleep(0.5)\nt = threading.Thread(target=spin); t.start(); t.join()\n\
+                time.sleep(0.3)\n";
+    let mut child = Command::new("python3").args(["-c", busy]).spawn().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/cpu_trace.py");
+    let trace = dir.join("run.cpu");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args([
+            &child.id().to_string(),
+            trace.to_str().unwrap(),
+            "/nonexistent-stop",
+            "0.05",
+        ])
+        .env("CPU_TRACE_COUNTERS", "software")
+        .output()
+        .unwrap();
+    child.wait().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(said.contains("counters over 2 threads"), "{said}");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let last: Vec<f64> = text
+        .lines()
+        .last()
+        .unwrap()
+        .split_whitespace()
+        .map(|f| f.parse().unwrap())
+        .collect();
+    assert_eq!(last.len(), 6, "{text}");
+    let (cpu_s, task_clock_s) = (last[1] + last[2], last[3] / 1e9);
+    assert!(
+        task_clock_s > 0.5,
+        "the late thread's spin counted: {task_clock_s} s\n{text}"
+    );
+    assert!(
+        (task_clock_s - cpu_s).abs() < 0.05 + 0.1 * cpu_s,
+        "task clock {task_clock_s} s against user + system {cpu_s} s\n{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
