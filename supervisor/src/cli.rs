@@ -455,9 +455,11 @@ pub struct RunArgs {
     /// point the benchmark client at it. Port 0 picks a free port (see the `listening` event);
     /// `:PORT` is loopback. The server's own port is refused before launching (125). A generation
     /// request that the server's access log shows going straight to the server, not through
-    /// the proxy, from a client elsewhere or from this machine's own address (not loopback), is
-    /// a warning in the run's events and report, and the run's end says how many such requests
-    /// went unmeasured.
+    /// the proxy, is a warning in the run's events and report, and the run's end says how many
+    /// such requests went unmeasured: from a client elsewhere, from this machine's own address,
+    /// and, where the proxy reaches the server at an IPv4 loopback address (its connections
+    /// then come from 127.0.0.2, as the server's log shows), from any other loopback address
+    /// once the server is ready (SGLang's own warm-up comes before).
     #[arg(long, env = "SGLANG_SUPERVISOR_PROXY_ADDR", value_name = "ADDR")]
     pub proxy_addr: Option<String>,
 
@@ -490,8 +492,8 @@ pub struct RunArgs {
     /// interface the clients come in on instead. A run whose tap read nothing there (not even our
     /// own readiness request) says so in its warnings and report; so does one whose server's
     /// access log shows a generation request the tap did not see (on `lo`, from a client
-    /// elsewhere; on a named interface, from this machine's own address there: its requests
-    /// cross lo; those from a loopback address are not counted), and at its end how many such
+    /// elsewhere; on a named interface, from this machine's own addresses, loopback included
+    /// once the server is ready: their requests cross lo), and at its end how many such
     /// requests went unmeasured.
     #[arg(
         long,

@@ -970,6 +970,49 @@ fn one_port_for_the_proxy_and_the_metrics_is_an_error_that_says_they_must_differ
     );
 }
 
+/// The proxy's connections to a server on loopback come from 127.0.0.2, so a request from
+/// any other loopback address went straight to the server: named at once and counted at the
+/// end. The replay server's recorded warm-up, logged from 127.0.0.1 before the server was
+/// ready, is not.
+#[test]
+fn a_loopback_client_that_goes_straight_to_the_server_is_named_and_counted_with_the_proxy() {
+    let (mut run, proxy, _, log) = start_with("proxy-bypassed-here", &[], &[], &[]);
+    // the supervisor's request made once ready is answered (its access line then follows)
+    run.wait_event("server_info", T);
+    std::thread::sleep(Duration::from_millis(200));
+    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+    let needle = "access log shows a generation request from";
+    for _ in 0..3 {
+        assert!(post(&proxy, "/generate", body).status.contains("200"));
+    }
+    assert_eq!(wait_records(&log, 3).len(), 3);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(run.warnings_with(needle), Vec::<String>::new());
+    let server = format!("127.0.0.1:{}", run.port);
+    for _ in 0..2 {
+        assert!(post(&server, "/generate", body).status.contains("200"));
+    }
+    let said = run.wait_warning(needle, T);
+    assert_eq!(
+        said,
+        format!(
+            "the server's access log shows a generation request from 127.0.0.1, sent straight \
+             to the server, not through the proxy at {proxy}: the requests log and the \
+             request_* figures leave out this client's requests (point the client at the proxy)"
+        )
+    );
+    run.stop_by_sigterm();
+    assert_eq!(records(&log).len(), 3);
+    assert_eq!(
+        run.warnings_with("went unmeasured"),
+        [
+            "in all, 2 generation requests from 127.0.0.1 went unmeasured: the requests log and \
+          the request_* figures leave them out"
+        ]
+    );
+    let _ = std::fs::remove_file(&log);
+}
+
 #[test]
 fn a_client_elsewhere_that_goes_straight_to_the_server_is_named_with_the_proxy() {
     let test = "a_client_elsewhere_that_goes_straight_to_the_server...";

@@ -38,7 +38,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 use shards::{shard_count, Shards};
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use upstream::{Driven, Upstream};
@@ -74,7 +74,23 @@ pub struct Proxy {
     upstream: Uri,
     /// `host:port` of the server, for each client connection's own upstream connection.
     upstream_addr: String,
+    /// Where those connections come from ([`upstream_source`]).
+    source: Option<Ipv4Addr>,
     ledger: Arc<Ledger>,
+}
+
+/// The address the proxy's connections to a server on IPv4 loopback come from, so that the
+/// server's access log tells its requests from any other loopback client's: one logged from
+/// elsewhere on loopback went straight to the server (the supervisor counts those).
+pub const LOOPBACK_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+
+/// Where the proxy's connections to the server at `upstream` (a URL) come from:
+/// [`LOOPBACK_SOURCE`] when the URL names an IPv4 loopback address and that source can be bound
+/// here (not where `lo` was cut down to 127.0.0.1 alone); `None` (the kernel's choice) else.
+pub fn upstream_source(upstream: &str) -> Option<Ipv4Addr> {
+    let uri: Uri = upstream.parse().ok()?;
+    let lo = uri.host()?.parse::<Ipv4Addr>().ok()?.is_loopback();
+    (lo && std::net::UdpSocket::bind((LOOPBACK_SOURCE, 0)).is_ok()).then_some(LOOPBACK_SOURCE)
 }
 
 /// Bind now, serve in the background; `upstream` like `http://127.0.0.1:30000`.
@@ -107,6 +123,7 @@ pub async fn start(
         }
     };
     let proxy = Arc::new(Proxy {
+        source: upstream_source(&upstream.to_string()),
         upstream,
         upstream_addr,
         ledger: Ledger::new(metrics, stats, requests_log, traffic_window),
@@ -160,7 +177,7 @@ pub async fn start(
 /// One client connection, on the thread that accepted it, with its own upstream connection.
 async fn serve_client(proxy: Arc<Proxy>, limits: Limits, stream: tokio::net::TcpStream) {
     let _ = stream.set_nodelay(true);
-    let up = Arc::new(Upstream::new(proxy.upstream_addr.clone()));
+    let up = Arc::new(Upstream::new(proxy.upstream_addr.clone(), proxy.source));
     up.open_early();
     let svc = service_fn(move |req| proxy.clone().forward(req, up.clone()));
     if let Err(e) = limits

@@ -551,7 +551,10 @@ mod cut_tests {
             s.write_all(out.as_bytes()).await.unwrap();
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }); // closed without the last chunk
-        let upstream = Arc::new(crate::proxy::upstream::Upstream::new(addr.to_string()));
+        let upstream = Arc::new(crate::proxy::upstream::Upstream::new(
+            addr.to_string(),
+            None,
+        ));
         let req = hyper::Request::get("/")
             .header("host", addr.to_string())
             .body(http_body_util::Either::Right(Full::new(Bytes::new())))

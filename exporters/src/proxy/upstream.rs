@@ -22,10 +22,11 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use sglang_probes::sync::lock;
 use std::future::{poll_fn, Future};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::oneshot::error::TryRecvError;
 
 type Driver<B> = Pin<Box<Connection<TokioIo<UpstreamSocket>, B>>>;
@@ -67,6 +68,8 @@ where
 pub(crate) struct Upstream<B: Body + 'static> {
     /// `host:port` to connect to.
     addr: String,
+    /// The address to connect from (`None`: the kernel's choice).
+    source: Option<Ipv4Addr>,
     /// The connection of this client connection; lent out while a request is on it (HTTP/1.1
     /// has one request at a time on a connection, and hyper serves a client connection in order).
     conn: Mutex<Option<Slot<B>>>,
@@ -159,9 +162,11 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    pub(crate) fn new(addr: String) -> Self {
+    /// `source`: the address its connections come from (`None`: the kernel's choice).
+    pub(crate) fn new(addr: String, source: Option<Ipv4Addr>) -> Self {
         Upstream {
             addr,
+            source,
             conn: Mutex::new(None),
         }
     }
@@ -175,10 +180,10 @@ where
             return;
         };
         let (tx, done) = tokio::sync::oneshot::channel();
-        let addr = self.addr.clone();
+        let (addr, source) = (self.addr.clone(), self.source);
         let task = rt
             .spawn(async move {
-                let _ = tx.send(connect(&addr).await);
+                let _ = tx.send(connect(&addr, source).await);
             })
             .abort_handle();
         *lock(&self.conn) = Some(Slot::Opening(Opening { done, task }));
@@ -214,9 +219,9 @@ where
         let mut conn = match kept {
             Some(mut c) => match poll_fn(|cx| c.ready(cx)).await {
                 Ok(()) => c,
-                Err(_) => connect(&self.addr).await?,
+                Err(_) => connect(&self.addr, self.source).await?,
             },
-            None => connect(&self.addr).await?,
+            None => connect(&self.addr, self.source).await?,
         };
         let mut answer = std::pin::pin!(conn.sender.send_request(req));
         let resp = poll_fn(|cx| {
@@ -234,8 +239,9 @@ where
     }
 }
 
-/// Open a connection to the server at `addr` (`host:port`) for one client connection.
-async fn connect<B>(addr: &str) -> Result<Conn<B>, String>
+/// Open a connection to the server at `addr` (`host:port`) for one client connection, from
+/// `source` where one is given.
+async fn connect<B>(addr: &str, source: Option<Ipv4Addr>) -> Result<Conn<B>, String>
 where
     B: Body + Send + 'static,
     B::Data: Send,
@@ -245,7 +251,11 @@ where
     let addrs = sglang_probes::resolve::resolve_addr(addr)
         .await
         .map_err(cannot)?;
-    let stream = TcpStream::connect(&addrs[..]).await.map_err(cannot)?;
+    let stream = match source {
+        Some(source) => connect_from(source, &addrs).await,
+        None => TcpStream::connect(&addrs[..]).await,
+    }
+    .map_err(cannot)?;
     let _ = stream.set_nodelay(true);
     let (socket, swept) = UpstreamSocket::new(stream);
     let (sender, driver) = handshake(TokioIo::new(socket))
@@ -256,6 +266,26 @@ where
         driver: Some(Box::pin(driver)),
         swept,
     })
+}
+
+/// A connection from `source` to the first of `addrs` that takes it. Never from another source:
+/// the supervisor reads any other loopback client in the server's log as one that bypassed the
+/// proxy.
+async fn connect_from(source: Ipv4Addr, addrs: &[SocketAddr]) -> std::io::Result<TcpStream> {
+    use nix::sys::socket::{setsockopt, sockopt::IpBindAddressNoPort};
+    let mut last = None;
+    for &addr in addrs {
+        let socket = TcpSocket::new_v4()?;
+        // The port is picked at the connect, as for any client: bound first, a source's ports
+        // would run out at the ephemeral range's size, whatever the servers connected to.
+        setsockopt(&socket, IpBindAddressNoPort, &true).map_err(std::io::Error::from)?;
+        socket.bind(SocketAddr::from((source, 0)))?;
+        match socket.connect(addr).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("the name resolved to no address")))
 }
 
 /// An answer's body read by the client connection's own task: each poll drives the upstream
@@ -427,7 +457,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(500));
         });
         on_a_shard(Some(5), async move {
-            let up = Arc::new(Upstream::<Full<Bytes>>::new(addr.to_string()));
+            let up = Arc::new(Upstream::<Full<Bytes>>::new(addr.to_string(), None));
             let req = Request::post("/generate")
                 .header("host", "x")
                 .body(Full::new(Bytes::from_static(b"{}")))
@@ -446,6 +476,44 @@ mod tests {
         server.join().unwrap();
     }
 
+    /// Connections to a server on IPv4 loopback come from the proxy's own source, which the
+    /// server's access log then shows; the source is chosen only for such a server.
+    #[test]
+    fn connections_to_a_server_on_loopback_come_from_the_proxys_own_source() {
+        use crate::proxy::{upstream_source, LOOPBACK_SOURCE};
+        assert_eq!(
+            upstream_source("http://127.0.0.1:30000"),
+            Some(LOOPBACK_SOURCE)
+        );
+        assert_eq!(
+            upstream_source("http://127.9.9.9:1/x"),
+            Some(LOOPBACK_SOURCE)
+        );
+        for elsewhere in [
+            "http://[::1]:30000",
+            "http://localhost:1",
+            "http://192.0.2.1:1",
+            "x",
+        ] {
+            assert_eq!(upstream_source(elsewhere), None, "{elsewhere}");
+        }
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let peer = l.accept().unwrap().1;
+            drop(l);
+            peer
+        });
+        on_a_shard(None, async move {
+            let up = Upstream::<Full<Bytes>>::new(addr.to_string(), Some(LOOPBACK_SOURCE));
+            up.open_early();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        });
+        let peer = server.join().unwrap();
+        assert_eq!(peer.ip(), std::net::IpAddr::V4(LOOPBACK_SOURCE));
+        assert_ne!(peer.port(), 0);
+    }
+
     /// The client connected before the server listened: the early open fails, and the request
     /// opens the connection again instead of failing with it.
     #[test]
@@ -454,7 +522,7 @@ mod tests {
         let addr = l.local_addr().unwrap();
         drop(l);
         on_a_shard(None, async move {
-            let up = Arc::new(Upstream::<Full<Bytes>>::new(addr.to_string()));
+            let up = Arc::new(Upstream::<Full<Bytes>>::new(addr.to_string(), None));
             up.open_early();
             // the refused connect has come back before the server listens
             while matches!(&*lock(&up.conn), Some(Slot::Opening(o)) if o.done.is_empty()) {
@@ -523,7 +591,7 @@ mod tests {
     fn early_connection_closed_then_a_request(sweep_ms: Option<u64>, rst: bool) {
         let (addr, server) = closes_the_first_connection(Duration::from_millis(100), rst);
         on_a_shard(sweep_ms, async move {
-            let up = Arc::new(Upstream::<Full<Bytes>>::new(addr.to_string()));
+            let up = Arc::new(Upstream::<Full<Bytes>>::new(addr.to_string(), None));
             up.open_early();
             tokio::time::sleep(Duration::from_millis(400)).await;
             let req = Request::post("/generate")
@@ -594,7 +662,7 @@ mod tests {
             (std::net::TcpStream::connect(addr).is_err(), t.elapsed())
         });
         let (proxied, took) = on_a_shard(None, async move {
-            let up = Arc::new(Upstream::<Full<Bytes>>::new(addr.to_string()));
+            let up = Arc::new(Upstream::<Full<Bytes>>::new(addr.to_string(), None));
             let t = std::time::Instant::now();
             up.open_early();
             // the client's request right after it connected

@@ -17,7 +17,7 @@ use crate::child::{self, ExitStatus, SpawnSpec};
 use crate::cli::{ReadyOn, RunArgs};
 use crate::events::{round_ms, Event, Events, FatalReason, PhaseName, Stage};
 use crate::exit;
-use crate::logs::parse::LogEvent;
+use crate::logs::parse::{LogEvent, AFTER_READY};
 use crate::logs::tee::{self, LogFile, Shared, StreamStats, Timed};
 use crate::readiness::{self, Evidence, Node};
 use crate::redact::{redact_argv, Secrets};
@@ -308,6 +308,8 @@ struct Services {
     /// The default metrics port was taken: where and by whom (for the `listening` event).
     metrics_default_taken: Option<Value>,
     proxy_addr: Option<SocketAddr>,
+    /// Where the proxy's connections to the server come from, where it chose.
+    proxy_source: Option<std::net::Ipv4Addr>,
     /// `--tap`: reading the server's traffic until the server is down.
     tap: Option<sglang_exporters::tap::TapHandle>,
     /// The server's batch series (log lines, metrics, windows).
@@ -366,6 +368,7 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
         metrics.clone(),
     )
     .await?;
+    let mut proxy_source = None;
     let (proxy_addr, tap) = if args.proxy_addr.is_some() || args.tap {
         let log = args
             .requests_log
@@ -382,6 +385,7 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
         match &args.proxy_addr {
             Some(addr) => {
                 let upstream = args.upstream.clone().unwrap_or_else(|| url.base());
+                proxy_source = sglang_exporters::proxy::upstream_source(&upstream);
                 let proxy = sglang_exporters::proxy::start(
                     addr,
                     &upstream,
@@ -423,6 +427,7 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
         metrics_addr: metrics_listener.addr,
         metrics_default_taken: metrics_listener.default_taken,
         proxy_addr,
+        proxy_source,
         tap,
         series,
         startup,
@@ -656,7 +661,7 @@ impl Watch {
         }
         let exclude: Vec<i32> = sentinel.iter().map(|s| s.pid).collect();
         let (log_tx, log_rx) = mpsc::unbounded_channel::<Timed>();
-        let shared = Shared::new(
+        let shared = Shared::telling(
             LogFile::new(
                 log_file,
                 args.log_file.as_ref().map(|p| p.display().to_string()),
@@ -664,6 +669,12 @@ impl Watch {
             .warn_to(log_tx.clone()),
             args.redact_log.then_some(secrets),
             services.series.clone(),
+            unseen::loopback_clients(
+                args,
+                services.proxy_addr,
+                services.proxy_source,
+                &services.url.host,
+            ),
         );
         let tee_to = |fd| (!args.no_tee).then(|| tee::terminal(fd));
         let pipes = [
@@ -756,7 +767,12 @@ impl Supervision {
         if let Some((rank, nnodes)) = node.multi() {
             tracing::info!("node rank {rank} of {nnodes}");
         }
-        let unseen = Unseen::new(&args, services.proxy_addr, &services.url.host);
+        let unseen = Unseen::new(
+            &args,
+            services.proxy_addr,
+            services.proxy_source,
+            &services.url.host,
+        );
         Supervision {
             args,
             events,
@@ -1111,8 +1127,9 @@ impl Supervision {
             st.ready_seconds = Some(at);
         });
         if !self.node.serves_no_api() {
-            // The version and the server's own view of its args, for the report (one cheap request).
-            let (info_url, ev) = (self.url.with_path("/server_info"), self.events.clone());
+            // The version and the server's own view of its args, for the report (one cheap
+            // request). Its access line also tells the log parsers that any warm-up is logged.
+            let (info_url, ev) = (self.url.with_path(AFTER_READY), self.events.clone());
             tokio::spawn(async move {
                 if let Ok((200, body)) =
                     sglang_probes::http::get_body(&info_url, INFO_TIMEOUT, 4 << 20).await

@@ -1,14 +1,17 @@
 //! Generation requests this run's measuring cannot see, which the server's access log shows:
 //! from clients elsewhere than this machine while the proxy or a tap on `lo` measures, from
 //! this machine's own addresses while the proxy reaches the server over loopback or a tap
-//! watches another interface. The first is said at once, the count at the end.
+//! watches another interface, and from loopback itself (after the server is ready) but the
+//! proxy's own source, or while a tap watches another interface. The first is said at once,
+//! the count at the end.
 
 use std::collections::HashSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crate::cli::RunArgs;
 use crate::listen_addr::{local, own_addresses, route_among, Route};
+use crate::logs::parse::LoopbackClients;
 
 /// What a tap on `lo` missing clients elsewhere should be given instead.
 pub(super) const TAP_ELSEWHERE: &str =
@@ -25,26 +28,78 @@ const OWN_FOR: Duration = Duration::from_secs(10);
 enum Blind {
     /// The proxy sees only what is sent to it: not clients elsewhere, nor this machine's own
     /// at its other addresses where the proxy reaches the server over loopback (its own
-    /// requests are then logged from loopback).
-    Proxy { over_loopback: bool },
+    /// requests are then logged from loopback), nor loopback clients where its own come from
+    /// a `source` of their own (else they cannot be told apart from its own).
+    Proxy {
+        over_loopback: bool,
+        source: Option<Ipv4Addr>,
+    },
     /// A tap on `lo` copies this machine's own traffic only.
     TapOnLo,
     /// A tap on another interface: this machine's own clients reach the server over `lo`.
-    /// Those at loopback addresses are not told by the log parser (its fast path), so only
-    /// those at the machine's other addresses are counted.
     TapElsewhere,
 }
 
 impl Blind {
-    fn misses(self, route: Route) -> bool {
-        match self {
-            Blind::Proxy { over_loopback } => {
+    /// How the run measures, where that misses some clients: `proxy` and `proxy_source`, the
+    /// proxy's address and where its connections to the server come from; `upstream`, the
+    /// server's host. `None` where it sees them all (`--tap-interface any`), or measures
+    /// nothing.
+    fn of(
+        args: &RunArgs,
+        proxy: Option<SocketAddr>,
+        proxy_source: Option<Ipv4Addr>,
+        upstream: &str,
+    ) -> Option<Blind> {
+        Some(if proxy.is_some() {
+            Blind::Proxy {
+                over_loopback: local(upstream),
+                // (with --upstream the proxy's server need not be the one whose log is read)
+                source: proxy_source.filter(|_| args.upstream.is_none()),
+            }
+        } else if !args.tap || args.tap_interface == "any" {
+            return None;
+        } else if args.tap_interface == "lo" {
+            Blind::TapOnLo
+        } else {
+            Blind::TapElsewhere
+        })
+    }
+
+    fn misses(self, route: Route, ip: IpAddr) -> bool {
+        match (self, route) {
+            (Blind::Proxy { source, .. }, Route::Loopback) => {
+                source.is_some_and(|s| ip.to_canonical() != IpAddr::V4(s))
+            }
+            (Blind::Proxy { over_loopback, .. }, _) => {
                 route == Route::Away || (over_loopback && route == Route::ThisHost)
             }
-            Blind::TapOnLo => route == Route::Away,
-            Blind::TapElsewhere => route == Route::ThisHost,
+            (Blind::TapOnLo, _) => route == Route::Away,
+            (Blind::TapElsewhere, _) => matches!(route, Route::ThisHost | Route::Loopback),
         }
     }
+
+    /// The loopback clients the log parsers must tell of for this.
+    fn loopback_clients(self) -> LoopbackClients {
+        match self {
+            Blind::Proxy {
+                source: Some(s), ..
+            } => LoopbackClients::Told { but: Some(s) },
+            Blind::TapElsewhere => LoopbackClients::Told { but: None },
+            Blind::Proxy { source: None, .. } | Blind::TapOnLo => LoopbackClients::Skipped,
+        }
+    }
+}
+
+/// The loopback clients the run's log parsers tell of (the arguments as for [`Unseen::new`]).
+pub(super) fn loopback_clients(
+    args: &RunArgs,
+    proxy: Option<SocketAddr>,
+    proxy_source: Option<Ipv4Addr>,
+    upstream: &str,
+) -> LoopbackClients {
+    Blind::of(args, proxy, proxy_source, upstream)
+        .map_or(LoopbackClients::Skipped, Blind::loopback_clients)
 }
 
 /// The requests read so far that the run could not measure, for a run that misses some.
@@ -52,6 +107,8 @@ pub(super) struct Unseen {
     blind: Blind,
     /// How the first one's warning goes on: why it is not measured and what to do.
     how: String,
+    /// The same for a loopback client that bypassed the proxy.
+    how_on_loopback: Option<String>,
     /// This machine's addresses, and when they were read.
     own: Option<(Vec<IpAddr>, Instant)>,
     requests: u64,
@@ -64,42 +121,46 @@ pub(super) struct Unseen {
 impl Unseen {
     /// For a run whose measuring misses some clients (the proxy, a tap on one interface);
     /// `None` where it sees them all (`--tap-interface any`), or measures nothing. `upstream`
-    /// is the host the proxy sends requests to.
-    pub(super) fn new(args: &RunArgs, proxy: Option<SocketAddr>, upstream: &str) -> Option<Self> {
+    /// is the host the proxy sends requests to, and `proxy_source` where they come from.
+    pub(super) fn new(
+        args: &RunArgs,
+        proxy: Option<SocketAddr>,
+        proxy_source: Option<Ipv4Addr>,
+        upstream: &str,
+    ) -> Option<Self> {
         const LEFT_OUT: &str =
             "the requests log and the request_* figures leave out this client's requests";
         let iface = &args.tap_interface;
-        let (blind, how) = if let Some(proxy) = proxy {
-            let how = format!(
-                "sent straight to the server, not through the proxy at {proxy}: {LEFT_OUT} \
-                 (point the client at the proxy; a server started with --host 127.0.0.1 is \
-                 reached through the proxy only)"
-            );
-            (
-                Blind::Proxy {
-                    over_loopback: local(upstream),
-                },
-                how,
-            )
-        } else if !args.tap || iface == "any" {
-            return None;
-        } else if iface == "lo" {
-            let how = format!(
+        let blind = Blind::of(args, proxy, proxy_source, upstream)?;
+        let straight = |to: &str| {
+            proxy.map(|proxy| {
+                format!(
+                    "sent straight to the server, not through the proxy at {proxy}: {LEFT_OUT} \
+                     (point the client at the proxy{to})"
+                )
+            })
+        };
+        // a loopback client can reach a server on 127.0.0.1; a client elsewhere cannot
+        let how_on_loopback = straight("");
+        let how = match (
+            blind,
+            straight("; a server started with --host 127.0.0.1 is reached through the proxy only"),
+        ) {
+            (Blind::Proxy { .. }, Some(how)) => how,
+            (Blind::TapOnLo, _) => format!(
                 "which came in on an interface other than lo: --tap on lo does not see it, so \
                  {LEFT_OUT} ({TAP_ELSEWHERE})"
-            );
-            (Blind::TapOnLo, how)
-        } else {
-            let how = format!(
+            ),
+            _ => format!(
                 "an address of this machine, whose requests to the server cross lo, not \
                  {iface}: --tap on {iface} does not see them, so {LEFT_OUT} (--tap-interface \
                  any takes both)"
-            );
-            (Blind::TapElsewhere, how)
+            ),
         };
         Some(Unseen {
             blind,
             how,
+            how_on_loopback,
             own: None,
             requests: 0,
             clients: HashSet::new(),
@@ -108,7 +169,7 @@ impl Unseen {
         })
     }
 
-    /// A generation request from `addr`, not loopback, in the access log: the warning to give
+    /// A generation request from `addr` in the access log: the warning to give
     /// now when it is the first the run misses.
     pub(super) fn request(&mut self, addr: IpAddr) -> Option<String> {
         let now = Instant::now();
@@ -116,7 +177,8 @@ impl Unseen {
             Some((own, at)) if now.duration_since(*at) < OWN_FOR => own,
             _ => &self.own.insert((own_addresses(), now)).0,
         };
-        if !self.blind.misses(route_among(addr, own)) {
+        let route = route_among(addr, own);
+        if !self.blind.misses(route, addr) {
             return None;
         }
         self.requests += 1;
@@ -129,9 +191,12 @@ impl Unseen {
             return None;
         }
         self.first = Some(addr);
+        let how = match (&self.how_on_loopback, route) {
+            (Some(how), Route::Loopback) => how,
+            _ => &self.how,
+        };
         Some(format!(
-            "the server's access log shows a generation request from {addr}, {}",
-            self.how
+            "the server's access log shows a generation request from {addr}, {how}"
         ))
     }
 
@@ -172,7 +237,7 @@ mod tests {
 
     #[test]
     fn the_first_request_missed_is_said_and_every_one_counted() {
-        let mut u = Unseen::new(&run_args(&["--tap"]), None, "127.0.0.1").unwrap();
+        let mut u = Unseen::new(&run_args(&["--tap"]), None, None, "127.0.0.1").unwrap();
         u.own = Some((Vec::new(), Instant::now()));
         assert_eq!(u.total(), None);
         // This machine's own addresses are reached over lo: seen by the tap, not counted.
@@ -199,7 +264,7 @@ mod tests {
 
     #[test]
     fn past_the_clients_kept_their_count_is_a_floor_and_every_request_counted() {
-        let mut u = Unseen::new(&run_args(&["--tap"]), None, "127.0.0.1").unwrap();
+        let mut u = Unseen::new(&run_args(&["--tap"]), None, None, "127.0.0.1").unwrap();
         // None of them this machine's, whatever addresses the machine that runs this has.
         u.own = Some((Vec::new(), Instant::now()));
         let n = MAX_CLIENTS as u32 + 2;
@@ -222,34 +287,119 @@ mod tests {
     fn each_way_of_measuring_misses_its_own_clients() {
         use Route::{Away, Loopback, ThisHost};
         let proxy = Some("127.0.0.1:31000".parse().unwrap());
-        let blind = |flags: &[&str], proxy, upstream| {
-            Unseen::new(&run_args(flags), proxy, upstream).map(|u| u.blind)
+        let source = Some(Ipv4Addr::new(127, 0, 0, 2));
+        let blind = |flags: &[&str], proxy, source, upstream| {
+            Unseen::new(&run_args(flags), proxy, source, upstream).map(|u| u.blind)
         };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let cases = [
-            (blind(&[], proxy, "127.0.0.1"), [false, true, true]),
-            (blind(&[], proxy, "localhost"), [false, true, true]),
-            // A proxy that reaches the server at this machine's own address is logged from it.
-            (blind(&[], proxy, "192.0.2.1"), [false, false, true]),
-            (blind(&["--tap"], None, "127.0.0.1"), [false, false, true]),
+            // a proxy whose own requests come from loopback like any other's: not told apart
+            (blind(&[], proxy, None, "127.0.0.1"), [false, true, true]),
+            (blind(&[], proxy, None, "localhost"), [false, true, true]),
+            // its own from a source of their own: every other loopback client went straight
+            (blind(&[], proxy, source, "127.0.0.1"), [true, true, true]),
+            // with --upstream the server it sends to need not be the one whose log is read
             (
-                blind(&["--tap", "--tap-interface", "eth0"], None, ""),
-                [false, true, false],
+                blind(
+                    &["--upstream", "http://127.0.0.1:9"],
+                    proxy,
+                    source,
+                    "127.0.0.1",
+                ),
+                [false, true, true],
+            ),
+            // A proxy that reaches the server at this machine's own address is logged from it.
+            (blind(&[], proxy, None, "192.0.2.1"), [false, false, true]),
+            (
+                blind(&["--tap"], None, None, "127.0.0.1"),
+                [false, false, true],
+            ),
+            (
+                blind(&["--tap", "--tap-interface", "eth0"], None, None, ""),
+                [true, true, false],
             ),
         ];
         for (blind, want) in cases {
             let blind = blind.expect("misses some");
-            let got = [Loopback, ThisHost, Away].map(|r| blind.misses(r));
+            let got = [
+                (Loopback, "127.0.0.1"),
+                (ThisHost, "192.0.2.1"),
+                (Away, "198.51.100.3"),
+            ]
+            .map(|(r, a)| blind.misses(r, ip(a)));
             assert_eq!(got, want, "{blind:?}");
         }
+        // The proxy's own source, in either form a server logs it, is never missed.
+        let with_source = blind(&[], proxy, source, "127.0.0.1").unwrap();
+        assert!(!with_source.misses(Loopback, ip("127.0.0.2")));
+        assert!(!with_source.misses(Loopback, ip("::ffff:127.0.0.2")));
+        assert!(with_source.misses(Loopback, ip("::1")));
         // Every interface, or nothing measured: nothing missed.
-        assert!(blind(&["--tap", "--tap-interface", "any"], None, "").is_none());
-        assert!(blind(&[], None, "127.0.0.1").is_none());
-        let named = Unseen::new(&run_args(&["--tap", "--tap-interface", "eth0"]), None, "")
-            .unwrap()
-            .how;
+        assert!(blind(&["--tap", "--tap-interface", "any"], None, None, "").is_none());
+        assert!(blind(&[], None, None, "127.0.0.1").is_none());
+        let named = Unseen::new(
+            &run_args(&["--tap", "--tap-interface", "eth0"]),
+            None,
+            None,
+            "",
+        )
+        .unwrap()
+        .how;
         assert!(
             named.contains("cross lo, not eth0") && named.contains("any takes both"),
             "{named}"
+        );
+    }
+
+    #[test]
+    fn the_log_parsers_tell_of_loopback_clients_only_where_a_way_of_measuring_misses_them() {
+        let proxy = Some("127.0.0.1:31000".parse().unwrap());
+        let source = Some(Ipv4Addr::new(127, 0, 0, 2));
+        let rule = |flags: &[&str], proxy, source| {
+            loopback_clients(&run_args(flags), proxy, source, "127.0.0.1")
+        };
+        use LoopbackClients::{Skipped, Told};
+        assert_eq!(rule(&[], proxy, source), Told { but: source });
+        assert_eq!(rule(&[], proxy, None), Skipped);
+        assert_eq!(
+            rule(&["--upstream", "http://127.0.0.1:9"], proxy, source),
+            Skipped
+        );
+        assert_eq!(rule(&["--tap"], None, None), Skipped);
+        assert_eq!(
+            rule(&["--tap", "--tap-interface", "any"], None, None),
+            Skipped
+        );
+        assert_eq!(
+            rule(&["--tap", "--tap-interface", "eth0"], None, None),
+            Told { but: None }
+        );
+        assert_eq!(rule(&[], None, None), Skipped);
+    }
+
+    #[test]
+    fn a_loopback_client_that_bypassed_the_proxy_is_told_to_use_it_and_one_elsewhere_why_it_must() {
+        let proxy = Some("127.0.0.1:31000".parse().unwrap());
+        let source = Some(Ipv4Addr::new(127, 0, 0, 2));
+        let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
+        u.own = Some((Vec::new(), Instant::now()));
+        assert_eq!(u.request("127.0.0.2".parse().unwrap()), None);
+        let here = u.request("127.0.0.1".parse().unwrap()).unwrap();
+        assert_eq!(
+            here,
+            "the server's access log shows a generation request from 127.0.0.1, sent straight \
+             to the server, not through the proxy at 127.0.0.1:31000: the requests log and the \
+             request_* figures leave out this client's requests (point the client at the proxy)"
+        );
+        let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
+        u.own = Some((Vec::new(), Instant::now()));
+        let away = u.request("198.51.100.3".parse().unwrap()).unwrap();
+        assert!(
+            away.ends_with(
+                "(point the client at the proxy; a server started with --host \
+                            127.0.0.1 is reached through the proxy only)"
+            ),
+            "{away}"
         );
     }
 }

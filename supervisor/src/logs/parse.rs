@@ -14,7 +14,7 @@ use aho_corasick::AhoCorasick;
 use serde_json::{Map, Value};
 use std::borrow::Cow;
 use std::collections::VecDeque;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::OnceLock;
 
 /// What one or more log lines meant.
@@ -64,8 +64,8 @@ pub enum LogEvent {
         line: String,
     },
     /// A uvicorn access line of a generation request (one the proxy and the tap measure) from
-    /// a client whose address is not loopback: every such line (the supervisor counts those it
-    /// could not measure).
+    /// a client whose address is not loopback, or on loopback as [`LoopbackClients`] says:
+    /// every such line (the supervisor counts those it could not measure).
     Client {
         addr: IpAddr,
     },
@@ -74,6 +74,23 @@ pub enum LogEvent {
 /// Distinct client hosts kept per stream, whose next lines are told by a comparison: enough for
 /// a benchmark's clients, bounded whatever the traffic (more are read in full, line by line).
 pub const MAX_CLIENTS: usize = 16;
+
+/// The request the supervisor sends once the server is ready. SGLang's own warm-up requests
+/// come from loopback and are logged before it is ready, so before this request's access line,
+/// on the same pipe (uvicorn logs a request before answering it): loopback clients are told
+/// only after that line. The server's ready line comes on the other pipe, which may be read
+/// first.
+pub const AFTER_READY: &str = "/server_info?from=sglang-supervisor";
+
+/// Which loopback clients' generation requests a parser tells of.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LoopbackClients {
+    /// None: a `127.…` access line costs a comparison.
+    #[default]
+    Skipped,
+    /// Each after the access line of [`AFTER_READY`], but those from `but` (the proxy's source).
+    Told { but: Option<Ipv4Addr> },
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BatchKind {
@@ -359,16 +376,27 @@ impl ParseStats {
 #[derive(Default)]
 pub struct LogParser {
     capture: Option<Capture>,
-    /// Client hosts, as logged, whose generation requests were read, each with the address
-    /// its requests are told as ([`LogEvent::Client`]; none for loopback or what is no
-    /// address): their next lines are told by a comparison, with no parsing.
+    /// Client hosts, as logged, whose generation requests were read, each with its address
+    /// (none for what is no address), whose requests are told ([`LogEvent::Client`]) as
+    /// [`LogParser::tells`] says: their next lines are read by a comparison, with no parsing.
     clients: Vec<(Box<[u8]>, Option<IpAddr>)>,
+    loopback: LoopbackClients,
+    /// The access line of [`AFTER_READY`] was read: loopback clients are told from here on.
+    after_ready: bool,
     pub stats: ParseStats,
 }
 
 impl LogParser {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A parser that tells of loopback clients as `loopback` says.
+    pub fn telling(loopback: LoopbackClients) -> Self {
+        LogParser {
+            loopback,
+            ..Self::default()
+        }
     }
 
     /// True while a multi-line message is open (the reader then wakes up to flush it when quiet).
@@ -473,14 +501,21 @@ impl LogParser {
     }
 
     /// An access line's client (`HOST:PORT` first in `access`), told for each request that is
-    /// one the proxy and the tap measure from a client not on loopback. The common case,
-    /// `127.…` (`::ffff:127.…` from a server on `::`), costs a comparison or two; a client read
+    /// one the proxy and the tap measure from a client not on loopback, or on loopback as
+    /// [`LoopbackClients`] says. The common case, `127.…` (`::ffff:127.…` from a server on
+    /// `::`) with loopback skipped, costs a comparison or two; a client read
     /// before, a comparison or a few and the request's path; past [`MAX_CLIENTS`] hosts, a
     /// new one is read in full on each line, and still told.
     #[inline]
     fn client(&mut self, access: &[u8], out: &mut impl LogSink) {
-        if access.starts_with(b"127.") || access.starts_with(b"::ffff:127.") {
-            return;
+        if !self.after_ready {
+            if self.loopback != LoopbackClients::Skipped && is_after_ready(access) {
+                self.after_ready = true;
+                return;
+            }
+            if access.starts_with(b"127.") || access.starts_with(b"::ffff:127.") {
+                return;
+            }
         }
         // The port and the request (` - "POST /generate …`) after a host read before.
         let after = |host: &[u8]| {
@@ -493,7 +528,9 @@ impl LogParser {
             .iter()
             .find_map(|(h, addr)| Some((after(h)?, *addr)))
         {
-            Some(((port, request), Some(addr))) if told_request(port, request) => {
+            Some(((port, request), Some(addr)))
+                if self.tells(addr) && told_request(port, request) =>
+            {
                 out.event(LogEvent::Client { addr });
             }
             Some(_) => {}
@@ -520,14 +557,24 @@ impl LogParser {
                 let h = h.trim_start_matches('[').trim_end_matches(']');
                 h[..h.find('%').unwrap_or(h.len())].parse::<IpAddr>().ok()
             })
-            .map(|ip| ip.to_canonical())
-            .filter(|a| !a.is_loopback());
+            .map(|ip| ip.to_canonical());
         // The hosts kept are bounded whatever the traffic; one past them is read each time.
         if self.clients.len() < MAX_CLIENTS {
             self.clients.push((host.into(), addr));
         }
-        if let Some(addr) = addr {
+        if let Some(addr) = addr.filter(|&a| self.tells(a)) {
             out.event(LogEvent::Client { addr });
+        }
+    }
+
+    /// Whether a generation request from `addr` (canonical) is told of.
+    fn tells(&self, addr: IpAddr) -> bool {
+        if !addr.is_loopback() {
+            return true;
+        }
+        match self.loopback {
+            LoopbackClients::Told { but } => self.after_ready && but.map(IpAddr::V4) != Some(addr),
+            LoopbackClients::Skipped => false,
         }
     }
 
@@ -873,6 +920,15 @@ fn access_client(msg: &[u8]) -> Option<&[u8]> {
     (addressed && rest[end..].starts_with(b" - \"")).then_some(rest)
 }
 
+/// Whether an access line (from its client on) is the supervisor's [`AFTER_READY`] request's.
+fn is_after_ready(access: &[u8]) -> bool {
+    let end = memchr::memchr(b' ', access).unwrap_or(access.len());
+    access[end..]
+        .strip_prefix(b" - \"GET ")
+        .and_then(|r| r.strip_prefix(AFTER_READY.as_bytes()))
+        .is_some_and(|r| r.starts_with(b" "))
+}
+
 /// A client as uvicorn writes it, `HOST:PORT` (`::1:50312` for IPv6), split at its last colon;
 /// `None` unless PORT is digits.
 fn host_port(client: &[u8]) -> Option<(&[u8], &[u8])> {
@@ -1204,6 +1260,72 @@ mod tests {
         let v6 =
             "[2026-12-02 09:20:21] INFO:     [::1]:39496 - \"GET /ready to roll! HTTP/1.1\" 200 OK";
         assert!(events(&[v6]).is_empty());
+    }
+
+    /// Loopback clients are told only where asked, and only after the supervisor's request
+    /// made once the server was ready: SGLang's own warm-up comes from loopback before it.
+    #[test]
+    fn loopback_clients_are_told_after_the_request_made_once_ready_but_the_proxys_source() {
+        let access = |client: &str, request: &str| {
+            format!("[2026-12-02 09:20:21] INFO:     {client} - \"{request} HTTP/1.1\" 200 OK")
+        };
+        let generate = |client: &str| access(client, "POST /generate");
+        let after_ready = access("127.0.0.1:40002", &format!("GET {AFTER_READY}"));
+        let lines = [
+            // the warm-up, and a look-alike of the marker that is not it
+            generate("127.0.0.1:39558"),
+            access(
+                "127.0.0.1:40001",
+                "GET /server_info?from=sglang-supervisor-x",
+            ),
+            generate("127.0.0.1:39559"),
+            after_ready.clone(),
+            generate("127.0.0.1:39560"),
+            generate("127.0.0.2:39561"),
+            generate("::ffff:127.0.0.2:39562"),
+            generate("::ffff:127.0.0.1:39563"),
+            generate("::1:39564"),
+            access("127.0.0.1:39565", "GET /health"),
+            generate("127.0.0.1:39566"),
+            generate("192.0.2.7:1"),
+        ];
+        let told = |loopback| {
+            let mut p = LogParser::telling(loopback);
+            let mut out = Vec::new();
+            for l in &lines {
+                p.line(l.as_bytes(), false, &mut |e| match e {
+                    LogEvent::Client { addr } => out.push(addr.to_string()),
+                    other => panic!("{other:?}"),
+                });
+            }
+            out
+        };
+        let but = Some(Ipv4Addr::new(127, 0, 0, 2));
+        assert_eq!(
+            told(LoopbackClients::Told { but }),
+            ["127.0.0.1", "127.0.0.1", "::1", "127.0.0.1", "192.0.2.7"]
+        );
+        assert_eq!(
+            told(LoopbackClients::Told { but: None }),
+            [
+                "127.0.0.1",
+                "127.0.0.2",
+                "127.0.0.2",
+                "127.0.0.1",
+                "::1",
+                "127.0.0.1",
+                "192.0.2.7"
+            ]
+        );
+        assert_eq!(told(LoopbackClients::Skipped), ["192.0.2.7"]);
+        // the marker read as text (coloured) arms it too
+        let mut p = LogParser::telling(LoopbackClients::Told { but });
+        let coloured = after_ready.replace("INFO", "\x1b[32mINFO\x1b[0m");
+        let mut n = 0;
+        for l in [coloured, generate("127.0.0.1:1")] {
+            p.line(l.as_bytes(), false, &mut |_| n += 1);
+        }
+        assert_eq!(n, 1);
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! it. The parser's queue is bounded and never drops: a parser that falls behind makes the
 //! readers wait, a few reads ahead at most. When the OS refuses the parser thread, each reader
 //! parses its own reads in place.
-use super::parse::{batch_fields, is_plain, BatchKind, LogEvent, LogParser, LogSink, ParseStats};
+use super::parse::{
+    batch_fields, is_plain, BatchKind, LogEvent, LogParser, LogSink, LoopbackClients, ParseStats,
+};
 use crate::events::FatalReason;
 use crate::redact::{Secrets, StreamRedactor};
 use crate::server_series::ServerSeries;
@@ -307,16 +309,29 @@ pub struct Shared {
     pub tail: Mutex<Tail>,
     pub batches: Mutex<Batches>,
     pub series: Arc<ServerSeries>,
+    /// Which loopback clients the parsers tell of.
+    loopback: LoopbackClients,
 }
 
 impl Shared {
     pub fn new(log: LogFile, redact: Option<Secrets>, series: Arc<ServerSeries>) -> Arc<Self> {
+        Shared::telling(log, redact, series, LoopbackClients::Skipped)
+    }
+
+    /// [`Shared::new`], whose parsers tell of the loopback clients `loopback` names.
+    pub fn telling(
+        log: LogFile,
+        redact: Option<Secrets>,
+        series: Arc<ServerSeries>,
+        loopback: LoopbackClients,
+    ) -> Arc<Self> {
         Arc::new(Shared {
             redact: redact.filter(|s| !s.is_empty()),
             log: Mutex::new(log),
             tail: Mutex::new(Tail::new()),
             batches: Mutex::new(Batches::default()),
             series,
+            loopback,
         })
     }
 }
@@ -641,14 +656,14 @@ struct LineState<'a> {
 }
 
 impl<'a> LineState<'a> {
-    fn new(events: &'a UnboundedSender<Timed>, series: &'a ServerSeries) -> Self {
+    fn new(events: &'a UnboundedSender<Timed>, shared: &'a Shared) -> Self {
         LineState {
             framer: LineFramer::new(MAX_PARSED_LINE),
-            parser: LogParser::new(),
+            parser: LogParser::telling(shared.loopback),
             sink: ReaderSink {
                 events,
                 batches: Batches::default(),
-                series,
+                series: &shared.series,
                 at: Instant::now(),
             },
         }
@@ -809,7 +824,7 @@ fn spawn_reader(
         .spawn(move || {
             let parsing = match word.recv() {
                 Ok(Some(tx)) => Parsing::Thread(tx, stream),
-                _ => Parsing::Inline(Box::new(LineState::new(&events, &shared.series))),
+                _ => Parsing::Inline(Box::new(LineState::new(&events, &shared))),
             };
             read_loop(fd, &shared, terminal, parsing)
         })
@@ -937,7 +952,7 @@ fn parse_loop(
     shared: &Shared,
     events: &UnboundedSender<Timed>,
 ) -> StreamStats {
-    let mut pipes = Pipes::new(events, &shared.series);
+    let mut pipes = Pipes::new(events, shared);
     loop {
         let got = match pipes.idle_deadline() {
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
@@ -966,9 +981,9 @@ struct Pipes<'a> {
 }
 
 impl<'a> Pipes<'a> {
-    fn new(events: &'a UnboundedSender<Timed>, series: &'a ServerSeries) -> Self {
+    fn new(events: &'a UnboundedSender<Timed>, shared: &'a Shared) -> Self {
         Pipes {
-            lines: [(); 2].map(|()| Some(LineState::new(events, series))),
+            lines: [(); 2].map(|()| Some(LineState::new(events, shared))),
             fed: [Instant::now(); 2],
             ended: ParseStats::default(),
         }
