@@ -1,7 +1,9 @@
 //! Parser cost per byte of real SGLang output, against framing alone (the floor any tee pays).
 //! `cargo bench -p sglang-supervisor --bench log_parse`
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use sglang_supervisor::logs::parse::{is_plain, BatchKind, LogEvent, LogParser, LogSink};
+use sglang_supervisor::logs::parse::{
+    is_plain, BatchKind, LogEvent, LogParser, LogSink, LoopbackClients, AFTER_READY,
+};
 use sglang_supervisor::logs::tee::LineFramer;
 
 const DIR: &str = concat!(
@@ -50,18 +52,34 @@ fn steady_remote() -> Vec<u8> {
     text.into_bytes()
 }
 
+/// The steady state of a run measured by the proxy, once the server is ready: every client at
+/// the proxy's source, whose access lines are read to tell it from a loopback client that
+/// bypassed the proxy.
+fn steady_proxied() -> Vec<u8> {
+    let text =
+        String::from_utf8_lossy(&steady()).replace("INFO:     127.0.0.1:", "INFO:     127.0.0.2:");
+    let ready = format!(
+        "[2026-12-02 09:20:21] INFO:     127.0.0.1:40002 - \"GET {AFTER_READY} HTTP/1.1\" 200 OK\n"
+    );
+    (ready + &text).into_bytes()
+}
+
 fn bench(c: &mut Criterion) {
+    let proxied = LoopbackClients::Told {
+        but: Some(std::net::Ipv4Addr::new(127, 0, 0, 2)),
+    };
     let corpora = [
-        ("steady", steady()),
-        ("steady_remote", steady_remote()),
-        ("startup", startup()),
+        ("steady", steady(), LoopbackClients::Skipped),
+        ("steady_remote", steady_remote(), LoopbackClients::Skipped),
+        ("steady_proxied", steady_proxied(), proxied),
+        ("startup", startup(), LoopbackClients::Skipped),
     ];
-    for (name, data) in corpora {
-        bench_corpus(c, name, &data);
+    for (name, data, loopback) in corpora {
+        bench_corpus(c, name, &data, loopback);
     }
 }
 
-fn bench_corpus(c: &mut Criterion, name: &str, data: &[u8]) {
+fn bench_corpus(c: &mut Criterion, name: &str, data: &[u8], loopback: LoopbackClients) {
     let mut g = c.benchmark_group(format!("log_{name}"));
     g.throughput(Throughput::Bytes(data.len() as u64));
     g.bench_function("frame_only", |b| {
@@ -78,7 +96,7 @@ fn bench_corpus(c: &mut Criterion, name: &str, data: &[u8]) {
     g.bench_function("frame_and_parse", |b| {
         b.iter(|| {
             let mut f = LineFramer::new(1 << 20);
-            let mut p = LogParser::new();
+            let mut p = LogParser::telling(loopback);
             let mut sink = Count(0);
             for chunk in data.chunks(256 * 1024) {
                 f.feed_hinted(chunk, is_plain(chunk), |l, t, plain| {
@@ -93,7 +111,7 @@ fn bench_corpus(c: &mut Criterion, name: &str, data: &[u8]) {
     g.bench_function("frame_and_parse_per_line", |b| {
         b.iter(|| {
             let mut f = LineFramer::new(1 << 20);
-            let mut p = LogParser::new();
+            let mut p = LogParser::telling(loopback);
             let mut sink = Count(0);
             for chunk in data.chunks(256 * 1024) {
                 f.feed(chunk, |l, t| p.line(l, t, &mut sink));
