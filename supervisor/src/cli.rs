@@ -458,8 +458,11 @@ pub struct RunArgs {
     /// the proxy, is a warning in the run's events and report, and the run's end says how many
     /// such requests went unmeasured: from a client elsewhere, from this machine's own address,
     /// and, where the proxy reaches the server at an IPv4 loopback address (its connections
-    /// then come from 127.0.0.2, as the server's log shows), from any other loopback address
-    /// once the server is ready (SGLang's own warm-up comes before).
+    /// then come from 127.0.0.2, as the server's log shows; not with --upstream, nor where
+    /// 127.0.0.2 cannot be bound), from any other loopback address once the server is ready.
+    /// That count is a floor: with N tokenizer workers, the first N-1 such requests are taken
+    /// for the other workers' warm-ups, and after a second server start in the run, loopback
+    /// clients are counted no more.
     #[arg(long, env = "SGLANG_SUPERVISOR_PROXY_ADDR", value_name = "ADDR")]
     pub proxy_addr: Option<String>,
 
@@ -493,8 +496,8 @@ pub struct RunArgs {
     /// own readiness request) says so in its warnings and report; so does one whose server's
     /// access log shows a generation request the tap did not see (on `lo`, from a client
     /// elsewhere; on a named interface, from this machine's own addresses, loopback included
-    /// once the server is ready: their requests cross lo), and at its end how many such
-    /// requests went unmeasured.
+    /// once the server is ready, as for --proxy-addr: their requests cross lo), and at its end
+    /// how many such requests went unmeasured.
     #[arg(
         long,
         env = "SGLANG_SUPERVISOR_TAP_INTERFACE",

@@ -1013,6 +1013,35 @@ fn a_loopback_client_that_goes_straight_to_the_server_is_named_and_counted_with_
     let _ = std::fs::remove_file(&log);
 }
 
+/// A server with two tokenizer workers (a real 0.5.14 start, replayed) warms up twice, and the
+/// second warm-up may be logged after the request that starts the count: the first loopback
+/// request after it is taken for that warm-up, never claimed as a bypass (the count is a floor).
+#[test]
+fn with_two_tokenizer_workers_the_second_warm_up_is_not_claimed_as_a_bypass() {
+    let log = common::fixture("F_tokworkers2/server.log");
+    let replay = ["--log", log.to_str().unwrap(), "--ready-lines", "2"];
+    let (mut run, _proxy, _, requests) = start_with("proxy-bypassed-tokworkers", &[], &replay, &[]);
+    run.wait_event("server_info", T);
+    std::thread::sleep(Duration::from_millis(200));
+    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+    let server = format!("127.0.0.1:{}", run.port);
+    assert!(post(&server, "/generate", body).status.contains("200"));
+    std::thread::sleep(Duration::from_millis(300));
+    let needle = "access log shows a generation request from";
+    assert_eq!(run.warnings_with(needle), Vec::<String>::new());
+    assert!(post(&server, "/generate", body).status.contains("200"));
+    run.wait_warning(needle, T);
+    run.stop_by_sigterm();
+    assert_eq!(
+        run.warnings_with("went unmeasured"),
+        [
+            "in all, 1 generation request from 127.0.0.1 went unmeasured: the requests log and \
+          the request_* figures leave it out"
+        ]
+    );
+    let _ = std::fs::remove_file(&requests);
+}
+
 #[test]
 fn a_client_elsewhere_that_goes_straight_to_the_server_is_named_with_the_proxy() {
     let test = "a_client_elsewhere_that_goes_straight_to_the_server...";

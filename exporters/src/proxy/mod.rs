@@ -90,7 +90,7 @@ pub const LOOPBACK_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 pub fn upstream_source(upstream: &str) -> Option<Ipv4Addr> {
     let uri: Uri = upstream.parse().ok()?;
     let lo = uri.host()?.parse::<Ipv4Addr>().ok()?.is_loopback();
-    (lo && std::net::UdpSocket::bind((LOOPBACK_SOURCE, 0)).is_ok()).then_some(LOOPBACK_SOURCE)
+    (lo && upstream::bound_to(LOOPBACK_SOURCE).is_ok()).then_some(LOOPBACK_SOURCE)
 }
 
 /// Bind now, serve in the background; `upstream` like `http://127.0.0.1:30000`.

@@ -272,20 +272,25 @@ where
 /// the supervisor reads any other loopback client in the server's log as one that bypassed the
 /// proxy.
 async fn connect_from(source: Ipv4Addr, addrs: &[SocketAddr]) -> std::io::Result<TcpStream> {
-    use nix::sys::socket::{setsockopt, sockopt::IpBindAddressNoPort};
     let mut last = None;
     for &addr in addrs {
-        let socket = TcpSocket::new_v4()?;
-        // The port is picked at the connect, as for any client: bound first, a source's ports
-        // would run out at the ephemeral range's size, whatever the servers connected to.
-        setsockopt(&socket, IpBindAddressNoPort, &true).map_err(std::io::Error::from)?;
-        socket.bind(SocketAddr::from((source, 0)))?;
-        match socket.connect(addr).await {
+        match bound_to(source)?.connect(addr).await {
             Ok(stream) => return Ok(stream),
             Err(e) => last = Some(e),
         }
     }
     Err(last.unwrap_or_else(|| std::io::Error::other("the name resolved to no address")))
+}
+
+/// A TCP socket bound to `source`, its port left to the connect where the kernel can (Linux
+/// 4.2 on): bound first, a source's ports would run out at the ephemeral range's size, whatever
+/// the servers connected to.
+pub(crate) fn bound_to(source: Ipv4Addr) -> std::io::Result<TcpSocket> {
+    use nix::sys::socket::{setsockopt, sockopt::IpBindAddressNoPort};
+    let socket = TcpSocket::new_v4()?;
+    let _ = setsockopt(&socket, IpBindAddressNoPort, &true);
+    socket.bind(SocketAddr::from((source, 0)))?;
+    Ok(socket)
 }
 
 /// An answer's body read by the client connection's own task: each poll drives the upstream

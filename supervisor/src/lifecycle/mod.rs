@@ -898,6 +898,9 @@ impl Supervision {
                     let gpus = size("tp_size") * size("pp_size");
                     sampler.set_expected_gpus((gpus / nnodes).max(1));
                 }
+                if let Some(u) = &mut self.unseen {
+                    u.server_args(&args);
+                }
                 self.events.emit(Event::ServerArgs { args });
             }
             LogEvent::Deprecation {

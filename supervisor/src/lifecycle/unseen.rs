@@ -91,6 +91,21 @@ impl Blind {
     }
 }
 
+/// `--tokenizer-worker-num N` (or `=N`) in the server's command: 1 where it is not there.
+fn tokenizer_workers(command: &[std::ffi::OsString]) -> u64 {
+    let words: Vec<_> = command.iter().map(|w| w.to_string_lossy()).collect();
+    words
+        .iter()
+        .enumerate()
+        .filter_map(|(i, w)| match w.strip_prefix("--tokenizer-worker-num") {
+            Some("") => words.get(i + 1)?.parse().ok(),
+            Some(rest) => rest.strip_prefix('=')?.parse().ok(),
+            None => None,
+        })
+        .max()
+        .unwrap_or(1)
+}
+
 /// The loopback clients the run's log parsers tell of (the arguments as for [`Unseen::new`]).
 pub(super) fn loopback_clients(
     args: &RunArgs,
@@ -112,6 +127,14 @@ pub(super) struct Unseen {
     /// This machine's addresses, and when they were read.
     own: Option<(Vec<IpAddr>, Instant)>,
     requests: u64,
+    /// Loopback requests still taken for warm-ups: with several tokenizer workers, each warms
+    /// itself up, and only the first to be ready is sure to be logged before the request that
+    /// starts the count (the rest may come after it). Past them, the count is a floor.
+    warm_ups_left: u64,
+    /// The server's arguments were read: a second time means a second server in the run, whose
+    /// warm-ups nothing tells apart, so loopback clients are counted no more.
+    server_args_read: bool,
+    loopback_off: bool,
     /// The clients missed (the first [`MAX_CLIENTS`]; `more`: others came), the first of them.
     clients: HashSet<IpAddr>,
     more: bool,
@@ -163,10 +186,25 @@ impl Unseen {
             how_on_loopback,
             own: None,
             requests: 0,
+            warm_ups_left: tokenizer_workers(&args.command).saturating_sub(1),
+            server_args_read: false,
+            loopback_off: false,
             clients: HashSet::new(),
             more: false,
             first: None,
         })
+    }
+
+    /// The server's arguments, as its log gave them.
+    pub(super) fn server_args(&mut self, args: &serde_json::Map<String, serde_json::Value>) {
+        if std::mem::replace(&mut self.server_args_read, true) {
+            self.loopback_off = true;
+            return;
+        }
+        let workers = args.get("tokenizer_worker_num").and_then(|v| v.as_u64());
+        self.warm_ups_left = self
+            .warm_ups_left
+            .max(workers.unwrap_or(1).saturating_sub(1));
     }
 
     /// A generation request from `addr` in the access log: the warning to give
@@ -180,6 +218,15 @@ impl Unseen {
         let route = route_among(addr, own);
         if !self.blind.misses(route, addr) {
             return None;
+        }
+        if route == Route::Loopback {
+            if self.loopback_off {
+                return None;
+            }
+            if self.warm_ups_left > 0 {
+                self.warm_ups_left -= 1;
+                return None;
+            }
         }
         self.requests += 1;
         if self.clients.len() < MAX_CLIENTS {
@@ -375,6 +422,60 @@ mod tests {
             Told { but: None }
         );
         assert_eq!(rule(&[], None, None), Skipped);
+    }
+
+    /// With several tokenizer workers each warms itself up, and only the first to be ready is
+    /// logged for sure before the count starts: as many loopback requests as the other workers
+    /// are taken for their warm-ups. A second server in the run (its arguments read again) has
+    /// warm-ups of its own that nothing tells apart: loopback clients are counted no more.
+    #[test]
+    fn the_other_tokenizer_workers_warm_ups_and_a_second_servers_are_not_counted() {
+        let proxy = Some("127.0.0.1:31000".parse().unwrap());
+        let source = Some(Ipv4Addr::new(127, 0, 0, 2));
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let away: IpAddr = "198.51.100.3".parse().unwrap();
+        let args = |workers: u64| {
+            let mut m = serde_json::Map::new();
+            m.insert("tokenizer_worker_num".into(), workers.into());
+            m
+        };
+        let counted = |flags: &[&str], workers: Option<u64>, sent: &[IpAddr]| {
+            let mut u = Unseen::new(&run_args(flags), proxy, source, "127.0.0.1").unwrap();
+            u.own = Some((Vec::new(), Instant::now()));
+            if let Some(w) = workers {
+                u.server_args(&args(w));
+            }
+            for &a in sent {
+                u.request(a);
+            }
+            u.requests
+        };
+        assert_eq!(counted(&[], Some(1), &[lo, lo]), 2);
+        assert_eq!(counted(&[], Some(3), &[lo, lo, lo]), 1);
+        // a client elsewhere is no warm-up
+        assert_eq!(counted(&[], Some(2), &[away, lo, lo]), 2);
+        // from the command line where the log gives no arguments, in either form
+        assert_eq!(
+            counted(&["--", "x", "--tokenizer-worker-num", "2"], None, &[lo, lo]),
+            1
+        );
+        assert_eq!(
+            counted(&["--", "x", "--tokenizer-worker-num=4"], None, &[lo; 4]),
+            1
+        );
+        assert_eq!(
+            counted(&["--", "x", "--tokenizer-worker-num=4"], Some(1), &[lo; 4]),
+            1
+        );
+        // a second server: loopback no more, elsewhere still
+        let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
+        u.own = Some((Vec::new(), Instant::now()));
+        u.server_args(&args(1));
+        u.request(lo);
+        u.server_args(&args(1));
+        u.request(lo);
+        u.request(away);
+        assert_eq!(u.requests, 2);
     }
 
     #[test]
