@@ -653,8 +653,12 @@ impl Watch {
                 tracing::info!("metrics on http://{a}/metrics");
             }
             if let Some(a) = services.proxy_addr {
+                // where its connections come from says whether loopback bypasses are counted
+                let from = services
+                    .proxy_source
+                    .map_or(String::new(), |s| format!(" from {s}"));
                 tracing::info!(
-                    "latency-measuring proxy on http://{a} → {}",
+                    "latency-measuring proxy on http://{a} → {}{from}",
                     services.url.base()
                 );
             }
