@@ -461,8 +461,9 @@ pub struct RunArgs {
     /// then come from 127.0.0.2, as the server's log shows; not with --upstream, nor where
     /// 127.0.0.2 cannot be bound), from any other loopback address once the server is ready.
     /// That count is a floor: with N tokenizer workers, the first N-1 such requests are taken
-    /// for the other workers' warm-ups, and after a second server start in the run, loopback
-    /// clients are counted no more.
+    /// for the other workers' warm-ups; after a second server start in the run, or where the
+    /// log's uvicorn listens on another port than the one measured (a router's worker),
+    /// loopback clients are counted no more.
     #[arg(long, env = "SGLANG_SUPERVISOR_PROXY_ADDR", value_name = "ADDR")]
     pub proxy_addr: Option<String>,
 

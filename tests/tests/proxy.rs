@@ -1042,6 +1042,70 @@ fn with_two_tokenizer_workers_the_second_warm_up_is_not_claimed_as_a_bypass() {
     let _ = std::fs::remove_file(&requests);
 }
 
+/// A server behind a router of its own (here a byte relay on the port the run measures, the
+/// server on another): the server logs the router's requests from loopback, and uvicorn says it
+/// listens on another port than the run's. None of those is claimed to have bypassed the proxy.
+#[test]
+#[allow(clippy::disallowed_methods)] // the supervisor run as a user runs it, with a shell for its command
+fn a_servers_log_from_behind_its_own_router_claims_no_bypass() {
+    let dir = temp_dir("proxy-router-behind");
+    let events = dir.join("events.jsonl");
+    let (router, server) = (free_port(), free_port());
+    let script = format!(
+        "{} --port {server} --speed 50 & exec {} 127.0.0.1:{router} 127.0.0.1:{server}",
+        replay_bin(),
+        env!("CARGO_BIN_EXE_tcp-relay")
+    );
+    let mut sup = std::process::Command::new(supervisor_bin())
+        .args([
+            "run",
+            "--proxy-addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "none",
+            "--events",
+        ])
+        .arg(&events)
+        // the run measures the router's port (its server's argv names it last)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            &script,
+            "sh",
+            "--port",
+            &router.to_string(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let proxy = wait_event_at(&events, "listening", T)["proxy"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_event_at(&events, "server_info", T);
+    std::thread::sleep(Duration::from_millis(200));
+    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+    for _ in 0..2 {
+        assert!(post(&proxy, "/generate", body).status.contains("200"));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: a signal to our own child, which has not been waited for yet.
+    unsafe { libc::kill(sup.id() as i32, libc::SIGTERM) };
+    assert_eq!(sup.wait().unwrap().code(), Some(143));
+    let claims: Vec<Value> = events_at(&events)
+        .into_iter()
+        .filter(|e| e["event"] == "warning")
+        .filter(|e| {
+            let m = e["message"].as_str().unwrap_or_default();
+            m.contains("generation request") || m.contains("unmeasured")
+        })
+        .collect();
+    assert_eq!(claims, Vec::<Value>::new());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_client_elsewhere_that_goes_straight_to_the_server_is_named_with_the_proxy() {
     let test = "a_client_elsewhere_that_goes_straight_to_the_server...";

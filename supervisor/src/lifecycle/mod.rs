@@ -1051,6 +1051,16 @@ impl Supervision {
         }
         if name == PhaseName::HttpUp {
             self.http_up_at = Some(at);
+            // A log written by a server on another port than ours (a router's worker behind
+            // it) logs the router's requests from loopback: none of them went around the proxy.
+            let port: Option<u16> = detail
+                .as_deref()
+                .and_then(|u| u.rsplit(':').next()?.parse().ok());
+            if let (Some(u), Some(port)) = (&mut self.unseen, port) {
+                if port != self.url.port {
+                    u.loopback_off();
+                }
+            }
         }
         self.events.emit(Event::Phase {
             name,

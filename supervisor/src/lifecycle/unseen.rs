@@ -134,6 +134,7 @@ pub(super) struct Unseen {
     /// The server's arguments were read: a second time means a second server in the run, whose
     /// warm-ups nothing tells apart, so loopback clients are counted no more.
     server_args_read: bool,
+    /// Loopback clients are counted no more (a second server, or one on another port).
     loopback_off: bool,
     /// The clients missed (the first [`MAX_CLIENTS`]; `more`: others came), the first of them.
     clients: HashSet<IpAddr>,
@@ -193,6 +194,12 @@ impl Unseen {
             more: false,
             first: None,
         })
+    }
+
+    /// The log is, at least in part, another server's than the one measured (uvicorn on
+    /// another port): its loopback clients may be that server's own (a router in front of it).
+    pub(super) fn loopback_off(&mut self) {
+        self.loopback_off = true;
     }
 
     /// The server's arguments, as its log gave them.

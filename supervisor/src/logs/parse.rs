@@ -647,7 +647,8 @@ impl LogParser {
                 name: PhaseName::HttpUp,
                 rank: rank(),
                 reported_s: None,
-                detail: None,
+                // where the server that writes this log listens
+                detail: after(msg, "Uvicorn running on ").map(str::to_string),
             }),
             Pat::Deprecated if msg.contains(" is deprecated") => out.event(deprecation(msg)),
             Pat::Deprecated => {}
@@ -1011,7 +1012,8 @@ mod tests {
             [LogEvent::Ready]
         );
         assert_eq!(events(&["[2026-12-02 09:20:20] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)"]),
-                   [LogEvent::Phase { name: PhaseName::HttpUp, rank: None, reported_s: None, detail: None }]);
+                   [LogEvent::Phase { name: PhaseName::HttpUp, rank: None, reported_s: None,
+                                      detail: Some("http://127.0.0.1:30000".into()) }]);
     }
 
     #[test]

@@ -480,9 +480,24 @@ fn run(args: Args) -> Result<std::convert::Infallible> {
             );
             continue;
         }
-        if msg.contains("Uvicorn running on") {
-            start_http(&args, http.clone())?;
-        }
+        // uvicorn names where it listens: here, not where the recorded run did
+        let listening;
+        let msg = match msg.find("Uvicorn running on ") {
+            Some(i) => {
+                start_http(&args, http.clone())?;
+                let host = match args.host.contains(':') {
+                    true => format!("[{}]", args.host),
+                    false => args.host.clone(),
+                };
+                listening = format!(
+                    "{}Uvicorn running on http://{host}:{} (Press CTRL+C to quit)",
+                    &msg[..i],
+                    args.port
+                );
+                listening.as_str()
+            }
+            None => msg,
+        };
         if msg.starts_with("SIGTERM received")
             || msg.starts_with("Gracefully exiting")
             || msg.starts_with("kill_process_tree")
