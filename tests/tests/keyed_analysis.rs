@@ -143,6 +143,15 @@ fn ratio(out: &str, label: &str) -> f64 {
     ratio_of(out, label, "on/off")
 }
 
+/// Asserts keyed.py's on/off ratio for `label` lies in `range`.
+fn ratio_within(out: &str, label: &str, range: std::ops::Range<f64>) {
+    let r = ratio(out, label);
+    assert!(
+        range.contains(&r),
+        "{label} on/off {r}, not in {range:?}:\n{out}"
+    );
+}
+
 /// keyed.py's ratio `which` ("tap/ctl", ...) on the first line that starts with `label` and has it.
 fn ratio_of(out: &str, label: &str, which: &str) -> f64 {
     let line = out
@@ -183,21 +192,9 @@ fn the_keyed_analysis_finds_a_two_percent_slowdown_in_the_on_turns() {
             ..PLAIN
         },
     );
-    let rate = ratio(&out, "events/s");
-    let gap = ratio(&out, "mean gap (TPOT) ms");
-    assert!(
-        (0.975..0.985).contains(&rate),
-        "events/s on/off {rate}:\n{out}"
-    );
-    assert!(
-        (1.015..1.025).contains(&gap),
-        "mean gap on/off {gap}:\n{out}"
-    );
-    let e2e = ratio(&out, "median E2E ms");
-    assert!(
-        (1.015..1.025).contains(&e2e),
-        "median E2E on/off {e2e}:\n{out}"
-    );
+    ratio_within(&out, "events/s", 0.975..0.985);
+    ratio_within(&out, "mean gap (TPOT) ms", 1.015..1.025);
+    ratio_within(&out, "median E2E ms", 1.015..1.025);
     assert!(
         out.contains(" 9 on and 9 off"),
         "every turn but the last (the drain) at full concurrency:\n{out}"
@@ -267,21 +264,9 @@ fn the_http_process_cycles_and_instructions_an_event_are_read_turn_by_turn() {
             ..PLAIN
         },
     );
-    let cycles = ratio(&out, "HTTP process cycles/event");
-    let kernel = ratio(&out, "HTTP process kernel cycles/event");
-    let instructions = ratio(&out, "HTTP process instructions/event");
-    assert!(
-        (1.0095..1.0105).contains(&cycles),
-        "cycles on/off {cycles}:\n{out}"
-    );
-    assert!(
-        (1.095..1.105).contains(&kernel),
-        "kernel on/off {kernel}:\n{out}"
-    );
-    assert!(
-        (1.006..1.0065).contains(&instructions),
-        "instructions on/off {instructions}:\n{out}"
-    );
+    ratio_within(&out, "HTTP process cycles/event", 1.0095..1.0105);
+    ratio_within(&out, "HTTP process kernel cycles/event", 1.095..1.105);
+    ratio_within(&out, "HTTP process instructions/event", 1.006..1.0065);
     // a trace without counters (three fields a line) has no such lines
     let without = analyse(
         "no-counters",
@@ -436,6 +421,15 @@ fn pooled<'a>(out: &'a str, what: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no pooled {what:?} line in:\n{out}"))
 }
 
+/// The number that follows `word` on a pooled line ("... system +0.500 us ...").
+fn number_after(line: &str, word: &str) -> f64 {
+    let rest = line
+        .split(word)
+        .nth(1)
+        .unwrap_or_else(|| panic!("{word:?} in {line}"));
+    rest.split_whitespace().next().unwrap().parse().unwrap()
+}
+
 /// The ratio on a pooled line ("...: 0.9900, 95 % interval ...").
 fn pooled_value(line: &str) -> f64 {
     let after = line.split(": ").nth(1).unwrap();
@@ -578,13 +572,7 @@ fn pooled_toggled_runs_give_the_cpu_an_event_each_on_turn_adds_to_the_http_proce
     let out = pool("cpu", &[("tog.txt", out)], &[]);
     assert_eq!(out, twice, "the same file twice");
     let line = pooled(&out, "c=32 sglang toggled, HTTP process CPU per event");
-    let after = |word: &str| -> f64 {
-        let rest = line
-            .split(word)
-            .nth(1)
-            .unwrap_or_else(|| panic!("{word:?} in {line}"));
-        rest.split_whitespace().next().unwrap().parse().unwrap()
-    };
+    let after = |word: &str| number_after(line, word);
     assert!((0.48..0.52).contains(&after("system ")), "{line}");
     assert!(
         (0.97..1.05).contains(&after("), ")),
@@ -612,13 +600,7 @@ fn pooled_toggled_runs_with_counters_give_the_share_of_cycles_each_on_turn_adds(
     );
     let out = pool("counters", &[("tog.txt", out)], &[]);
     let line = pooled(&out, "c=32 sglang toggled, HTTP process counters per event");
-    let after = |word: &str| -> f64 {
-        let rest = line
-            .split(word)
-            .nth(1)
-            .unwrap_or_else(|| panic!("{word:?} in {line}"));
-        rest.split_whitespace().next().unwrap().parse().unwrap()
-    };
+    let after = |word: &str| number_after(line, word);
     assert!((0.99..1.01).contains(&after("turns: cycles ")), "{line}");
     assert!((0.99..1.01).contains(&after("kernel cycles ")), "{line}");
     assert!((0.62..0.63).contains(&after("instructions ")), "{line}");
@@ -669,10 +651,9 @@ fn the_cpu_trace_counts_every_thread_of_the_process_those_begun_after_it_too() {
         .collect();
     assert_eq!(last.len(), 6, "{text}");
     let (cpu_s, task_clock_s) = (last[1] + last[2], last[3] / 1e9);
-    assert!(
-        task_clock_s > 0.5,
-        "the late thread's spin counted: {task_clock_s} s\n{text}"
-    );
+    // its spin is 0.6 s of wall time: on a loaded machine it gets less CPU, never none, and
+    // the task clock then has it only if the late thread was counted
+    assert!(cpu_s > 0.1, "the late thread ran: {cpu_s} s\n{text}");
     assert!(
         (task_clock_s - cpu_s).abs() < 0.05 + 0.1 * cpu_s,
         "task clock {task_clock_s} s against user + system {cpu_s} s\n{text}"

@@ -976,21 +976,21 @@ fn one_port_for_the_proxy_and_the_metrics_is_an_error_that_says_they_must_differ
 /// ready, is not.
 #[test]
 fn a_loopback_client_that_goes_straight_to_the_server_is_named_and_counted_with_the_proxy() {
-    let (mut run, proxy, _, log) = start_with("proxy-bypassed-here", &[], &[], &[]);
-    // the supervisor's request made once ready is answered (its access line then follows)
-    run.wait_event("server_info", T);
-    std::thread::sleep(Duration::from_millis(200));
-    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+    let (run, proxy, log) = counting_bypasses("proxy-bypassed-here", &[]);
     let needle = "access log shows a generation request from";
     for _ in 0..3 {
-        assert!(post(&proxy, "/generate", body).status.contains("200"));
+        assert!(post(&proxy, "/generate", BYPASS_BODY)
+            .status
+            .contains("200"));
     }
     assert_eq!(wait_records(&log, 3).len(), 3);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(run.warnings_with(needle), Vec::<String>::new());
     let server = format!("127.0.0.1:{}", run.port);
     for _ in 0..2 {
-        assert!(post(&server, "/generate", body).status.contains("200"));
+        assert!(post(&server, "/generate", BYPASS_BODY)
+            .status
+            .contains("200"));
     }
     let said = run.wait_warning(needle, T);
     assert_eq!(
@@ -1001,16 +1001,34 @@ fn a_loopback_client_that_goes_straight_to_the_server_is_named_and_counted_with_
              request_* figures leave out this client's requests (point the client at the proxy)"
         )
     );
-    run.stop_by_sigterm();
+    // the proxy measured its own three, not the two that went around it
     assert_eq!(records(&log).len(), 3);
+    stopped_having_counted(run, &log, "2 generation requests", "them");
+}
+
+/// A proxied run whose log parser counts loopback bypasses by now: the supervisor's request
+/// made once ready was answered (its access line then follows), and the proxy's address and
+/// its requests log.
+fn counting_bypasses(name: &str, replay: &[&str]) -> (Run, String, std::path::PathBuf) {
+    let (run, proxy, _, log) = start_with(name, &[], replay, &[]);
+    run.wait_event("server_info", T);
+    std::thread::sleep(Duration::from_millis(200));
+    (run, proxy, log)
+}
+
+const BYPASS_BODY: &str = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+
+/// Stops the run and checks that it counted `requests` from 127.0.0.1 as unmeasured.
+fn stopped_having_counted(mut run: Run, log: &std::path::Path, requests: &str, them: &str) {
+    run.stop_by_sigterm();
     assert_eq!(
         run.warnings_with("went unmeasured"),
-        [
-            "in all, 2 generation requests from 127.0.0.1 went unmeasured: the requests log and \
-          the request_* figures leave them out"
-        ]
+        [format!(
+            "in all, {requests} from 127.0.0.1 went unmeasured: the requests log and the \
+             request_* figures leave {them} out"
+        )]
     );
-    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(log);
 }
 
 /// A server with two tokenizer workers (a real 0.5.14 start, replayed) warms up twice, and the
@@ -1020,26 +1038,19 @@ fn a_loopback_client_that_goes_straight_to_the_server_is_named_and_counted_with_
 fn with_two_tokenizer_workers_the_second_warm_up_is_not_claimed_as_a_bypass() {
     let log = common::fixture("F_tokworkers2/server.log");
     let replay = ["--log", log.to_str().unwrap(), "--ready-lines", "2"];
-    let (mut run, _proxy, _, requests) = start_with("proxy-bypassed-tokworkers", &[], &replay, &[]);
-    run.wait_event("server_info", T);
-    std::thread::sleep(Duration::from_millis(200));
-    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
+    let (run, _proxy, requests) = counting_bypasses("proxy-bypassed-tokworkers", &replay);
     let server = format!("127.0.0.1:{}", run.port);
-    assert!(post(&server, "/generate", body).status.contains("200"));
+    assert!(post(&server, "/generate", BYPASS_BODY)
+        .status
+        .contains("200"));
     std::thread::sleep(Duration::from_millis(300));
     let needle = "access log shows a generation request from";
     assert_eq!(run.warnings_with(needle), Vec::<String>::new());
-    assert!(post(&server, "/generate", body).status.contains("200"));
+    assert!(post(&server, "/generate", BYPASS_BODY)
+        .status
+        .contains("200"));
     run.wait_warning(needle, T);
-    run.stop_by_sigterm();
-    assert_eq!(
-        run.warnings_with("went unmeasured"),
-        [
-            "in all, 1 generation request from 127.0.0.1 went unmeasured: the requests log and \
-          the request_* figures leave it out"
-        ]
-    );
-    let _ = std::fs::remove_file(&requests);
+    stopped_having_counted(run, &requests, "1 generation request", "it");
 }
 
 /// A server behind a router of its own (here a byte relay on the port the run measures, the
@@ -1086,9 +1097,10 @@ fn a_servers_log_from_behind_its_own_router_claims_no_bypass() {
         .to_string();
     wait_event_at(&events, "server_info", T);
     std::thread::sleep(Duration::from_millis(200));
-    let body = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
     for _ in 0..2 {
-        assert!(post(&proxy, "/generate", body).status.contains("200"));
+        assert!(post(&proxy, "/generate", BYPASS_BODY)
+            .status
+            .contains("200"));
     }
     std::thread::sleep(Duration::from_millis(300));
     // SAFETY: a signal to our own child, which has not been waited for yet.
