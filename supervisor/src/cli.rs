@@ -459,11 +459,14 @@ pub struct RunArgs {
     /// such requests went unmeasured: from a client elsewhere, from this machine's own address,
     /// and, where the proxy reaches the server at an IPv4 loopback address (its connections
     /// then come from 127.0.0.2, as the server's log shows; not with --upstream, nor where
-    /// 127.0.0.2 cannot be bound), from any other loopback address once the server is ready.
-    /// That count is a floor: with N tokenizer workers, the first N-1 such requests are taken
-    /// for the other workers' warm-ups; after a second server start in the run, or where the
-    /// log's uvicorn listens on another port than the one measured (a router's worker),
-    /// loopback clients are counted no more.
+    /// 127.0.0.2 cannot be bound), from any other loopback address once the server has logged
+    /// its ready line (after its warm-up). That count is a floor: with N tokenizer workers, the
+    /// first N-1 such requests are taken for the other workers' warm-ups; loopback clients are
+    /// not counted before the server's arguments are logged, nor after a second server start in
+    /// the run, nor where the log's uvicorn listens on another port than the one measured (a
+    /// router's worker), nor where ready came by HTTP before the ready line; and once a proxied
+    /// request names a client of its own with a port (X-Forwarded-For, Forwarded), which a
+    /// server trusting it logs instead of the proxy, nothing more is counted.
     #[arg(long, env = "SGLANG_SUPERVISOR_PROXY_ADDR", value_name = "ADDR")]
     pub proxy_addr: Option<String>,
 

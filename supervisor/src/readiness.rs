@@ -3,7 +3,8 @@
 //! - Node rank 0 (and single-node launches): `GET /ready` answering 200 (SGLang 0.5.20+). A 404
 //!   there means "older version", not "not ready": then, if the log said `fired up and ready to
 //!   roll`, `GET /model_info` answering 200 confirms it; without that line (`--ready-on http`,
-//!   `wait --url`), `GET /health` answering 200 (503 until its warm-up is done) is readiness.
+//!   `wait --url`), `GET /health` answering 200 is readiness (503 until its warm-up is done in
+//!   0.5.14; some older versions answer 200 at once).
 //! - Node rank >= 1 of a multi-node launch serves no API: it starts its local scheduler ranks and
 //!   then SGLang's dummy health server on the same host:port (`/health`, `/health_generate`,
 //!   `/ping`). Ready when every local rank logged its last startup phase, then `/health` answers

@@ -1031,6 +1031,44 @@ fn stopped_having_counted(mut run: Run, log: &std::path::Path, requests: &str, t
     let _ = std::fs::remove_file(log);
 }
 
+/// A server that trusts forwarded headers from any peer (uvicorn's `FORWARDED_ALLOW_IPS=*`)
+/// logs the client a proxied request names, here on loopback with a port: no address in its
+/// log then tells a proxied request from one that went around the proxy, and none is claimed.
+#[test]
+fn a_proxied_request_naming_its_client_ends_the_count_rather_than_claim_a_bypass() {
+    let env = [("FORWARDED_ALLOW_IPS", "*")];
+    let (run, proxy, _, log) = start_with("proxy-forwarded-client", &[], &[], &env);
+    run.wait_event("server_info", T);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut c = TcpStream::connect(&proxy).unwrap();
+    write!(
+        c,
+        "POST /generate HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 127.0.0.1:5555\r\n\
+         Connection: close\r\nContent-Length: {}\r\n\r\n{BYPASS_BODY}",
+        BYPASS_BODY.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    c.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(wait_records(&log, 1).len(), 1);
+    // the server logged the named client, as a loopback client with a port
+    let server_log = std::fs::read_to_string(run.dir.join("server.log")).unwrap();
+    assert!(
+        server_log.contains("127.0.0.1:5555 - \"POST /generate"),
+        "{server_log}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let mut run = run;
+    run.stop_by_sigterm();
+    let claims: Vec<String> = ["generation request from", "went unmeasured"]
+        .iter()
+        .flat_map(|n| run.warnings_with(n))
+        .collect();
+    assert_eq!(claims, Vec::<String>::new());
+    let _ = std::fs::remove_file(&log);
+}
+
 /// A server with two tokenizer workers (a real 0.5.14 start, replayed) warms up twice, and the
 /// second warm-up may be logged after the request that starts the count: the first loopback
 /// request after it is taken for that warm-up, never claimed as a bypass (the count is a floor).
@@ -1077,6 +1115,8 @@ fn a_servers_log_from_behind_its_own_router_claims_no_bypass() {
             "--events",
         ])
         .arg(&events)
+        .arg("--log-file")
+        .arg(dir.join("server.log"))
         // the run measures the router's port (its server's argv names it last)
         .args([
             "--",
@@ -1115,7 +1155,51 @@ fn a_servers_log_from_behind_its_own_router_claims_no_bypass() {
         })
         .collect();
     assert_eq!(claims, Vec::<Value>::new());
+    // what would have been claimed: the router's requests, logged from loopback after the
+    // supervisor's request made once ready
+    let log = std::fs::read_to_string(dir.join("server.log")).unwrap();
+    let after_ready = log.find("GET /server_info?from=sglang-supervisor").unwrap();
+    assert_eq!(
+        log[after_ready..].matches("- \"POST /generate").count(),
+        2,
+        "{log}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Ready by HTTP alone, the server may not have logged its warm-up yet (an older SGLang's
+/// /health answers 200 at once): the supervisor's request made once ready is then the plain
+/// one, which starts no count of loopback clients.
+#[test]
+fn ready_by_http_alone_starts_no_count_of_loopback_clients() {
+    let (mut run, proxy, _, log) = start_with(
+        "proxy-ready-http",
+        &["--ready-on", "http"],
+        &["--healthy-before-ready-line", "2"],
+        &[],
+    );
+    run.wait_event("server_info", T);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(post(&proxy, "/generate", BYPASS_BODY)
+        .status
+        .contains("200"));
+    let server = format!("127.0.0.1:{}", run.port);
+    assert!(post(&server, "/generate", BYPASS_BODY)
+        .status
+        .contains("200"));
+    std::thread::sleep(Duration::from_millis(300));
+    let server_log = std::fs::read_to_string(run.dir.join("server.log")).unwrap();
+    assert!(
+        server_log.contains("\"GET /server_info HTTP/1.1\""),
+        "{server_log}"
+    );
+    assert!(
+        !server_log.contains("from=sglang-supervisor"),
+        "{server_log}"
+    );
+    run.stop_by_sigterm();
+    assert_eq!(run.warnings_with("went unmeasured"), Vec::<String>::new());
+    let _ = std::fs::remove_file(&log);
 }
 
 #[test]

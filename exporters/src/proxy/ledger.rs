@@ -44,6 +44,11 @@ impl Ledger {
         }
     }
 
+    /// A measured request named a client of its own ([`ProxyMetrics::forwarded_client`]).
+    pub fn forwarded_client(&self) {
+        self.metrics.forwarded_client.store(true, Ordering::Relaxed);
+    }
+
     fn leave(&self) {
         if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.signal_traffic(false);

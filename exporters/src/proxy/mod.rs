@@ -200,6 +200,32 @@ const HOP_BY_HOP: &[&str] = &[
     "transfer-encoding",
 ];
 
+/// Whether a request's forwarding headers name a client with a port (`X-Forwarded-For:
+/// 10.0.0.1:5555`, `Forwarded: for="[::1]:80"`). A server that trusts them (uvicorn's
+/// FORWARDED_ALLOW_IPS) logs that client and port; one named without a port is logged with port
+/// 0, which the supervisor knows for a forwarded client.
+fn names_a_client_with_a_port(headers: &hyper::HeaderMap) -> bool {
+    let with_port = |client: &str| {
+        let c = client.trim().trim_matches('"');
+        match c.strip_prefix('[') {
+            Some(v6) => v6.contains("]:"),
+            None => c.matches(':').count() == 1,
+        }
+    };
+    let values = |name| {
+        headers
+            .get_all(name)
+            .into_iter()
+            .filter_map(|v| v.to_str().ok())
+    };
+    values("x-forwarded-for").any(|v| v.split(',').any(with_port))
+        || values("forwarded").any(|v| {
+            v.split([',', ';'])
+                .filter_map(|kv| kv.trim().strip_prefix("for="))
+                .any(with_port)
+        })
+}
+
 /// The generation endpoints the proxy and the tap measure, by path (no query).
 pub fn measured_endpoint(path: &str) -> Option<(&'static str, Api)> {
     match path {
@@ -231,6 +257,9 @@ impl Proxy {
         });
         if started.is_some() {
             self.ledger.enter();
+            if names_a_client_with_a_port(req.headers()) {
+                self.ledger.forwarded_client();
+            }
         }
         // Until the response starts, a client that leaves drops this future: still recorded.
         let mut pending = Pending {
@@ -460,6 +489,33 @@ pub fn with_usage_asked(body: &[u8]) -> Option<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only a client named with a port is logged as a real-looking client by a server that
+    /// trusts the header: one without is logged with port 0.
+    #[test]
+    fn a_forwarding_header_names_a_client_with_a_port_only_where_it_has_one() {
+        let with = |pairs: &[(&'static str, &str)]| {
+            let mut h = hyper::HeaderMap::new();
+            for (k, v) in pairs {
+                h.append(*k, v.parse().unwrap());
+            }
+            names_a_client_with_a_port(&h)
+        };
+        assert!(with(&[("x-forwarded-for", "127.0.0.1:5555")]));
+        assert!(with(&[("x-forwarded-for", "10.0.0.1, 127.0.0.1:5555")]));
+        assert!(with(&[("x-forwarded-for", "[::1]:80")]));
+        assert!(with(&[(
+            "forwarded",
+            "for=\"[2001:db8::1]:4711\";proto=http"
+        )]));
+        assert!(with(&[("forwarded", "for=192.0.2.60:80")]));
+        for none in ["127.0.0.1", "::1", "10.0.0.1, 2001:db8::1", "[::1]"] {
+            assert!(!with(&[("x-forwarded-for", none)]), "{none}");
+        }
+        assert!(!with(&[("forwarded", "for=192.0.2.60;proto=http")]));
+        assert!(!with(&[("x-real-ip", "127.0.0.1:1")]));
+        assert!(!with(&[]));
+    }
 
     #[test]
     fn usage_is_asked_only_for_streams_that_did_not_ask() {

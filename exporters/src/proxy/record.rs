@@ -58,6 +58,11 @@ pub struct ProxyMetrics {
     pub prompt_tokens: Family<ReqLabels, Counter>,
     pub completion_tokens: Family<ReqLabels, Counter>,
     pub requests: Family<ReqLabels, Counter>,
+    /// A measured request came through the proxy naming a client of its own with a port
+    /// (X-Forwarded-For, Forwarded): a server that trusts the header logs that client, not the
+    /// proxy, so the clients in its access log no longer tell a proxied request from one that
+    /// went around the proxy.
+    pub forwarded_client: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ProxyMetrics {
@@ -71,6 +76,7 @@ impl ProxyMetrics {
             prompt_tokens: Family::default(),
             completion_tokens: Family::default(),
             requests: Family::default(),
+            forwarded_client: Default::default(),
         };
         let r = registry;
         let ttft_help = "Time to first token, measured by the proxy";

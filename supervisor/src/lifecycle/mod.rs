@@ -310,6 +310,8 @@ struct Services {
     proxy_addr: Option<SocketAddr>,
     /// Where the proxy's connections to the server come from, where it chose.
     proxy_source: Option<std::net::Ipv4Addr>,
+    /// What the proxy measures (and whether its clients named clients of their own).
+    proxy_metrics: Arc<sglang_exporters::proxy::ProxyMetrics>,
     /// `--tap`: reading the server's traffic until the server is down.
     tap: Option<sglang_exporters::tap::TapHandle>,
     /// The server's batch series (log lines, metrics, windows).
@@ -361,6 +363,7 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
     let series = crate::server_series::register(&mut registry, &metrics);
     let startup = crate::startup::register(&mut registry);
     let proxy_metrics = sglang_exporters::proxy::ProxyMetrics::register(&mut registry);
+    let proxy_metrics_kept = proxy_metrics.clone();
     let tap_metrics = sglang_exporters::tap::TapMetrics::register(&mut registry);
     let metrics_listener = crate::metrics_addr::serve(
         args.metrics_addr.as_deref(),
@@ -428,6 +431,7 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
         metrics_default_taken: metrics_listener.default_taken,
         proxy_addr,
         proxy_source,
+        proxy_metrics: proxy_metrics_kept,
         tap,
         series,
         startup,
@@ -724,6 +728,8 @@ struct Supervision {
     http_up_at: Option<f64>,
     /// When the server became ready (readiness confirmed by a request of ours).
     ready_at: Option<f64>,
+    /// The server logged its ready line, which SGLang writes once its warm-up is done.
+    ready_line_read: bool,
     fatal: Option<(FatalReason, String)>,
     last_traceback: Option<String>,
     ranks: BTreeMap<String, RankProgress>,
@@ -776,7 +782,8 @@ impl Supervision {
             services.proxy_addr,
             services.proxy_source,
             &services.url.host,
-        );
+        )
+        .map(|u| u.forwarded_when(services.proxy_metrics.clone()));
         Supervision {
             args,
             events,
@@ -786,6 +793,7 @@ impl Supervision {
             machine,
             http_up_at: None,
             ready_at: None,
+            ready_line_read: false,
             fatal: None,
             last_traceback: None,
             ranks: BTreeMap::new(),
@@ -884,7 +892,10 @@ impl Supervision {
     async fn on_log(&mut self, t: Timed) {
         let at = self.events.elapsed(t.at);
         match t.event {
-            LogEvent::Ready => self.input(Input::ReadyLine).await,
+            LogEvent::Ready => {
+                self.ready_line_read = true;
+                self.input(Input::ReadyLine).await
+            }
             LogEvent::ServerArgs(args) => {
                 self.startup.mark("server_args", at);
                 let mut info = args_info(&args);
@@ -1145,8 +1156,15 @@ impl Supervision {
         });
         if !self.node.serves_no_api() {
             // The version and the server's own view of its args, for the report (one cheap
-            // request). Its access line also tells the log parsers that any warm-up is logged.
-            let (info_url, ev) = (self.url.with_path(AFTER_READY), self.events.clone());
+            // request). After the ready line, its access line also tells the log parsers that
+            // the warm-up is logged: ready by HTTP alone may be before it (an older SGLang's
+            // /health answers 200 at once), and then it is the plain request, which starts
+            // no count of loopback clients.
+            let path = match self.ready_line_read {
+                true => AFTER_READY,
+                false => "/server_info",
+            };
+            let (info_url, ev) = (self.url.with_path(path), self.events.clone());
             tokio::spawn(async move {
                 if let Ok((200, body)) =
                     sglang_probes::http::get_body(&info_url, INFO_TIMEOUT, 4 << 20).await

@@ -7,11 +7,14 @@
 
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cli::RunArgs;
 use crate::listen_addr::{local, own_addresses, route_among, Route};
 use crate::logs::parse::LoopbackClients;
+use sglang_exporters::proxy::ProxyMetrics;
 
 /// What a tap on `lo` missing clients elsewhere should be given instead.
 pub(super) const TAP_ELSEWHERE: &str =
@@ -136,6 +139,11 @@ pub(super) struct Unseen {
     server_args_read: bool,
     /// Loopback clients are counted no more (a second server, or one on another port).
     loopback_off: bool,
+    /// Says whether the proxy forwarded a request naming a client of its own: from then on
+    /// the log's clients may be those, and nothing more is counted.
+    proxied: Option<Arc<ProxyMetrics>>,
+    /// Nothing more is counted (the proxy forwarded a request naming a client).
+    stopped: bool,
     /// The clients missed (the first [`MAX_CLIENTS`]; `more`: others came), the first of them.
     clients: HashSet<IpAddr>,
     more: bool,
@@ -190,10 +198,18 @@ impl Unseen {
             warm_ups_left: tokenizer_workers(&args.command).saturating_sub(1),
             server_args_read: false,
             loopback_off: false,
+            proxied: None,
+            stopped: false,
             clients: HashSet::new(),
             more: false,
             first: None,
         })
+    }
+
+    /// Reads `proxied`'s [`ProxyMetrics::forwarded_client`] before counting (with the proxy).
+    pub(super) fn forwarded_when(mut self, proxied: Arc<ProxyMetrics>) -> Self {
+        self.proxied = matches!(self.blind, Blind::Proxy { .. }).then_some(proxied);
+        self
     }
 
     /// The log is, at least in part, another server's than the one measured (uvicorn on
@@ -223,11 +239,12 @@ impl Unseen {
             _ => &self.own.insert((own_addresses(), now)).0,
         };
         let route = route_among(addr, own);
-        if !self.blind.misses(route, addr) {
+        if self.stopped || !self.blind.misses(route, addr) || self.forwarded() {
             return None;
         }
         if route == Route::Loopback {
-            if self.loopback_off {
+            // without the server's arguments, how many workers warm up is not known
+            if self.loopback_off || !self.server_args_read {
                 return None;
             }
             if self.warm_ups_left > 0 {
@@ -252,6 +269,24 @@ impl Unseen {
         Some(format!(
             "the server's access log shows a generation request from {addr}, {how}"
         ))
+    }
+
+    /// Whether the proxy forwarded a request that named a client: said once when first seen.
+    fn forwarded(&mut self) -> bool {
+        let Some(m) = &self.proxied else {
+            return false;
+        };
+        if !m.forwarded_client.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.proxied = None;
+        self.stopped = true;
+        tracing::info!(
+            "a request through the proxy named a client of its own with a port \
+             (X-Forwarded-For or Forwarded), which a server that trusts it logs instead of the \
+             proxy: requests that went around the proxy are counted no more"
+        );
+        true
     }
 
     /// At the end, how many went unmeasured, where any did.
@@ -434,7 +469,8 @@ mod tests {
     /// With several tokenizer workers each warms itself up, and only the first to be ready is
     /// logged for sure before the count starts: as many loopback requests as the other workers
     /// are taken for their warm-ups. A second server in the run (its arguments read again) has
-    /// warm-ups of its own that nothing tells apart: loopback clients are counted no more.
+    /// warm-ups of its own that nothing tells apart: loopback clients are counted no more; nor
+    /// before the server's arguments are read, when how many workers warm up is not known.
     #[test]
     fn the_other_tokenizer_workers_warm_ups_and_a_second_servers_are_not_counted() {
         let proxy = Some("127.0.0.1:31000".parse().unwrap());
@@ -461,19 +497,17 @@ mod tests {
         assert_eq!(counted(&[], Some(3), &[lo, lo, lo]), 1);
         // a client elsewhere is no warm-up
         assert_eq!(counted(&[], Some(2), &[away, lo, lo]), 2);
-        // from the command line where the log gives no arguments, in either form
-        assert_eq!(
-            counted(&["--", "x", "--tokenizer-worker-num", "2"], None, &[lo, lo]),
-            1
-        );
-        assert_eq!(
-            counted(&["--", "x", "--tokenizer-worker-num=4"], None, &[lo; 4]),
-            1
-        );
+        // the larger of the command line's, in either form, and the log's
+        let flags = |w: &'static str| ["--", "x", "--tokenizer-worker-num", w];
+        assert_eq!(counted(&flags("2"), Some(1), &[lo, lo]), 1);
         assert_eq!(
             counted(&["--", "x", "--tokenizer-worker-num=4"], Some(1), &[lo; 4]),
             1
         );
+        assert_eq!(counted(&flags("2"), Some(4), &[lo; 4]), 1);
+        // a log whose arguments were not read: how many warm up is not known, so no loopback
+        // client is counted (a client elsewhere still is)
+        assert_eq!(counted(&[], None, &[lo, lo, away]), 1);
         // a second server: loopback no more, elsewhere still
         let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
         u.own = Some((Vec::new(), Instant::now()));
@@ -491,6 +525,7 @@ mod tests {
         let source = Some(Ipv4Addr::new(127, 0, 0, 2));
         let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
         u.own = Some((Vec::new(), Instant::now()));
+        u.server_args(&serde_json::Map::new());
         assert_eq!(u.request("127.0.0.2".parse().unwrap()), None);
         let here = u.request("127.0.0.1".parse().unwrap()).unwrap();
         assert_eq!(

@@ -105,6 +105,10 @@ struct Args {
     /// Print the ready line `--ready-lines` times (multi-worker servers print it per worker).
     #[arg(long, default_value_t = 1)]
     ready_lines: u32,
+    /// Answer /health 200 this many seconds before the ready line is printed (an older SGLang,
+    /// whose /health did not wait for its warm-up).
+    #[arg(long, default_value_t = 0.0)]
+    healthy_before_ready_line: f64,
     /// Write the wall-clock time (ns since epoch) of the ready line here, just before printing it.
     #[arg(long)]
     ready_stamp: Option<PathBuf>,
@@ -546,6 +550,9 @@ fn version_at_least(v: &str, a: u32, b: u32, c: u32) -> bool {
 
 fn announce_ready(args: &Args) {
     READY.store(true, Ordering::SeqCst);
+    if args.healthy_before_ready_line > 0.0 {
+        std::thread::sleep(Duration::from_secs_f64(args.healthy_before_ready_line));
+    }
     if let Some(p) = &args.ready_stamp {
         let ns = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -822,9 +829,16 @@ fn serve(conn: TcpStream, fx: &HttpFixtures) -> Result<()> {
                 forwarded_for = v.rsplit(',').next().map(|c| c.trim().to_string());
             }
         }
-        // uvicorn's proxy headers, on by default and trusting 127.0.0.1: the forwarded client,
-        // with port 0, stands for the peer.
-        let client = match forwarded_for.filter(|_| peer.starts_with("127.0.0.1:")) {
+        // uvicorn's proxy headers, on by default and trusting FORWARDED_ALLOW_IPS (127.0.0.1
+        // unless set; `*` trusts every peer): the forwarded client stands for the peer, with
+        // the port it names (`IP:PORT`) or 0.
+        let trusted = std::env::var("FORWARDED_ALLOW_IPS").unwrap_or_else(|_| "127.0.0.1".into());
+        let peer_ip = peer.rsplit_once(':').map_or(peer.as_str(), |(ip, _)| ip);
+        let trusts = trusted
+            .split(',')
+            .any(|t| t.trim() == "*" || t.trim() == peer_ip);
+        let client = match forwarded_for.filter(|_| trusts) {
+            Some(c) if c.matches(':').count() == 1 => c,
             Some(c) => format!("{c}:0"),
             None => peer.clone(),
         };
