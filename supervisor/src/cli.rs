@@ -463,8 +463,9 @@ pub struct RunArgs {
     /// its ready line (after its warm-up). That count is a floor: with N tokenizer workers, the
     /// first N-1 such requests are taken for the other workers' warm-ups; loopback clients are
     /// not counted before the server's arguments are logged, nor after a second server start in
-    /// the run, nor where the log's uvicorn listens on another port than the one measured (a
-    /// router's worker), nor where ready came by HTTP before the ready line; and once a proxied
+    /// the run or a worker started again once ready (a worker lost or begun, a ready line more
+    /// than the workers), nor where the log's uvicorn listens on another port than the one
+    /// measured (a router's worker), nor where ready came by HTTP before the ready line; and once a proxied
     /// request names a client of its own with a port (X-Forwarded-For, Forwarded), which a
     /// server trusting it logs instead of the proxy, nothing more is counted.
     #[arg(long, env = "SGLANG_SUPERVISOR_PROXY_ADDR", value_name = "ADDR")]

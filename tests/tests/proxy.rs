@@ -1091,6 +1091,26 @@ fn with_two_tokenizer_workers_the_second_warm_up_is_not_claimed_as_a_bypass() {
     stopped_having_counted(run, &requests, "1 generation request", "it");
 }
 
+/// A ready line more than the server has tokenizer workers: uvicorn started a worker again,
+/// whose warm-up may come after the count began. Loopback clients are counted no more.
+#[test]
+fn a_worker_started_again_ends_the_count_of_loopback_clients() {
+    let log = common::fixture("F_tokworkers2/server.log");
+    let replay = ["--log", log.to_str().unwrap(), "--ready-lines", "3"];
+    let (run, _proxy, requests) = counting_bypasses("proxy-bypassed-respawn", &replay);
+    let server = format!("127.0.0.1:{}", run.port);
+    for _ in 0..2 {
+        assert!(post(&server, "/generate", BYPASS_BODY)
+            .status
+            .contains("200"));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let mut run = run;
+    run.stop_by_sigterm();
+    assert_eq!(run.warnings_with("went unmeasured"), Vec::<String>::new());
+    let _ = std::fs::remove_file(&requests);
+}
+
 /// A server behind a router of its own (here a byte relay on the port the run measures, the
 /// server on another): the server logs the router's requests from loopback, and uvicorn says it
 /// listens on another port than the run's. None of those is claimed to have bypassed the proxy.

@@ -212,11 +212,15 @@ fn names_a_client_with_a_port(headers: &hyper::HeaderMap) -> bool {
             None => c.matches(':').count() == 1,
         }
     };
+    // read as uvicorn reads them: Latin-1, every byte a character (a value that is not
+    // visible ASCII is still read, and a client named in it still counts)
     let values = |name| {
-        headers
-            .get_all(name)
-            .into_iter()
-            .filter_map(|v| v.to_str().ok())
+        headers.get_all(name).into_iter().map(|v| {
+            v.as_bytes()
+                .iter()
+                .map(|&b| char::from(b))
+                .collect::<String>()
+        })
     };
     values("x-forwarded-for").any(|v| v.split(',').any(with_port))
         || values("forwarded").any(|v| {
@@ -514,6 +518,11 @@ mod tests {
         }
         assert!(!with(&[("forwarded", "for=192.0.2.60;proto=http")]));
         assert!(!with(&[("x-real-ip", "127.0.0.1:1")]));
+        // bytes past ASCII, read as Latin-1; U+00A0 is white space to both uvicorn and this
+        let mut h = hyper::HeaderMap::new();
+        let v = hyper::header::HeaderValue::from_bytes(b"\xa0127.0.0.1:7777, \xe9").unwrap();
+        h.append("x-forwarded-for", v);
+        assert!(names_a_client_with_a_port(&h));
         assert!(!with(&[]));
     }
 

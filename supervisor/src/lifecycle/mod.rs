@@ -894,6 +894,9 @@ impl Supervision {
         match t.event {
             LogEvent::Ready => {
                 self.ready_line_read = true;
+                if let Some(u) = &mut self.unseen {
+                    u.ready_line();
+                }
                 self.input(Input::ReadyLine).await
             }
             LogEvent::ServerArgs(args) => {
@@ -943,7 +946,11 @@ impl Supervision {
             // readers; none arrive here.
             LogEvent::Batch { .. } | LogEvent::Retraction { .. } => {}
             LogEvent::Traceback { excerpt } => self.last_traceback = Some(excerpt),
+            // A worker begun or lost once the server was ready: the one uvicorn starts in its
+            // place warms itself up from loopback again, after the count began.
+            LogEvent::ServerProcess => self.worker_replaced(),
             LogEvent::WorkerDied { line } => {
+                self.worker_replaced();
                 self.worker_deaths += 1;
                 self.warn(line.clone());
                 if self.worker_deaths >= WORKER_DEATHS_FATAL && !self.machine.is_ready() {
@@ -970,6 +977,12 @@ impl Supervision {
     /// copies only this machine's own traffic, one on another interface misses it, the proxy
     /// sees only what is sent to it). The first is said at once, the count at the end
     /// ([`Self::teardown`]).
+    fn worker_replaced(&mut self) {
+        if let Some(u) = self.unseen.as_mut().filter(|_| self.ready_line_read) {
+            u.loopback_off();
+        }
+    }
+
     fn on_client(&mut self, addr: std::net::IpAddr) {
         if let Some(message) = self.unseen.as_mut().and_then(|u| u.request(addr)) {
             self.warn_ours(message);

@@ -134,6 +134,10 @@ pub(super) struct Unseen {
     /// itself up, and only the first to be ready is sure to be logged before the request that
     /// starts the count (the rest may come after it). Past them, the count is a floor.
     warm_ups_left: u64,
+    /// The tokenizer workers, as far as known, and the ready lines read: one each, more means
+    /// a worker started again (and warmed up again).
+    workers: u64,
+    ready_lines: u64,
     /// The server's arguments were read: a second time means a second server in the run, whose
     /// warm-ups nothing tells apart, so loopback clients are counted no more.
     server_args_read: bool,
@@ -196,6 +200,8 @@ impl Unseen {
             own: None,
             requests: 0,
             warm_ups_left: tokenizer_workers(&args.command).saturating_sub(1),
+            workers: tokenizer_workers(&args.command),
+            ready_lines: 0,
             server_args_read: false,
             loopback_off: false,
             proxied: None,
@@ -225,9 +231,17 @@ impl Unseen {
             return;
         }
         let workers = args.get("tokenizer_worker_num").and_then(|v| v.as_u64());
-        self.warm_ups_left = self
-            .warm_ups_left
-            .max(workers.unwrap_or(1).saturating_sub(1));
+        self.workers = self.workers.max(workers.unwrap_or(1));
+        self.warm_ups_left = self.warm_ups_left.max(self.workers.saturating_sub(1));
+    }
+
+    /// The server's ready line: one a tokenizer worker, each after its warm-up; past them, a
+    /// worker started again, whose warm-up may have come after the count began.
+    pub(super) fn ready_line(&mut self) {
+        self.ready_lines += 1;
+        if self.ready_lines > self.workers {
+            self.loopback_off = true;
+        }
     }
 
     /// A generation request from `addr` in the access log: the warning to give
@@ -508,6 +522,20 @@ mod tests {
         // a log whose arguments were not read: how many warm up is not known, so no loopback
         // client is counted (a client elsewhere still is)
         assert_eq!(counted(&[], None, &[lo, lo, away]), 1);
+        // a ready line past one a worker: a worker started again, its warm-up maybe after the
+        // count began; loopback no more
+        let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
+        u.own = Some((Vec::new(), Instant::now()));
+        u.server_args(&args(2));
+        u.ready_line();
+        u.ready_line();
+        u.request(lo);
+        u.request(lo);
+        assert_eq!(u.requests, 1);
+        u.ready_line();
+        u.request(lo);
+        u.request(away);
+        assert_eq!(u.requests, 2);
         // a second server: loopback no more, elsewhere still
         let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
         u.own = Some((Vec::new(), Instant::now()));

@@ -54,6 +54,9 @@ pub enum LogEvent {
     Traceback {
         excerpt: String,
     },
+    /// uvicorn's `Started server process [N]`: a worker process began (at the start, or when
+    /// uvicorn replaces one).
+    ServerProcess,
     /// uvicorn's `Child process [N] died`: a tokenizer worker killed by uvicorn's health check.
     WorkerDied {
         line: String,
@@ -259,6 +262,7 @@ enum Pat {
     ArgparseError,
     PyWarning,
     WorkerDied,
+    ServerProcess,
     SchedulerExc,
     DetokExc,
     InitFailed,
@@ -279,6 +283,7 @@ const PATTERNS: &[(&str, Pat)] = &[
     (": error: ", Pat::ArgparseError),
     ("Warning:", Pat::PyWarning),
     ("Child process [", Pat::WorkerDied),
+    ("Started server process [", Pat::ServerProcess),
     ("Scheduler hit an exception", Pat::SchedulerExc),
     ("DetokenizerManager hit an exception", Pat::DetokExc),
     ("Initialization failed", Pat::InitFailed),
@@ -681,6 +686,7 @@ impl LogParser {
                 out.event(LogEvent::WorkerDied { line: clip(line) })
             }
             Pat::WorkerDied => {}
+            Pat::ServerProcess => out.event(LogEvent::ServerProcess),
             Pat::PyWarning if is_python_warning(msg) => {
                 out.event(LogEvent::Warning {
                     message: clip(msg.trim()),
@@ -1214,6 +1220,10 @@ mod tests {
             &events(&["[2026-12-02 09:33:23] INFO:     Child process [2870] died"])[..],
             [LogEvent::WorkerDied { .. }]
         ));
+        assert_eq!(
+            events(&["[2026-12-02 09:33:24] INFO:     Started server process [2871]"]),
+            [LogEvent::ServerProcess]
+        );
         // "error:" inside ordinary text is not argparse.
         assert!(events(&["[2026-12-02 09:23:13] [http_server] Error: Either text, input_ids or input_embeds should be provided."]).is_empty());
         assert!(events(&["[2026-12-02 09:23:13] request failed: error: timeout [x]"]).is_empty());
