@@ -130,19 +130,8 @@ pub(super) struct Unseen {
     /// This machine's addresses, and when they were read.
     own: Option<(Vec<IpAddr>, Instant)>,
     requests: u64,
-    /// Loopback requests still taken for warm-ups: with several tokenizer workers, each warms
-    /// itself up, and only the first to be ready is sure to be logged before the request that
-    /// starts the count (the rest may come after it). Past them, the count is a floor.
-    warm_ups_left: u64,
-    /// The tokenizer workers, as far as known, and the ready lines read: one each, more means
-    /// a worker started again (and warmed up again).
-    workers: u64,
-    ready_lines: u64,
-    /// The server's arguments were read: a second time means a second server in the run, whose
-    /// warm-ups nothing tells apart, so loopback clients are counted no more.
-    server_args_read: bool,
-    /// Loopback clients are counted no more (a second server, or one on another port).
-    loopback_off: bool,
+    /// Whether loopback clients are counted, as the server's log has told so far.
+    loopback: Loopback,
     /// Says whether the proxy forwarded a request naming a client of its own: from then on
     /// the log's clients may be those, and nothing more is counted.
     proxied: Option<Arc<ProxyMetrics>>,
@@ -152,6 +141,108 @@ pub(super) struct Unseen {
     clients: HashSet<IpAddr>,
     more: bool,
     first: Option<IpAddr>,
+}
+
+/// Whether loopback clients are counted. Each tokenizer worker warms itself up from loopback,
+/// and only the first to be ready is sure to be logged before the request that starts the
+/// count: as many loopback requests as there are other workers are taken for their warm-ups
+/// (past them, the count is a floor). Anything that may bring another warm-up later ends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loopback {
+    /// The server's arguments are not read yet: how many workers warm up is not known.
+    /// `workers`: as the command line says.
+    Unknown { workers: u64, ready_lines: u64 },
+    /// Counted, once `warm_ups_left` more are taken for warm-ups; `ready_lines`: those read,
+    /// one a worker (each after its warm-up).
+    Counted {
+        workers: u64,
+        warm_ups_left: u64,
+        ready_lines: u64,
+    },
+    /// Counted no more: a second server start, a worker started again, a log (also) written
+    /// by a server on another port.
+    Off,
+}
+
+impl Loopback {
+    /// The server's arguments were read (a second time: a second server in the run, whose
+    /// warm-ups nothing tells apart).
+    fn server_args(self, logged_workers: Option<u64>) -> Loopback {
+        match self {
+            Loopback::Unknown {
+                workers,
+                ready_lines,
+            } => {
+                let workers = workers.max(logged_workers.unwrap_or(1));
+                Loopback::Counted {
+                    workers,
+                    warm_ups_left: workers - 1,
+                    ready_lines,
+                }
+                .ready_lines_within()
+            }
+            Loopback::Counted { .. } | Loopback::Off => Loopback::Off,
+        }
+    }
+
+    /// A ready line: past one a worker, a worker started again, whose warm-up may come after
+    /// the count began.
+    fn ready_line(self) -> Loopback {
+        match self {
+            Loopback::Unknown {
+                workers,
+                ready_lines,
+            } => Loopback::Unknown {
+                workers,
+                ready_lines: ready_lines + 1,
+            },
+            Loopback::Counted {
+                workers,
+                warm_ups_left,
+                ready_lines,
+            } => Loopback::Counted {
+                workers,
+                warm_ups_left,
+                ready_lines: ready_lines + 1,
+            }
+            .ready_lines_within(),
+            Loopback::Off => Loopback::Off,
+        }
+    }
+
+    /// Off where more ready lines were read than there are workers.
+    fn ready_lines_within(self) -> Loopback {
+        match self {
+            Loopback::Counted {
+                workers,
+                ready_lines,
+                ..
+            } if ready_lines > workers => Loopback::Off,
+            other => other,
+        }
+    }
+
+    /// A loopback client's request: whether it counts, and what is left.
+    fn request(self) -> (bool, Loopback) {
+        match self {
+            Loopback::Counted {
+                warm_ups_left: 0, ..
+            } => (true, self),
+            Loopback::Counted {
+                workers,
+                warm_ups_left,
+                ready_lines,
+            } => (
+                false,
+                Loopback::Counted {
+                    workers,
+                    warm_ups_left: warm_ups_left - 1,
+                    ready_lines,
+                },
+            ),
+            Loopback::Unknown { .. } | Loopback::Off => (false, self),
+        }
+    }
 }
 
 impl Unseen {
@@ -199,11 +290,10 @@ impl Unseen {
             how_on_loopback,
             own: None,
             requests: 0,
-            warm_ups_left: tokenizer_workers(&args.command).saturating_sub(1),
-            workers: tokenizer_workers(&args.command),
-            ready_lines: 0,
-            server_args_read: false,
-            loopback_off: false,
+            loopback: Loopback::Unknown {
+                workers: tokenizer_workers(&args.command),
+                ready_lines: 0,
+            },
             proxied: None,
             stopped: false,
             clients: HashSet::new(),
@@ -218,30 +308,22 @@ impl Unseen {
         self
     }
 
-    /// The log is, at least in part, another server's than the one measured (uvicorn on
-    /// another port): its loopback clients may be that server's own (a router in front of it).
+    /// Loopback clients are counted no more: the log is, at least in part, another server's
+    /// than the one measured (uvicorn on another port: a router in front of it), or a worker
+    /// began or was lost once the server was ready (the one started in its place warms up).
     pub(super) fn loopback_off(&mut self) {
-        self.loopback_off = true;
+        self.loopback = Loopback::Off;
     }
 
     /// The server's arguments, as its log gave them.
     pub(super) fn server_args(&mut self, args: &serde_json::Map<String, serde_json::Value>) {
-        if std::mem::replace(&mut self.server_args_read, true) {
-            self.loopback_off = true;
-            return;
-        }
         let workers = args.get("tokenizer_worker_num").and_then(|v| v.as_u64());
-        self.workers = self.workers.max(workers.unwrap_or(1));
-        self.warm_ups_left = self.warm_ups_left.max(self.workers.saturating_sub(1));
+        self.loopback = self.loopback.server_args(workers);
     }
 
-    /// The server's ready line: one a tokenizer worker, each after its warm-up; past them, a
-    /// worker started again, whose warm-up may have come after the count began.
+    /// The server's ready line.
     pub(super) fn ready_line(&mut self) {
-        self.ready_lines += 1;
-        if self.ready_lines > self.workers {
-            self.loopback_off = true;
-        }
+        self.loopback = self.loopback.ready_line();
     }
 
     /// A generation request from `addr` in the access log: the warning to give
@@ -257,12 +339,9 @@ impl Unseen {
             return None;
         }
         if route == Route::Loopback {
-            // without the server's arguments, how many workers warm up is not known
-            if self.loopback_off || !self.server_args_read {
-                return None;
-            }
-            if self.warm_ups_left > 0 {
-                self.warm_ups_left -= 1;
+            let counts;
+            (counts, self.loopback) = self.loopback.request();
+            if !counts {
                 return None;
             }
         }
@@ -536,6 +615,14 @@ mod tests {
         u.request(lo);
         u.request(away);
         assert_eq!(u.requests, 2);
+        // ready lines read before the arguments count as well
+        let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
+        u.own = Some((Vec::new(), Instant::now()));
+        u.ready_line();
+        u.ready_line();
+        u.server_args(&args(1));
+        u.request(lo);
+        assert_eq!((u.requests, u.loopback), (0, Loopback::Off));
         // a second server: loopback no more, elsewhere still
         let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
         u.own = Some((Vec::new(), Instant::now()));
