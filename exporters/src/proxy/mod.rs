@@ -93,10 +93,13 @@ pub fn upstream_source(upstream: &str) -> Option<Ipv4Addr> {
     (lo && upstream::bound_to(LOOPBACK_SOURCE).is_ok()).then_some(LOOPBACK_SOURCE)
 }
 
-/// Bind now, serve in the background; `upstream` like `http://127.0.0.1:30000`.
+/// Bind now, serve in the background; `upstream` like `http://127.0.0.1:30000`, `source` where
+/// the connections to it come from ([`upstream_source`]: the caller reads the server's log by
+/// it, so it is asked once and given here).
 pub async fn start(
     addr: &str,
     upstream: &str,
+    source: Option<Ipv4Addr>,
     metrics: Arc<ProxyMetrics>,
     stats: Arc<crate::report::RequestStats>,
     requests_log: Option<std::fs::File>,
@@ -123,7 +126,7 @@ pub async fn start(
         }
     };
     let proxy = Arc::new(Proxy {
-        source: upstream_source(&upstream.to_string()),
+        source,
         upstream,
         upstream_addr,
         ledger: Ledger::new(metrics, stats, requests_log, traffic_window),

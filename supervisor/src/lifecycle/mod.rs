@@ -392,6 +392,7 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
                 let proxy = sglang_exporters::proxy::start(
                     addr,
                     &upstream,
+                    proxy_source,
                     proxy_metrics,
                     stats,
                     log,

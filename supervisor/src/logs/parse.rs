@@ -78,11 +78,11 @@ pub enum LogEvent {
 /// a benchmark's clients, bounded whatever the traffic (more are read in full, line by line).
 pub const MAX_CLIENTS: usize = 16;
 
-/// The request the supervisor sends once the server is ready. SGLang's own warm-up requests
-/// come from loopback and are logged before it is ready, so before this request's access line,
-/// on the same pipe (uvicorn logs a request before answering it): loopback clients are told
-/// only after that line. The server's ready line comes on the other pipe, which may be read
-/// first.
+/// The request the supervisor sends once the server is ready, where its ready line was read
+/// (SGLang writes it after its warm-up). SGLang's own warm-up requests come from loopback and
+/// are logged before, so before this request's access line, on the same pipe (uvicorn logs a
+/// request before answering it): loopback clients are told only after that line. The ready
+/// line comes on the other pipe, which may be read first.
 pub const AFTER_READY: &str = "/server_info?from=sglang-supervisor";
 
 /// Which loopback clients' generation requests a parser tells of.
