@@ -1052,12 +1052,16 @@ fn a_proxied_request_naming_its_client_ends_the_count_rather_than_claim_a_bypass
     c.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert_eq!(wait_records(&log, 1).len(), 1);
-    // the server logged the named client, as a loopback client with a port
-    let server_log = std::fs::read_to_string(run.dir.join("server.log")).unwrap();
-    assert!(
-        server_log.contains("127.0.0.1:5555 - \"POST /generate"),
-        "{server_log}"
-    );
+    // the server logged the named client, as a loopback client with a port (the replay
+    // server logs a request once answered, and the run's log file follows)
+    let named = "127.0.0.1:5555 - \"POST /generate";
+    let end = Instant::now() + T;
+    let mut server_log = String::new();
+    while !server_log.contains(named) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+        server_log = std::fs::read_to_string(run.dir.join("server.log")).unwrap_or_default();
+    }
+    assert!(server_log.contains(named), "{server_log}");
     std::thread::sleep(Duration::from_millis(300));
     let mut run = run;
     run.stop_by_sigterm();
@@ -1208,6 +1212,7 @@ fn ready_by_http_alone_starts_no_count_of_loopback_clients() {
         .status
         .contains("200"));
     std::thread::sleep(Duration::from_millis(300));
+    run.stop_by_sigterm();
     let server_log = std::fs::read_to_string(run.dir.join("server.log")).unwrap();
     assert!(
         server_log.contains("\"GET /server_info HTTP/1.1\""),
@@ -1217,7 +1222,6 @@ fn ready_by_http_alone_starts_no_count_of_loopback_clients() {
         !server_log.contains("from=sglang-supervisor"),
         "{server_log}"
     );
-    run.stop_by_sigterm();
     assert_eq!(run.warnings_with("went unmeasured"), Vec::<String>::new());
     let _ = std::fs::remove_file(&log);
 }

@@ -750,6 +750,7 @@ mod exactly_once_tests {
             let proxy = start(
                 "127.0.0.1:0",
                 &format!("http://{upstream}"),
+                None,
                 metrics,
                 stats.clone(),
                 Some(log),
@@ -802,6 +803,7 @@ mod exactly_once_tests {
         let proxy = start(
             "127.0.0.1:0",
             &format!("http://{upstream}"),
+            None,
             metrics,
             stats,
             None,
@@ -829,6 +831,7 @@ mod exactly_once_tests {
             let e = start(
                 "127.0.0.1:0",
                 url,
+                None,
                 metrics.clone(),
                 stats.clone(),
                 None,
