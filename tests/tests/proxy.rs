@@ -1010,10 +1010,34 @@ fn a_loopback_client_that_goes_straight_to_the_server_is_named_and_counted_with_
 /// made once ready was answered (its access line then follows), and the proxy's address and
 /// its requests log.
 fn counting_bypasses(name: &str, replay: &[&str]) -> (Run, String, std::path::PathBuf) {
-    let (run, proxy, _, log) = start_with(name, &[], replay, &[]);
+    counting_bypasses_with(name, replay, &[])
+}
+
+/// [`counting_bypasses`] with more of the server's environment.
+fn counting_bypasses_with(
+    name: &str,
+    replay: &[&str],
+    env: &[(&str, &str)],
+) -> (Run, String, std::path::PathBuf) {
+    let (run, proxy, _, log) = start_with(name, &[], replay, env);
     run.wait_event("server_info", T);
     std::thread::sleep(Duration::from_millis(200));
     (run, proxy, log)
+}
+
+/// POST /generate through the proxy naming a client of its own (X-Forwarded-For), answered 200.
+fn post_forwarded(proxy: &str, client: &str, body: &str) {
+    let mut c = TcpStream::connect(proxy).unwrap();
+    write!(
+        c,
+        "POST /generate HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: {client}\r\n\
+         Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    c.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
 
 const BYPASS_BODY: &str = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
@@ -1037,20 +1061,8 @@ fn stopped_having_counted(mut run: Run, log: &std::path::Path, requests: &str, t
 #[test]
 fn a_proxied_request_naming_its_client_ends_the_count_rather_than_claim_a_bypass() {
     let env = [("FORWARDED_ALLOW_IPS", "*")];
-    let (run, proxy, _, log) = start_with("proxy-forwarded-client", &[], &[], &env);
-    run.wait_event("server_info", T);
-    std::thread::sleep(Duration::from_millis(200));
-    let mut c = TcpStream::connect(&proxy).unwrap();
-    write!(
-        c,
-        "POST /generate HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 127.0.0.1:5555\r\n\
-         Connection: close\r\nContent-Length: {}\r\n\r\n{BYPASS_BODY}",
-        BYPASS_BODY.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    c.read_to_string(&mut answer).unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let (run, proxy, log) = counting_bypasses_with("proxy-forwarded-client", &[], &env);
+    post_forwarded(&proxy, "127.0.0.1:5555", BYPASS_BODY);
     assert_eq!(wait_records(&log, 1).len(), 1);
     // the server logged the named client, as a loopback client with a port (the replay
     // server logs a request once answered, and the run's log file follows)
@@ -1077,7 +1089,7 @@ fn a_proxied_request_naming_its_client_ends_the_count_rather_than_claim_a_bypass
 /// second warm-up may be logged after the request that starts the count: the first loopback
 /// request after it is taken for that warm-up, never claimed as a bypass (the count is a floor).
 #[test]
-fn with_two_tokenizer_workers_the_second_warm_up_is_not_claimed_as_a_bypass() {
+fn with_two_tokenizer_workers_the_first_loopback_request_counted_is_taken_for_the_second_warm_up() {
     let log = common::fixture("F_tokworkers2/server.log");
     let replay = ["--log", log.to_str().unwrap(), "--ready-lines", "2"];
     let (run, _proxy, requests) = counting_bypasses("proxy-bypassed-tokworkers", &replay);
@@ -1237,17 +1249,7 @@ fn a_client_elsewhere_that_goes_straight_to_the_server_is_named_with_the_proxy()
     let needle = "access log shows a generation request from";
     // Through the proxy with a forwarded client: uvicorn logs it (port 0), yet the request
     // came through the proxy. And a probe from the other host straight to the server.
-    let mut c = TcpStream::connect(&proxy).unwrap();
-    write!(
-        c,
-        "POST /generate HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 198.51.100.20\r\n\
-         Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    c.read_to_string(&mut answer).unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    post_forwarded(&proxy, "198.51.100.20", body);
     let server_there = format!("{}:{}", other.here, run.port);
     assert_eq!(other.get(&server_there, "/health"), "200");
     assert_eq!(wait_records(&log, 1).len(), 1);
