@@ -17,7 +17,7 @@ use crate::child::{self, ExitStatus, SpawnSpec};
 use crate::cli::{ReadyOn, RunArgs};
 use crate::events::{round_ms, Event, Events, FatalReason, PhaseName, Stage};
 use crate::exit;
-use crate::logs::parse::{LogEvent, AFTER_READY};
+use crate::logs::parse::{LogEvent, LoopbackClients, AFTER_READY};
 use crate::logs::tee::{self, LogFile, Shared, StreamStats, Timed};
 use crate::readiness::{self, Evidence, Node};
 use crate::redact::{redact_argv, Secrets};
@@ -593,7 +593,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
         services.url.clone(),
         node,
         &services,
-        &watch,
+        &mut watch,
         t0,
     );
     let tap = services.tap.take();
@@ -617,6 +617,9 @@ struct Watch {
     sentinel: Option<Sentinel>,
     /// Our own helper processes, never part of the server's tree.
     exclude: Vec<i32>,
+    /// The requests the run's measuring misses, counted by the supervision (taken by it); the
+    /// log parsers were told which loopback clients to tell of from it.
+    unseen: Option<Unseen>,
 }
 
 impl Watch {
@@ -669,6 +672,13 @@ impl Watch {
             }
         }
         let exclude: Vec<i32> = sentinel.iter().map(|s| s.pid).collect();
+        let unseen = Unseen::new(
+            args,
+            services.proxy_addr,
+            services.proxy_source,
+            &services.url.host,
+        )
+        .map(|u| u.forwarded_when(services.proxy_metrics.clone()));
         let (log_tx, log_rx) = mpsc::unbounded_channel::<Timed>();
         let shared = Shared::telling(
             LogFile::new(
@@ -678,12 +688,9 @@ impl Watch {
             .warn_to(log_tx.clone()),
             args.redact_log.then_some(secrets),
             services.series.clone(),
-            unseen::loopback_clients(
-                args,
-                services.proxy_addr,
-                services.proxy_source,
-                &services.url.host,
-            ),
+            unseen
+                .as_ref()
+                .map_or(LoopbackClients::Skipped, Unseen::loopback_clients),
         );
         let tee_to = |fd| (!args.no_tee).then(|| tee::terminal(fd));
         let pipes = [
@@ -706,6 +713,7 @@ impl Watch {
             shared,
             sentinel,
             exclude,
+            unseen,
         })
     }
 }
@@ -760,7 +768,7 @@ impl Supervision {
         url: HttpUrl,
         node: Node,
         services: &Services,
-        watch: &Watch,
+        watch: &mut Watch,
         t0: Instant,
     ) -> Self {
         let (check_tx, check_rx) = mpsc::unbounded_channel();
@@ -778,13 +786,7 @@ impl Supervision {
         if let Some((rank, nnodes)) = node.multi() {
             tracing::info!("node rank {rank} of {nnodes}");
         }
-        let unseen = Unseen::new(
-            &args,
-            services.proxy_addr,
-            services.proxy_source,
-            &services.url.host,
-        )
-        .map(|u| u.forwarded_when(services.proxy_metrics.clone()));
+        let unseen = watch.unseen.take();
         Supervision {
             args,
             events,
@@ -947,8 +949,6 @@ impl Supervision {
             // readers; none arrive here.
             LogEvent::Batch { .. } | LogEvent::Retraction { .. } => {}
             LogEvent::Traceback { excerpt } => self.last_traceback = Some(excerpt),
-            // A worker begun or lost once the server was ready: the one uvicorn starts in its
-            // place warms itself up from loopback again, after the count began.
             LogEvent::ServerProcess => self.worker_replaced(),
             LogEvent::WorkerDied { line } => {
                 self.worker_replaced();
@@ -973,17 +973,18 @@ impl Supervision {
         }
     }
 
-    /// A generation request in the server's access log from a client not on loopback: one
-    /// this run cannot measure when its route is one the run's measuring misses (a tap on `lo`
-    /// copies only this machine's own traffic, one on another interface misses it, the proxy
-    /// sees only what is sent to it). The first is said at once, the count at the end
-    /// ([`Self::teardown`]).
+    /// A worker process began or was lost: once the server is ready, the one uvicorn starts in
+    /// its place warms itself up from loopback again, after the loopback count began.
     fn worker_replaced(&mut self) {
         if let Some(u) = self.unseen.as_mut().filter(|_| self.ready_line_read) {
             u.loopback_off();
         }
     }
 
+    /// A generation request in the server's access log: one this run cannot measure when its
+    /// route is one the run's measuring misses (a tap on `lo` copies only this machine's own
+    /// traffic, one on another interface misses it, the proxy sees only what is sent to it).
+    /// The first is said at once, the count at the end ([`Self::teardown`]).
     fn on_client(&mut self, addr: std::net::IpAddr) {
         if let Some(message) = self.unseen.as_mut().and_then(|u| u.request(addr)) {
             self.warn_ours(message);
@@ -1078,10 +1079,8 @@ impl Supervision {
             self.http_up_at = Some(at);
             // A log written by a server on another port than ours (a router's worker behind
             // it) logs the router's requests from loopback: none of them went around the proxy.
-            let port: Option<u16> = detail
-                .as_deref()
-                .and_then(|u| u.rsplit(':').next()?.parse().ok());
-            if let (Some(u), Some(port)) = (&mut self.unseen, port) {
+            let port = detail.as_deref().and_then(|u| HttpUrl::parse(u).ok());
+            if let (Some(u), Some(HttpUrl { port, .. })) = (&mut self.unseen, port) {
                 if port != self.url.port {
                     u.loopback_off();
                 }

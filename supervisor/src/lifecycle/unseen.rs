@@ -109,17 +109,6 @@ fn tokenizer_workers(command: &[std::ffi::OsString]) -> u64 {
         .unwrap_or(1)
 }
 
-/// The loopback clients the run's log parsers tell of (the arguments as for [`Unseen::new`]).
-pub(super) fn loopback_clients(
-    args: &RunArgs,
-    proxy: Option<SocketAddr>,
-    proxy_source: Option<Ipv4Addr>,
-    upstream: &str,
-) -> LoopbackClients {
-    Blind::of(args, proxy, proxy_source, upstream)
-        .map_or(LoopbackClients::Skipped, Blind::loopback_clients)
-}
-
 /// The requests read so far that the run could not measure, for a run that misses some.
 pub(super) struct Unseen {
     blind: Blind,
@@ -300,6 +289,11 @@ impl Unseen {
             more: false,
             first: None,
         })
+    }
+
+    /// The loopback clients the run's log parsers must tell of.
+    pub(super) fn loopback_clients(&self) -> LoopbackClients {
+        self.blind.loopback_clients()
     }
 
     /// Reads `proxied`'s [`ProxyMetrics::forwarded_client`] before counting (with the proxy).
@@ -538,7 +532,8 @@ mod tests {
         let proxy = Some("127.0.0.1:31000".parse().unwrap());
         let source = Some(Ipv4Addr::new(127, 0, 0, 2));
         let rule = |flags: &[&str], proxy, source| {
-            loopback_clients(&run_args(flags), proxy, source, "127.0.0.1")
+            Unseen::new(&run_args(flags), proxy, source, "127.0.0.1")
+                .map_or(LoopbackClients::Skipped, |u| u.loopback_clients())
         };
         use LoopbackClients::{Skipped, Told};
         assert_eq!(rule(&[], proxy, source), Told { but: source });

@@ -389,6 +389,8 @@ fn run(args: Args) -> Result<std::convert::Infallible> {
         metrics: fixture("metrics.txt", DEFAULT_METRICS),
         has_ready: version_at_least(&args.version, 0, 5, 20),
         access_stdout: args.access_log_stdout,
+        forwarded_allow_ips: std::env::var("FORWARDED_ALLOW_IPS")
+            .unwrap_or_else(|_| "127.0.0.1".into()),
         log_ms: args.log_ms,
         api_key: args.api_key.clone(),
         reject_before_body: args.reject_before_body,
@@ -733,6 +735,8 @@ struct HttpFixtures {
     metrics: String,
     has_ready: bool,
     access_stdout: bool,
+    /// uvicorn's FORWARDED_ALLOW_IPS: the peers whose forwarded client it logs.
+    forwarded_allow_ips: String,
     log_ms: bool,
     api_key: Option<String>,
     reject_before_body: bool,
@@ -832,9 +836,9 @@ fn serve(conn: TcpStream, fx: &HttpFixtures) -> Result<()> {
         // uvicorn's proxy headers, on by default and trusting FORWARDED_ALLOW_IPS (127.0.0.1
         // unless set; `*` trusts every peer): the forwarded client stands for the peer, with
         // the port it names (`IP:PORT`) or 0.
-        let trusted = std::env::var("FORWARDED_ALLOW_IPS").unwrap_or_else(|_| "127.0.0.1".into());
         let peer_ip = peer.rsplit_once(':').map_or(peer.as_str(), |(ip, _)| ip);
-        let trusts = trusted
+        let trusts = fx
+            .forwarded_allow_ips
             .split(',')
             .any(|t| t.trim() == "*" || t.trim() == peer_ip);
         let client = match forwarded_for.filter(|_| trusts) {
