@@ -23,6 +23,7 @@ pub mod redact;
 pub mod report;
 pub mod rlimits;
 pub mod sentinel;
+pub mod server_argv;
 pub mod server_series;
 pub mod startup;
 pub mod stdout;

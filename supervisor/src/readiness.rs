@@ -13,6 +13,7 @@
 //! Requests carry `Authorization: Bearer KEY` when the server was started with `--api-key`
 //! (`/ready` and `/model_info` answer 401 without it).
 use crate::events::PhaseName;
+use crate::server_argv;
 use sglang_probes::http::{get_status, Bearer, HttpUrl};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -83,52 +84,13 @@ impl Node {
         (self.nnodes > 1 || self.rank > 0).then_some((self.rank, self.nnodes))
     }
 
-    /// From the server's argv, spelled any way SGLang's argparse accepts (`--nnodes 2`,
-    /// `--nnodes=2`, unambiguous prefixes: `allow_abbrev` is on). Flags after `--` are not flags.
+    /// From the server's argv, spelled any way SGLang's argparse accepts ([`server_argv`]).
     pub fn from_argv(argv: &[String]) -> Node {
-        let mut node = Node::default();
-        let mut it = argv.iter();
-        while let Some(a) = it.next() {
-            if a == "--" {
-                break;
-            }
-            let (flag, inline) = match a.split_once('=') {
-                Some((f, v)) => (f, Some(v)),
-                None => (a.as_str(), None),
-            };
-            let Some(which) = node_flag(flag) else {
-                continue;
-            };
-            let Some(v) = inline.or_else(|| it.next().map(String::as_str)) else {
-                break;
-            };
-            if let Ok(n) = v.trim().parse::<u32>() {
-                match which {
-                    NodeFlag::Nnodes => node.nnodes = n.max(1),
-                    NodeFlag::NodeRank => node.rank = n,
-                }
-            }
+        let number = |flag| server_argv::last(argv, flag)?.trim().parse::<u32>().ok();
+        Node {
+            rank: number(&server_argv::NODE_RANK).unwrap_or(0),
+            nnodes: number(&server_argv::NNODES).map_or(1, |n| n.max(1)),
         }
-        node
-    }
-}
-
-enum NodeFlag {
-    Nnodes,
-    NodeRank,
-}
-
-/// `--nnodes` / `--node-rank` or a prefix argparse resolves to one of them. The shortest
-/// prefixes are the unambiguous ones among SGLang 0.5.14-0.5.23's flags (`--nn`, `--nod`:
-/// `--n` also starts `--nccl-port`, `--no` the `--no-*` flags).
-fn node_flag(flag: &str) -> Option<NodeFlag> {
-    let is_prefix = |full: &str, min: usize| flag.len() >= min && full.starts_with(flag);
-    if is_prefix("--nnodes", "--nn".len()) {
-        Some(NodeFlag::Nnodes)
-    } else if is_prefix("--node-rank", "--nod".len()) {
-        Some(NodeFlag::NodeRank)
-    } else {
-        None
     }
 }
 
@@ -156,42 +118,24 @@ pub fn server_url(
     argv: &[String],
     explicit: Option<&str>,
 ) -> anyhow::Result<(HttpUrl, AddressFrom)> {
-    let (mut host, mut port) = ("127.0.0.1".to_string(), 30000u16);
-    let mut port_from = AddressFrom::DefaultPort;
-    let (mut api_key, mut admin_key) = (None, None);
-    let mut bad_port = None;
-    let mut it = argv.iter();
-    while let Some(a) = it.next() {
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) => (f, Some(v.to_string())),
-            None => (a.as_str(), None),
+    use server_argv::{last, values, ADMIN_API_KEY, API_KEY, HOST, PORT};
+    let host = last(argv, &HOST).unwrap_or("127.0.0.1");
+    let (mut port, mut port_from) = (30000u16, AddressFrom::DefaultPort);
+    for v in values(argv, &PORT) {
+        // argparse refuses the server's command for any of them that is no number
+        let Ok(p) = v.parse() else {
+            anyhow::bail!("the server command has --port {v:?}, which is not a port number");
         };
-        if !matches!(flag, "--host" | "--port" | "--api-key" | "--admin-api-key") {
-            continue;
-        }
-        let Some(v) = inline.or_else(|| it.next().cloned()) else {
-            continue;
-        };
-        match flag {
-            "--host" => host = v,
-            "--api-key" => api_key = Some(v),
-            "--admin-api-key" => admin_key = Some(v),
-            _ => match v.parse() {
-                Ok(p) => (port, port_from) = (p, AddressFrom::Port),
-                Err(_) => bad_port = Some(v),
-            },
-        }
+        (port, port_from) = (p, AddressFrom::Port);
     }
-    if let Some(v) = bad_port {
-        anyhow::bail!("the server command has --port {v:?}, which is not a port number");
-    }
-    let host = match host.as_str() {
+    let (api_key, admin_key) = (last(argv, &API_KEY), last(argv, &ADMIN_API_KEY));
+    let host = match host {
         "0.0.0.0" | "" => "127.0.0.1".to_string(),
         "::" | "[::]" => "[::1]".to_string(),
         h if h.contains(':') && !h.starts_with('[') => format!("[{h}]"),
         h => h.to_string(),
     };
-    let bearer = api_key.or(admin_key).map(Bearer);
+    let bearer = api_key.or(admin_key).map(|k| Bearer(k.to_string()));
     if let Some(u) = explicit {
         let base =
             HttpUrl::parse(u).map_err(|e| anyhow::anyhow!("--health-url/--upstream {u:?}: {e}"))?;
@@ -276,6 +220,11 @@ mod tests {
             Some(Bearer("k1".into()))
         );
         assert!(server_url(&s(&["x", "--port", "http"]), None).is_err());
+        // argparse's abbreviations, and its refusal of any port that is no number
+        let abbreviated = url(&["x", "--ho=::", "--po", "8001", "--ap", "k2"]);
+        assert_eq!(abbreviated.base(), "http://[::1]:8001");
+        assert_eq!(abbreviated.bearer, Some(Bearer("k2".into())));
+        assert!(server_url(&s(&["x", "--port", "x", "--port", "1"]), None).is_err());
         let from = |v: &[&str]| server_url(&s(v), None).unwrap().1;
         assert_eq!(from(&["python3"]), AddressFrom::DefaultPort);
         assert_eq!(from(&["python3", "--port"]), AddressFrom::DefaultPort);

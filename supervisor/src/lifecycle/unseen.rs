@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use crate::cli::RunArgs;
 use crate::listen_addr::{local, own_addresses, route_among, Route};
 use crate::logs::parse::LoopbackClients;
+use crate::server_argv;
 use sglang_exporters::proxy::ProxyMetrics;
 
 /// What a tap on `lo` missing clients elsewhere should be given instead.
@@ -94,19 +95,11 @@ impl Blind {
     }
 }
 
-/// `--tokenizer-worker-num N` (or `=N`) in the server's command: 1 where it is not there.
+/// `--tokenizer-worker-num` in the server's command: 1 where it is not there.
 fn tokenizer_workers(command: &[std::ffi::OsString]) -> u64 {
-    let words: Vec<_> = command.iter().map(|w| w.to_string_lossy()).collect();
-    words
-        .iter()
-        .enumerate()
-        .filter_map(|(i, w)| match w.strip_prefix("--tokenizer-worker-num") {
-            Some("") => words.get(i + 1)?.parse().ok(),
-            Some(rest) => rest.strip_prefix('=')?.parse().ok(),
-            None => None,
-        })
-        .max()
-        .unwrap_or(1)
+    let argv = super::argv_text(command);
+    let given = server_argv::last(&argv, &server_argv::TOKENIZER_WORKER_NUM);
+    given.and_then(|n| n.trim().parse().ok()).unwrap_or(1)
 }
 
 /// The requests read so far that the run could not measure, for a run that misses some.
@@ -593,6 +586,11 @@ mod tests {
             1
         );
         assert_eq!(counted(&flags("2"), Some(4), &[lo; 4]), 1);
+        // argparse's abbreviation of the flag
+        assert_eq!(
+            counted(&["--", "x", "--tokenizer-w", "3"], Some(1), &[lo; 3]),
+            1
+        );
         // a log whose arguments were not read: how many warm up is not known, so no loopback
         // client is counted (a client elsewhere still is)
         assert_eq!(counted(&[], None, &[lo, lo, away]), 1);
