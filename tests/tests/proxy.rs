@@ -39,10 +39,16 @@ fn start_with(
             supervisor: &sup,
             replay: replay_extra,
             env,
+            stderr: std::fs::File::create(stderr_of(name)).unwrap().into(),
             ..Default::default()
         },
     );
     (run, proxy, metrics, log)
+}
+
+/// Where the supervisor started by [`start_with`] as `name` writes its own messages.
+fn stderr_of(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("sglsup-{name}-{}-stderr.log", std::process::id()))
 }
 
 fn records(log: &std::path::Path) -> Vec<Value> {
@@ -1124,7 +1130,16 @@ fn a_worker_started_again_ends_the_count_of_loopback_clients() {
     let mut run = run;
     run.stop_by_sigterm();
     assert_eq!(run.warnings_with("went unmeasured"), Vec::<String>::new());
+    let said = std::fs::read_to_string(stderr_of("proxy-bypassed-respawn")).unwrap();
+    assert!(
+        said.contains(
+            "loopback clients that go around the run's measuring are counted no more: a server \
+             worker started again once the server was ready"
+        ),
+        "{said}"
+    );
     let _ = std::fs::remove_file(&requests);
+    let _ = std::fs::remove_file(stderr_of("proxy-bypassed-respawn"));
 }
 
 /// A server behind a router of its own (here a byte relay on the port the run measures, the

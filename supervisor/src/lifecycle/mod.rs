@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::time::sleep_until;
-use unseen::{Unseen, TAP_ELSEWHERE};
+use unseen::{Uncounted, Unseen, TAP_ELSEWHERE};
 
 /// How long the log threads may take to drain after the tree is dead.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
@@ -977,7 +977,7 @@ impl Supervision {
     /// its place warms itself up from loopback again, after the loopback count began.
     fn worker_replaced(&mut self) {
         if let Some(u) = self.unseen.as_mut().filter(|_| self.ready_line_read) {
-            u.loopback_off();
+            u.loopback_off(Uncounted::WorkerAgain);
         }
     }
 
@@ -1082,7 +1082,7 @@ impl Supervision {
             let port = detail.as_deref().and_then(|u| HttpUrl::parse(u).ok());
             if let (Some(u), Some(HttpUrl { port, .. })) = (&mut self.unseen, port) {
                 if port != self.url.port {
-                    u.loopback_off();
+                    u.loopback_off(Uncounted::OtherPort(port));
                 }
             }
         }

@@ -141,9 +141,36 @@ enum Loopback {
         warm_ups_left: u64,
         ready_lines: u64,
     },
-    /// Counted no more: a second server start, a worker started again, a log (also) written
-    /// by a server on another port.
-    Off,
+    /// Counted no more, and why.
+    Off(Uncounted),
+}
+
+/// Why loopback clients are counted no more: something may bring a warm-up (or a router's
+/// requests) from loopback that nothing tells apart from a client's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Uncounted {
+    /// The server's arguments were logged again: a second server start.
+    SecondServer,
+    /// A worker began, died or was ready again once the server was ready.
+    WorkerAgain,
+    /// The log's server listens on this other port than the one measured.
+    OtherPort(u16),
+}
+
+impl std::fmt::Display for Uncounted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Uncounted::SecondServer => f.write_str("the server's arguments were logged again"),
+            Uncounted::WorkerAgain => {
+                f.write_str("a server worker started again once the server was ready")
+            }
+            Uncounted::OtherPort(p) => write!(
+                f,
+                "the log's server listens on port {p}, not the one measured (a server behind \
+                 a router)"
+            ),
+        }
+    }
 }
 
 impl Loopback {
@@ -163,7 +190,8 @@ impl Loopback {
                 }
                 .ready_lines_within()
             }
-            Loopback::Counted { .. } | Loopback::Off => Loopback::Off,
+            Loopback::Counted { .. } => Loopback::Off(Uncounted::SecondServer),
+            Loopback::Off(_) => self,
         }
     }
 
@@ -188,7 +216,7 @@ impl Loopback {
                 ready_lines: ready_lines + 1,
             }
             .ready_lines_within(),
-            Loopback::Off => Loopback::Off,
+            Loopback::Off(_) => self,
         }
     }
 
@@ -199,7 +227,7 @@ impl Loopback {
                 workers,
                 ready_lines,
                 ..
-            } if ready_lines > workers => Loopback::Off,
+            } if ready_lines > workers => Loopback::Off(Uncounted::WorkerAgain),
             other => other,
         }
     }
@@ -222,7 +250,7 @@ impl Loopback {
                     ready_lines,
                 },
             ),
-            Loopback::Unknown { .. } | Loopback::Off => (false, self),
+            Loopback::Unknown { .. } | Loopback::Off(_) => (false, self),
         }
     }
 }
@@ -298,19 +326,36 @@ impl Unseen {
     /// Loopback clients are counted no more: the log is, at least in part, another server's
     /// than the one measured (uvicorn on another port: a router in front of it), or a worker
     /// began or was lost once the server was ready (the one started in its place warms up).
-    pub(super) fn loopback_off(&mut self) {
-        self.loopback = Loopback::Off;
+    pub(super) fn loopback_off(&mut self, why: Uncounted) {
+        self.set_loopback(Loopback::Off(why));
     }
 
     /// The server's arguments, as its log gave them.
     pub(super) fn server_args(&mut self, args: &serde_json::Map<String, serde_json::Value>) {
         let workers = args.get("tokenizer_worker_num").and_then(|v| v.as_u64());
-        self.loopback = self.loopback.server_args(workers);
+        self.set_loopback(self.loopback.server_args(workers));
     }
 
     /// The server's ready line.
     pub(super) fn ready_line(&mut self) {
-        self.loopback = self.loopback.ready_line();
+        self.set_loopback(self.loopback.ready_line());
+    }
+
+    /// Where loopback clients stop being counted, says so once: from then on the count of
+    /// unmeasured requests is a floor.
+    fn set_loopback(&mut self, next: Loopback) {
+        let told = self.loopback_clients() != LoopbackClients::Skipped;
+        if let (Loopback::Unknown { .. } | Loopback::Counted { .. }, Loopback::Off(why), true) =
+            (self.loopback, next, told)
+        {
+            tracing::info!(
+                "loopback clients that go around the run's measuring are counted no more: {why}"
+            );
+        }
+        self.loopback = match (self.loopback, next) {
+            (Loopback::Off(first), Loopback::Off(_)) => Loopback::Off(first),
+            (_, next) => next,
+        };
     }
 
     /// A generation request from `addr` in the access log: the warning to give
@@ -381,9 +426,15 @@ impl Unseen {
             (k, false) => format!("from {k} clients (the first {first})"),
             (k, true) => format!("from more than {k} clients (the first {first})"),
         };
+        let floor = match self.loopback {
+            Loopback::Off(why) if self.loopback_clients() != LoopbackClients::Skipped => {
+                format!(" (loopback clients counted only until {why})")
+            }
+            _ => String::new(),
+        };
         Some(format!(
-            "in all, {n} {clients} went unmeasured: the requests log and the request_* figures \
-             leave {them} out"
+            "in all, {n} {clients} went unmeasured{floor}: the requests log and the request_* \
+             figures leave {them} out"
         ))
     }
 }
@@ -608,6 +659,15 @@ mod tests {
         u.request(lo);
         u.request(away);
         assert_eq!(u.requests, 2);
+        assert_eq!(u.loopback, Loopback::Off(Uncounted::WorkerAgain));
+        assert!(
+            u.total().unwrap().contains(
+                "went unmeasured (loopback clients counted only until a server worker started \
+                 again once the server was ready): "
+            ),
+            "{:?}",
+            u.total()
+        );
         // ready lines read before the arguments count as well
         let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
         u.own = Some((Vec::new(), Instant::now()));
@@ -615,7 +675,10 @@ mod tests {
         u.ready_line();
         u.server_args(&args(1));
         u.request(lo);
-        assert_eq!((u.requests, u.loopback), (0, Loopback::Off));
+        assert_eq!(
+            (u.requests, u.loopback),
+            (0, Loopback::Off(Uncounted::WorkerAgain))
+        );
         // a second server: loopback no more, elsewhere still
         let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
         u.own = Some((Vec::new(), Instant::now()));
@@ -625,6 +688,9 @@ mod tests {
         u.request(lo);
         u.request(away);
         assert_eq!(u.requests, 2);
+        // the first reason is kept
+        u.loopback_off(Uncounted::OtherPort(9));
+        assert_eq!(u.loopback, Loopback::Off(Uncounted::SecondServer));
     }
 
     #[test]
