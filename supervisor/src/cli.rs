@@ -467,7 +467,8 @@ pub struct RunArgs {
     /// than the workers), nor where the log's uvicorn listens on another port than the one
     /// measured (a router's worker), nor where ready came by HTTP before the ready line; and once a proxied
     /// request names a client of its own with a port (X-Forwarded-For, Forwarded), which a
-    /// server trusting it logs instead of the proxy, nothing more is counted.
+    /// server trusting it logs instead of the proxy, nothing more is counted. Where the count
+    /// stops, the run says so on stderr, and why.
     #[arg(long, env = "SGLANG_SUPERVISOR_PROXY_ADDR", value_name = "ADDR")]
     pub proxy_addr: Option<String>,
 
