@@ -180,8 +180,8 @@ mod tests {
             // Too short to be unambiguous: argparse refuses them; we read nothing.
             (&["--n", "2", "--no", "1"], Node { rank: 0, nnodes: 1 }),
             (
-                &["--node-rank", "1", "--", "--node-rank", "5"],
-                Node { rank: 1, nnodes: 1 },
+                &["numactl", "-N", "1", "--", "python3", "--node-rank", "5"],
+                Node { rank: 5, nnodes: 1 },
             ),
         ];
         for (argv, want) in cases {

@@ -1,6 +1,9 @@
 //! A few of SGLang's flags read from the server's command line, spelled any way its argparse
 //! takes them: `--port 8000`, `--port=8000`, or an unambiguous prefix (`--po 8000`:
-//! `allow_abbrev` is on in every SGLang version). Words after `--` are not flags.
+//! `allow_abbrev` is on in every SGLang version). The command may be a wrapper's (`uv run --
+//! python3 -m sglang.launch_server …`, `numactl … --`), so a `--` ends nothing: SGLang takes no
+//! positional words, and where a wrapper has a flag of the same name the server's, given later,
+//! is the one kept.
 
 /// One of SGLang's flags and the shortest prefix its argparse resolves to it.
 pub struct Flag {
@@ -34,7 +37,7 @@ pub const TOKENIZER_WORKER_NUM: Flag = Flag::new("--tokenizer-worker-num", "--to
 /// Every value `argv` gives `flag`, in order (argparse keeps the last). A flag with no word
 /// after it gives none.
 pub fn values<'a, S: AsRef<str>>(argv: &'a [S], flag: &'a Flag) -> impl Iterator<Item = &'a str> {
-    let mut words = argv.iter().map(AsRef::as_ref).take_while(|w| *w != "--");
+    let mut words = argv.iter().map(AsRef::as_ref);
     std::iter::from_fn(move || loop {
         let word = words.next()?;
         let (spelling, inline) = match word.split_once('=') {
@@ -81,7 +84,7 @@ mod tests {
     }
 
     #[test]
-    fn ambiguous_prefixes_other_flags_and_words_after_a_double_dash_are_not_read() {
+    fn ambiguous_prefixes_and_other_flags_are_not_read_and_a_wrappers_double_dash_ends_nothing() {
         // `--p` starts --port and --page-size: argparse refuses it, so it says nothing.
         assert_eq!(last(&["--p", "1"], &PORT), None);
         assert_eq!(last(&["--ports", "1"], &PORT), None);
@@ -90,8 +93,8 @@ mod tests {
             None
         );
         assert_eq!(
-            last(&["--port", "1", "--", "--port", "2"], &PORT),
-            Some("1")
+            last(&["uv", "run", "--", "python3", "--port", "2"], &PORT),
+            Some("2")
         );
         // a flag with nothing after it gives nothing
         assert_eq!(last(&["--port"], &PORT), None);
