@@ -669,7 +669,10 @@ where
     let argv: Vec<OsString> = args.into_iter().map(Into::into).collect();
     let matches = command
         .try_get_matches_from_mut(&argv)
-        .map_err(|e| name_the_environment(&command, e, &argv))?;
+        .map_err(|e| match e.kind() {
+            ErrorKind::InvalidUtf8 => name_the_bytes(&command, e, &argv),
+            _ => name_the_environment(&command, e, &argv),
+        })?;
     if let Some(("run", run)) = matches.subcommand() {
         check_measure_options(&mut command, run)?;
     }
@@ -733,6 +736,39 @@ fn name_the_environment(command: &clap::Command, e: clap::Error, argv: &[OsStrin
         e.kind(),
         format!("{line}: it comes from the environment ({var}={shown:?}{cut}); set it right, or unset it"),
     )
+}
+
+/// clap's "invalid UTF-8 was detected in one or more arguments" names neither the word nor
+/// whether it came from the environment: this says which (a word of ours before `--`, else a
+/// variable of ours); the server's command after `--` may hold any bytes.
+fn name_the_bytes(command: &clap::Command, e: clap::Error, argv: &[OsString]) -> clap::Error {
+    let shown = |v: &OsString| format!("{:?}", v.to_string_lossy());
+    let word = argv
+        .iter()
+        .skip(1)
+        .take_while(|a| *a != "--")
+        .find(|a| a.to_str().is_none());
+    let variable = || {
+        every_argument(command)
+            .into_iter()
+            .filter_map(|arg| arg.get_env()?.to_str())
+            .find_map(|var| Some((var, std::env::var_os(var).filter(|v| v.to_str().is_none())?)))
+    };
+    let line = match (word, word.is_none().then(variable).flatten()) {
+        (Some(w), _) => format!(
+            "the argument {} is not valid UTF-8 (shown with U+FFFD for the bytes that are not); \
+             give it as text",
+            shown(w)
+        ),
+        (None, Some((var, v))) => format!(
+            "the environment variable {var} is not valid UTF-8 ({var}={}, shown with U+FFFD for \
+             the bytes that are not); set it right, or unset it",
+            shown(&v)
+        ),
+        (None, None) => return e,
+    };
+    let mut command = command.clone();
+    command.error(ErrorKind::InvalidUtf8, line)
 }
 
 /// Every argument of `command` and of its subcommands, at any depth.

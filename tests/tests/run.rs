@@ -1406,3 +1406,51 @@ fn measuring_options_need_a_measure_on_the_command_line_and_are_left_unused_from
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// clap says only "invalid UTF-8 was detected in one or more arguments": the supervisor names
+/// the word of its own command line, or the variable of its own, that holds the bytes; the
+/// server's command after `--` may hold any bytes and is passed on as is.
+#[test]
+#[allow(clippy::disallowed_methods)] // the binary run as a user runs it
+fn bytes_that_are_not_utf8_are_named_where_they_are_and_the_servers_command_may_hold_them() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let bin = supervisor_bin();
+    let bad = OsStr::from_bytes(b"127.0.0.1:\xff");
+    let refused = |cmd: &mut std::process::Command| {
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(125));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refused(
+        std::process::Command::new(&bin)
+            .args([OsStr::new("run"), OsStr::new("--proxy-addr"), bad])
+            .args(["--", "true"]),
+    );
+    assert!(
+        err.contains("the argument \"127.0.0.1:\u{fffd}\" is not valid UTF-8"),
+        "{err}"
+    );
+    let err = refused(
+        std::process::Command::new(&bin)
+            .args(["run", "--", "true"])
+            .env("SGLANG_SUPERVISOR_PROXY_ADDR", bad),
+    );
+    assert!(
+        err.contains(
+            "the environment variable SGLANG_SUPERVISOR_PROXY_ADDR is not valid UTF-8 \
+             (SGLANG_SUPERVISOR_PROXY_ADDR=\"127.0.0.1:\u{fffd}\""
+        ) && err.contains("set it right, or unset it"),
+        "{err}"
+    );
+    let dir = temp_dir("run-bytes-to-server");
+    let out = std::process::Command::new(&bin)
+        .args(["run", "--metrics-addr", "none", "--log-file"])
+        .arg(dir.join("server.log"))
+        .args(["--", "printf", "%s"])
+        .arg(bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.stdout, b"127.0.0.1:\xff", "{out:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
