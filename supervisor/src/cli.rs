@@ -420,8 +420,10 @@ pub struct RunArgs {
     )]
     pub ready_on: ReadyOn,
 
-    /// Server base URL for readiness checks. Default: --host/--port found in COMMAND
-    /// (0.0.0.0 means 127.0.0.1), else SGLang's default http://127.0.0.1:30000.
+    /// Server base URL for readiness checks. Default: --host/--port found in COMMAND, spelled
+    /// any way SGLang's argparse takes them (`--port=N`, `--po N`; the last one given; a
+    /// wrapper's `--` ends nothing) (0.0.0.0 means 127.0.0.1), else SGLang's default
+    /// http://127.0.0.1:30000.
     #[arg(long, env = "SGLANG_SUPERVISOR_HEALTH_URL", value_name = "URL")]
     pub health_url: Option<String>,
 
