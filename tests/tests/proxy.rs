@@ -1133,8 +1133,8 @@ fn a_worker_started_again_ends_the_count_of_loopback_clients() {
     let said = std::fs::read_to_string(stderr_of("proxy-bypassed-respawn")).unwrap();
     assert!(
         said.contains(
-            "loopback clients that go around the run's measuring are counted no more: a server \
-             worker started again once the server was ready"
+            "loopback clients that go around the run's measuring are not counted since a server \
+             worker started again after the server was ready"
         ),
         "{said}"
     );

@@ -1454,3 +1454,43 @@ fn bytes_that_are_not_utf8_are_named_where_they_are_and_the_servers_command_may_
     assert_eq!(out.stdout, b"127.0.0.1:\xff", "{out:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A command whose --port the supervisor cannot read (a script sets it): the server's log says
+/// where uvicorn listens, and the run says it checks another port and how to name the right one,
+/// instead of only timing out.
+#[test]
+#[allow(clippy::disallowed_methods)] // the supervisor run as a user runs it, with a shell for its command
+fn a_server_port_not_read_from_the_command_is_named_from_the_log_with_the_flag_to_pass() {
+    let dir = temp_dir("run-port-unread");
+    let port = free_port();
+    let events = dir.join("events.jsonl");
+    let script = format!("exec {} --port {port} --speed 50", replay_bin());
+    let out = std::process::Command::new(supervisor_bin())
+        .args(["run", "--ready-timeout", "4s", "--grace", "1s"])
+        .args(["--metrics-addr", "none", "--events"])
+        .arg(&events)
+        .arg("--log-file")
+        .arg(dir.join("server.log"))
+        .args(["--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let warnings: Vec<String> = events_at(&events)
+        .iter()
+        .filter(|e| e["event"] == "warning")
+        .filter_map(|e| e["message"].as_str().map(String::from))
+        .filter(|m| m.contains("listens on port"))
+        .collect();
+    assert_eq!(
+        warnings,
+        [format!(
+            "the server's log says it listens on port {port}, but this run checks readiness and \
+             measures at http://127.0.0.1:30000, SGLang's default: no --port could be read from \
+             the command (a script, a variable or --config sets it). Pass --health-url \
+             http://127.0.0.1:{port}, or --upstream http://127.0.0.1:{port} with --proxy-addr or \
+             --tap"
+        )],
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

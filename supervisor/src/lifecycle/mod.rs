@@ -58,31 +58,43 @@ const MAX_WARNING_EVENTS: usize = 200;
 
 /// The server URL: `--health-url`, `--upstream`, else `--host`/`--port` from the server's argv.
 pub fn server_url(args: &RunArgs) -> Result<HttpUrl> {
-    server_address(args).map(|(url, _)| url)
+    server_address(args).map(|(url, ..)| url)
 }
 
-/// The server URL and, in words, where it was read.
-fn server_address(args: &RunArgs) -> Result<(HttpUrl, &'static str)> {
+/// The server URL and where it was read, also in words.
+fn server_address(args: &RunArgs) -> Result<(HttpUrl, readiness::AddressFrom, &'static str)> {
     let given = [
         ("--health-url", &args.health_url),
         ("--upstream", &args.upstream),
     ]
     .into_iter()
     .find_map(|(flag, v)| Some((flag, v.as_deref()?)));
-    let (url, from) = readiness::server_url(&argv_text(&args.command), given.map(|(_, u)| u))?;
-    let from = match (from, given) {
+    let (url, from) = readiness::server_url(&server_words(&args.command), given.map(|(_, u)| u))?;
+    let words = match (from, given) {
         (readiness::AddressFrom::Given, Some((flag, _))) => flag,
         (readiness::AddressFrom::Port, _) => "the server's --port",
         _ => "SGLang's default port, the command having no --port",
     };
-    Ok((url, from))
+    Ok((url, from, words))
+}
+
+/// The words the server's own flags are read from: the launch's arguments where COMMAND runs
+/// one (`… python3 -m sglang.launch_server ARGS`, `sglang serve ARGS`), so that a wrapper's
+/// flags (`mpirun --host`, `docker --host`) are not taken for the server's; else all of it.
+fn server_words(command: &[OsString]) -> Vec<String> {
+    let argv = argv_text(command);
+    match sglang_python::recipe::launch_in_argv(&argv) {
+        Some(launch) => launch.args,
+        None => argv,
+    }
 }
 
 /// `--metrics-addr` and `--proxy-addr`, checked before anything starts: each must be an address,
 /// and not the server's own (the server could not take its port, the proxy would forward to
 /// itself).
 pub fn check_listen_addrs(args: &RunArgs) -> Result<()> {
-    let mut servers = vec![server_address(args)?];
+    let (url, _, from) = server_address(args)?;
+    let mut servers = vec![(url, from)];
     if let Some(u) = args
         .upstream
         .as_deref()
@@ -301,6 +313,8 @@ fn events_without_server(args: &RunArgs, preflight: Option<Value>) -> Events {
 struct Services {
     log_file: Option<File>,
     url: HttpUrl,
+    /// Where `url` was read (the command's --port, SGLang's default, ...).
+    url_from: readiness::AddressFrom,
     signals: signals::Signals,
     metrics: Arc<exporters::Shared>,
     sampler: Option<sglang_probes::sampler::Sampler>,
@@ -342,7 +356,7 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
         .as_deref()
         .map(|p| create(p, "log file"))
         .transpose()?;
-    let url = server_url(args)?;
+    let (url, url_from, _) = server_address(args)?;
     // Past a file-size limit (RLIMIT_FSIZE) a write fails with EFBIG instead of killing us: the
     // log file reports it and the child's pipes keep being drained.
     // SAFETY: setting a signal disposition; no handler runs.
@@ -425,6 +439,7 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
     Ok(Services {
         log_file,
         url,
+        url_from,
         signals,
         metrics,
         sampler,
@@ -585,7 +600,7 @@ pub async fn run(args: RunArgs, preflight: Option<Value>) -> Result<i32> {
         }
     };
     services.startup.start(pid, t0, watch.exclude.clone());
-    let node = Node::from_argv(&argv);
+    let node = Node::from_argv(&server_words(&args.command));
     let mut s = Supervision::new(
         args,
         events,
@@ -732,6 +747,9 @@ struct Supervision {
     events: Arc<Events>,
     pid: i32,
     url: HttpUrl,
+    /// Where `url` was read: a log that says the server listens elsewhere is a clear warning
+    /// where it came from SGLang's default, not from the command.
+    url_from: readiness::AddressFrom,
     node: Node,
     machine: Machine,
     http_up_at: Option<f64>,
@@ -792,6 +810,7 @@ impl Supervision {
             events,
             pid,
             url,
+            url_from: services.url_from,
             node,
             machine,
             http_up_at: None,
@@ -981,6 +1000,30 @@ impl Supervision {
         }
     }
 
+    /// The server's log says uvicorn listens on `port`, not on the port measured. With a port
+    /// from the command, a router in front of the server: the log logs the router's requests
+    /// from loopback, none of which went around the proxy. With SGLang's default, the command
+    /// gives its port in a way not read (a script, a variable, `--config`): the run checks
+    /// readiness and measures at the wrong port, and the user is told how to name it.
+    fn server_elsewhere(&mut self, port: u16) {
+        if let Some(u) = &mut self.unseen {
+            u.loopback_off(Uncounted::OtherPort {
+                logged: port,
+                measured: self.url.port,
+            });
+        }
+        if self.url_from == readiness::AddressFrom::DefaultPort {
+            let (host, at) = (&self.url.host, self.url.base());
+            self.warn_ours(format!(
+                "the server's log says it listens on port {port}, but this run checks readiness \
+                 and measures at {at}, SGLang's default: no --port could be read from the \
+                 command (a script, a variable or --config sets it). Pass --health-url \
+                 http://{host}:{port}, or --upstream http://{host}:{port} with --proxy-addr or \
+                 --tap"
+            ));
+        }
+    }
+
     /// A generation request in the server's access log: one this run cannot measure when its
     /// route is one the run's measuring misses (a tap on `lo` copies only this machine's own
     /// traffic, one on another interface misses it, the proxy sees only what is sent to it).
@@ -1077,13 +1120,9 @@ impl Supervision {
         }
         if name == PhaseName::HttpUp {
             self.http_up_at = Some(at);
-            // A log written by a server on another port than ours (a router's worker behind
-            // it) logs the router's requests from loopback: none of them went around the proxy.
-            let port = detail.as_deref().and_then(|u| HttpUrl::parse(u).ok());
-            if let (Some(u), Some(HttpUrl { port, .. })) = (&mut self.unseen, port) {
-                if port != self.url.port {
-                    u.loopback_off(Uncounted::OtherPort(port));
-                }
+            let logged = detail.as_deref().and_then(|u| HttpUrl::parse(u).ok());
+            if let Some(HttpUrl { port, .. }) = logged.filter(|l| l.port != self.url.port) {
+                self.server_elsewhere(port);
             }
         }
         self.events.emit(Event::Phase {
@@ -1554,6 +1593,44 @@ fn run_on_ready(cmd: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_servers_flags_are_read_from_its_launch_not_from_a_wrapper_in_front_of_it() {
+        let words = |v: &[&str]| server_words(&v.iter().map(OsString::from).collect::<Vec<_>>());
+        let wrapped = [
+            "mpirun",
+            "--host",
+            "n1,n2",
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            "--port",
+            "8000",
+        ];
+        assert_eq!(words(&wrapped), ["--port", "8000"]);
+        let (url, from) = readiness::server_url(&words(&wrapped), None).unwrap();
+        assert_eq!(
+            (url.base(), from),
+            ("http://127.0.0.1:8000".into(), readiness::AddressFrom::Port)
+        );
+        let node = Node::from_argv(&words(&[
+            "torchrun",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "sglang",
+            "serve",
+            "--tp",
+            "8",
+        ]));
+        assert_eq!(node, Node::default());
+        // no launch to be seen (a script, another server): all of the command
+        assert_eq!(
+            words(&["./serve.sh", "--port", "1"]),
+            ["./serve.sh", "--port", "1"]
+        );
+    }
 
     #[test]
     fn ago_reads_naturally() {

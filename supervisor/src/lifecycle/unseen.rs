@@ -97,7 +97,7 @@ impl Blind {
 
 /// `--tokenizer-worker-num` in the server's command: 1 where it is not there.
 fn tokenizer_workers(command: &[std::ffi::OsString]) -> u64 {
-    let argv = super::argv_text(command);
+    let argv = super::server_words(command);
     let given = server_argv::last(&argv, &server_argv::TOKENIZER_WORKER_NUM);
     given.and_then(|n| n.trim().parse().ok()).unwrap_or(1)
 }
@@ -153,21 +153,23 @@ pub(super) enum Uncounted {
     SecondServer,
     /// A worker began, died or was ready again once the server was ready.
     WorkerAgain,
-    /// The log's server listens on this other port than the one measured.
-    OtherPort(u16),
+    /// The log's server listens on another port than the one measured.
+    OtherPort { logged: u16, measured: u16 },
 }
 
 impl std::fmt::Display for Uncounted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Uncounted::SecondServer => f.write_str("the server's arguments were logged again"),
-            Uncounted::WorkerAgain => {
-                f.write_str("a server worker started again once the server was ready")
+            Uncounted::SecondServer => {
+                f.write_str("a second server start (its arguments logged again)")
             }
-            Uncounted::OtherPort(p) => write!(
+            Uncounted::WorkerAgain => {
+                f.write_str("a server worker started again after the server was ready")
+            }
+            Uncounted::OtherPort { logged, measured } => write!(
                 f,
-                "the log's server listens on port {p}, not the one measured (a server behind \
-                 a router)"
+                "the log's uvicorn said it listens on port {logged}, not on {measured}, the port \
+                 measured"
             ),
         }
     }
@@ -341,16 +343,23 @@ impl Unseen {
         self.set_loopback(self.loopback.ready_line());
     }
 
-    /// Where loopback clients stop being counted, says so once: from then on the count of
-    /// unmeasured requests is a floor.
+    /// Whether the log parsers tell of loopback clients, so that they may be counted.
+    fn loopback_told(&self) -> bool {
+        self.loopback_clients() != LoopbackClients::Skipped
+    }
+
+    /// Where loopback clients stop being counted, says so once (unless nothing is counted
+    /// any more): from then on the count of unmeasured requests is a floor.
     fn set_loopback(&mut self, next: Loopback) {
-        let told = self.loopback_clients() != LoopbackClients::Skipped;
-        if let (Loopback::Unknown { .. } | Loopback::Counted { .. }, Loopback::Off(why), true) =
-            (self.loopback, next, told)
+        if let (Loopback::Unknown { .. } | Loopback::Counted { .. }, Loopback::Off(why)) =
+            (self.loopback, next)
         {
-            tracing::info!(
-                "loopback clients that go around the run's measuring are counted no more: {why}"
-            );
+            if self.loopback_told() && !self.stopped {
+                tracing::info!(
+                    "loopback clients that go around the run's measuring are not counted \
+                     since {why}"
+                );
+            }
         }
         self.loopback = match (self.loopback, next) {
             (Loopback::Off(first), Loopback::Off(_)) => Loopback::Off(first),
@@ -427,10 +436,15 @@ impl Unseen {
             (k, true) => format!("from more than {k} clients (the first {first})"),
         };
         let floor = match self.loopback {
-            Loopback::Off(why) if self.loopback_clients() != LoopbackClients::Skipped => {
-                format!(" (loopback clients counted only until {why})")
+            _ if self.stopped => {
+                " (none counted since a proxied request named a client of its own)".to_string()
             }
-            _ => String::new(),
+            _ if !self.loopback_told() => String::new(),
+            Loopback::Off(why) => format!(" (loopback clients not counted since {why})"),
+            Loopback::Unknown { .. } => " (loopback clients not counted: the server's \
+                                          arguments were never read from its log)"
+                .to_string(),
+            Loopback::Counted { .. } => String::new(),
         };
         Some(format!(
             "in all, {n} {clients} went unmeasured{floor}: the requests log and the request_* \
@@ -662,8 +676,8 @@ mod tests {
         assert_eq!(u.loopback, Loopback::Off(Uncounted::WorkerAgain));
         assert!(
             u.total().unwrap().contains(
-                "went unmeasured (loopback clients counted only until a server worker started \
-                 again once the server was ready): "
+                "went unmeasured (loopback clients not counted since a server worker started \
+                 again after the server was ready): "
             ),
             "{:?}",
             u.total()
@@ -689,7 +703,10 @@ mod tests {
         u.request(away);
         assert_eq!(u.requests, 2);
         // the first reason is kept
-        u.loopback_off(Uncounted::OtherPort(9));
+        u.loopback_off(Uncounted::OtherPort {
+            logged: 9,
+            measured: 8,
+        });
         assert_eq!(u.loopback, Loopback::Off(Uncounted::SecondServer));
     }
 
@@ -718,5 +735,70 @@ mod tests {
             ),
             "{away}"
         );
+    }
+
+    /// The final count says how far it is a floor: loopback clients never counted (the server's
+    /// arguments never read), counted no more since a named event, or nothing counted since a
+    /// proxied request named its client, which goes before any later loopback event.
+    #[test]
+    fn the_final_count_says_where_loopback_clients_or_all_went_uncounted() {
+        let proxy = Some("127.0.0.1:31000".parse().unwrap());
+        let source = Some(Ipv4Addr::new(127, 0, 0, 2));
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let away: IpAddr = "198.51.100.3".parse().unwrap();
+        let fresh = || {
+            let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
+            u.own = Some((Vec::new(), Instant::now()));
+            u
+        };
+        let mut u = fresh();
+        u.ready_line();
+        u.request(lo);
+        u.request(away);
+        assert!(
+            u.total().unwrap().contains(
+                "went unmeasured (loopback clients not counted: the server's arguments were \
+                 never read from its log): "
+            ),
+            "{:?}",
+            u.total()
+        );
+        let mut u = fresh();
+        u.server_args(&serde_json::Map::new());
+        u.loopback_off(Uncounted::OtherPort {
+            logged: 31001,
+            measured: 30000,
+        });
+        u.request(away);
+        assert!(
+            u.total().unwrap().contains(
+                "(loopback clients not counted since the log's uvicorn said it listens on port \
+                 31001, not on 30000, the port measured): "
+            ),
+            "{:?}",
+            u.total()
+        );
+        let metrics = ProxyMetrics::register(&mut prometheus_client::registry::Registry::default());
+        let mut u = fresh().forwarded_when(metrics.clone());
+        u.server_args(&serde_json::Map::new());
+        u.request(away);
+        metrics.forwarded_client.store(true, Ordering::Relaxed);
+        u.request(away);
+        u.request(lo);
+        u.loopback_off(Uncounted::WorkerAgain);
+        assert_eq!(u.requests, 1);
+        assert!(
+            u.total().unwrap().contains(
+                "went unmeasured (none counted since a proxied request named a client of its \
+                 own): "
+            ),
+            "{:?}",
+            u.total()
+        );
+        // where loopback clients are seen (no source for the proxy), nothing is said of them
+        let mut u = Unseen::new(&run_args(&[]), proxy, None, "127.0.0.1").unwrap();
+        u.own = Some((Vec::new(), Instant::now()));
+        u.request(away);
+        assert!(!u.total().unwrap().contains("loopback"), "{:?}", u.total());
     }
 }
