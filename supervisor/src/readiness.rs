@@ -123,7 +123,7 @@ pub fn server_url(
     let (mut port, mut port_from) = (30000u16, AddressFrom::DefaultPort);
     for v in values(argv, &PORT) {
         // argparse refuses the server's command for any of them that is no number
-        let Ok(p) = v.parse() else {
+        let Ok(p) = v.trim().parse() else {
             anyhow::bail!("the server command has --port {v:?}, which is not a port number");
         };
         (port, port_from) = (p, AddressFrom::Port);
@@ -225,6 +225,11 @@ mod tests {
         assert_eq!(abbreviated.base(), "http://[::1]:8001");
         assert_eq!(abbreviated.bearer, Some(Bearer("k2".into())));
         assert!(server_url(&s(&["x", "--port", "x", "--port", "1"]), None).is_err());
+        // as Python's int() takes it
+        assert_eq!(
+            url(&["x", "--port", " 8002 "]).base(),
+            "http://127.0.0.1:8002"
+        );
         let from = |v: &[&str]| server_url(&s(v), None).unwrap().1;
         assert_eq!(from(&["python3"]), AddressFrom::DefaultPort);
         assert_eq!(from(&["python3", "--port"]), AddressFrom::DefaultPort);
