@@ -21,21 +21,9 @@ pub struct Launch {
     pub env: Vec<(String, String)>,
     /// 1-based line where the launch runs (for a kept command: where it is run, not built).
     pub line: usize,
-    /// The script's variables that hold one string where the launch runs (`PORT=${PORT:-8888}`),
-    /// to read a flag's value written with one ([`Launch::expand`]).
-    pub vars: Vec<(String, String)>,
 }
 
 impl Launch {
-    /// `word` with its variables expanded as bash would where the launch runs: each from the
-    /// script's own value (whose mention of itself, `PORT=${PORT:-8888}`, is the value the
-    /// script inherits), else from `env` (what the script inherits), with `${NAME:-default}`,
-    /// `${NAME-default}` and their `=` forms. `None` where a variable is set by nothing this
-    /// reads, or is written in a form it does not read (`$(…)`, `${#…}`, `${…/…}`, `$1`).
-    pub fn expand(&self, word: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
-        expand_in(word, &self.vars, env, None, 0)
-    }
-
     /// The launcher words (`python3 -m sglang.launch_server`, `sglang serve`).
     pub fn launcher(&self) -> [&str; 3] {
         if self.program.rsplit('/').next() == Some("sglang") {
@@ -483,76 +471,6 @@ fn assignment(w: &str) -> Option<(String, String, bool)> {
     .then(|| (k.to_string(), v.to_string(), append))
 }
 
-/// [`Launch::expand`] of `word`; `own` is the variable whose script value is being expanded
-/// (its own name there is the inherited value).
-fn expand_in(
-    word: &str,
-    vars: &[(String, String)],
-    env: &dyn Fn(&str) -> Option<String>,
-    own: Option<&str>,
-    depth: usize,
-) -> Option<String> {
-    if depth > 8 {
-        return None;
-    }
-    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    let mut out = String::new();
-    let mut rest = word;
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 1..];
-        let (name, default, used) = match after.strip_prefix('{') {
-            Some(inner) => {
-                // the matching brace: a default may hold `${…}` of its own
-                let mut open = 1;
-                let end = inner.char_indices().find_map(|(k, c)| {
-                    open += match c {
-                        '{' => 1,
-                        '}' => -1,
-                        _ => 0,
-                    };
-                    (open == 0).then_some(k)
-                })?;
-                let body = &inner[..end];
-                let n = body.find(|c: char| !is_name(c)).unwrap_or(body.len());
-                let op = &body[n..];
-                let default = match ["-", ":-", "=", ":="]
-                    .iter()
-                    .find_map(|o| op.strip_prefix(o).map(|d| (d, o.starts_with(':'))))
-                {
-                    Some(d) => Some(d),
-                    None if op.is_empty() => None,
-                    None => return None,
-                };
-                (&body[..n], default, end + 2)
-            }
-            None => {
-                let n = after.find(|c: char| !is_name(c)).unwrap_or(after.len());
-                (&after[..n], None, n)
-            }
-        };
-        if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
-            return None;
-        }
-        let value = match vars.iter().find(|(k, _)| k == name && own != Some(name)) {
-            Some((_, v)) => Some(expand_in(v, vars, env, Some(name), depth + 1)?),
-            None => env(name),
-        };
-        let value = match (value, default) {
-            (Some(v), Some((_, true))) if v.is_empty() => None,
-            (v, _) => v,
-        };
-        match (value, default) {
-            (Some(v), _) => out.push_str(&v),
-            (None, Some((d, _))) => out.push_str(&expand_in(d, vars, env, own, depth + 1)?),
-            (None, None) => return None,
-        }
-        rest = &after[used..];
-    }
-    out.push_str(rest);
-    Some(out)
-}
-
 /// Shell keywords and builtins that may stand before a command or an assignment.
 const LEADING: [&str; 12] = [
     "then", "do", "else", "{", "!", "export", "declare", "local", "readonly", "typeset", "time",
@@ -765,19 +683,11 @@ pub fn launches(text: &str) -> Result<Vec<Launch>, RecipeError> {
                 .map(|(_, k, v)| (k.clone(), v.clone()))
                 .chain(alt[..p].iter().filter_map(|w| is_assignment(w)))
                 .collect();
-            let vars = vars
-                .iter()
-                .filter_map(|(k, v)| match v.values(line).as_slice() {
-                    [(words, false)] => Some((k.clone(), words.concat())),
-                    _ => None,
-                })
-                .collect();
             found.push(Launch {
                 program: alt[p].clone(),
                 args: alt[a..].to_vec(),
                 env,
                 line,
-                vars,
             });
         }
     }
@@ -909,7 +819,6 @@ pub fn launch_in_argv(argv: &[String]) -> Option<Launch> {
         args: argv[a..].to_vec(),
         env: argv[..p].iter().filter_map(|w| is_assignment(w)).collect(),
         line: 0,
-        vars: Vec::new(),
     })
 }
 
@@ -1193,28 +1102,5 @@ python3 -m sglang.launch_server --tp "$GPU" --api-key 'k'
         assert_eq!(args_of(&l[63]), ["--port", "24999"]);
         assert_eq!(args_of(&l[64]), ["--tp", "$A"]);
         assert!(took < std::time::Duration::from_secs(2), "took {took:?}");
-    }
-
-    #[test]
-    fn a_flags_value_written_with_the_scripts_variables_is_expanded_as_bash_would() {
-        let script = "PORT=${PORT:-8888}\nHOST=\"0.0.0.0\"\nTP=8\nif [ x ]; then M=a; else M=b; fi\n\
-                      python3 -m sglang.launch_server --port=$PORT --host \"$HOST\" --tp ${TP} \\\n  \
-                      --model $M --x ${NOPE:-7} --y $NOPE --z $(date) --w ${TP/8/9}\n";
-        let l = &launches(script).unwrap()[0];
-        let none = |_: &str| None;
-        let port_9 = |k: &str| (k == "PORT").then(|| "9".to_string());
-        let at = |k: &str| l.args.iter().position(|a| a == k).unwrap() + 1;
-        assert_eq!(l.expand(&l.args[0], &none).as_deref(), Some("--port=8888"));
-        assert_eq!(l.expand(&l.args[0], &port_9).as_deref(), Some("--port=9"));
-        assert_eq!(
-            l.expand(&l.args[at("--host")], &none).as_deref(),
-            Some("0.0.0.0")
-        );
-        assert_eq!(l.expand(&l.args[at("--tp")], &none).as_deref(), Some("8"));
-        assert_eq!(l.expand(&l.args[at("--x")], &none).as_deref(), Some("7"));
-        // set in two branches, set by nothing, or in forms not read: not known
-        for flag in ["--model", "--y", "--z", "--w"] {
-            assert_eq!(l.expand(&l.args[at(flag)], &none), None, "{flag}");
-        }
     }
 }

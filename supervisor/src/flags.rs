@@ -495,7 +495,6 @@ fn audit_command(a: &FlagsAuditArgs) -> Result<i32> {
                 args: a.args.clone(),
                 env: Vec::new(),
                 line: 0,
-                vars: Vec::new(),
             },
         )],
         None => anyhow::bail!("give a recipe file or the launch arguments after `--`"),
@@ -746,34 +745,19 @@ fn dump_command(a: &FlagsDumpArgs) -> Result<i32> {
 /// prefix: `numactl …`, `srun …`, `timeout N`, `env A=B`), or the launches of a bash recipe it
 /// runs (`bash recipe.sh`, `bash -c "…"`). An unreadable recipe: a warning, and no launches.
 pub fn command_launches(command: &[std::ffi::OsString]) -> Vec<(String, Launch)> {
-    match launches_in_command(command) {
-        Ok(found) => found.into_iter().map(|l| (interpreter_of(&l), l)).collect(),
-        Err(sglang_python::recipe::RecipeError::NotFound) => Vec::new(),
-        Err(e) => {
-            tracing::warn!("pre-flight: the launch in COMMAND's script cannot be read: {e}");
-            Vec::new()
-        }
-    }
-}
-
-/// The SGLang launches in `run`'s COMMAND ([`command_launches`]), quietly: `NotFound` where
-/// it runs none this reads.
-pub fn launches_in_command(
-    command: &[std::ffi::OsString],
-) -> Result<Vec<Launch>, sglang_python::recipe::RecipeError> {
-    use sglang_python::recipe::RecipeError::NotFound;
     let argv: Vec<String> = command
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     if let Some(l) = sglang_python::recipe::launch_in_argv(&argv) {
-        return Ok(vec![l]);
+        let python = interpreter_of(&l);
+        return vec![(python, l)];
     }
     let shell = argv
         .first()
         .is_some_and(|a| matches!(a.rsplit('/').next(), Some("bash" | "sh" | "dash" | "zsh")));
     if !shell {
-        return Err(NotFound);
+        return Vec::new();
     }
     let text = match argv.iter().position(|a| a == "-c") {
         Some(i) => argv.get(i + 1).cloned(),
@@ -782,7 +766,17 @@ pub fn launches_in_command(
             .find(|a| !a.starts_with('-'))
             .and_then(|p| std::fs::read_to_string(p).ok()),
     };
-    sglang_python::recipe::launches(&text.ok_or(NotFound)?)
+    let Some(text) = text else {
+        return Vec::new();
+    };
+    match sglang_python::recipe::launches(&text) {
+        Ok(found) => found.into_iter().map(|l| (interpreter_of(&l), l)).collect(),
+        Err(sglang_python::recipe::RecipeError::NotFound) => Vec::new(),
+        Err(e) => {
+            tracing::warn!("pre-flight: the launch in COMMAND's script cannot be read: {e}");
+            Vec::new()
+        }
+    }
 }
 
 /// The interpreter a launch runs: its word (a `$VAR` from our environment), or the `#!` line of

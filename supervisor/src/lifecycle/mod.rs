@@ -80,37 +80,13 @@ fn server_address(args: &RunArgs) -> Result<(HttpUrl, readiness::AddressFrom, &'
 
 /// The words the server's own flags are read from: the launch's arguments where COMMAND runs
 /// one (`… python3 -m sglang.launch_server ARGS`, `sglang serve ARGS`), so that a wrapper's
-/// flags (`mpirun --host`, `docker --host`) are not taken for the server's; the first launch
-/// of a script it runs (`bash recipe.sh`, `bash -c "…"`), its variables expanded where they can
-/// be (`--port=$PORT`, `PORT=${PORT:-8888}`); else all of COMMAND.
+/// flags (`mpirun --host`, `docker --host`) are not taken for the server's; else all of it.
 fn server_words(command: &[OsString]) -> Vec<String> {
     let argv = argv_text(command);
-    // the shell already expanded a launch's own words: a `$` there is the value's
-    if let Some(launch) = sglang_python::recipe::launch_in_argv(&argv) {
-        return launch.args;
+    match sglang_python::recipe::launch_in_argv(&argv) {
+        Some(launch) => launch.args,
+        None => argv,
     }
-    let script = crate::flags::launches_in_command(command).ok();
-    let Some(launch) = script.and_then(|l| l.into_iter().next()) else {
-        return argv;
-    };
-    let env = |k: &str| std::env::var(k).ok();
-    let mut words: Vec<String> = Vec::new();
-    for word in &launch.args {
-        match launch.expand(word, &env) {
-            Some(w) => words.push(w),
-            // A value not known (`--port $PORT`, PORT set by nothing read): its flag goes with
-            // it, so that it reads as not given, not as a wrong value.
-            None => {
-                if words
-                    .last()
-                    .is_some_and(|f| f.starts_with("--") && !f.contains('='))
-                {
-                    words.pop();
-                }
-            }
-        }
-    }
-    words
 }
 
 /// `--metrics-addr` and `--proxy-addr`, checked before anything starts: each must be an address,
@@ -1654,53 +1630,6 @@ mod tests {
             words(&["./serve.sh", "--port", "1"]),
             ["./serve.sh", "--port", "1"]
         );
-        // a literal `$` in a launch the shell expanded is the value's own
-        assert_eq!(
-            words(&["python3", "-m", "sglang.launch_server", "--api-key", "a$b"]),
-            ["--api-key", "a$b"]
-        );
-    }
-
-    /// A recipe run by bash (InferenceX's shape: `PORT=${PORT:-8888}` … `--port=$PORT`) gives its
-    /// launch's words, the script's variables expanded; a value set by nothing read leaves its
-    /// flag out, so that it reads as not given (SGLang's default, and the log's port said).
-    #[test]
-    fn a_scripts_launch_gives_the_servers_flags_with_its_variables_expanded() {
-        let dir = std::env::temp_dir().join(format!("sglsup-recipe-words-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let recipe = dir.join("recipe.sh");
-        std::fs::write(
-            &recipe,
-            "PORT=${PORT_THAT_NOBODY_SETS:-8888}\nTP=8\n\
-             python3 -m sglang.launch_server --host=0.0.0.0 --port=$PORT --tp $TP \\\n  \
-             --api-key $KEY_THAT_NOBODY_SETS --nnodes 2 &\n",
-        )
-        .unwrap();
-        let command: Vec<OsString> = vec!["bash".into(), recipe.clone().into()];
-        let words = server_words(&command);
-        assert_eq!(
-            words,
-            [
-                "--host=0.0.0.0",
-                "--port=8888",
-                "--tp",
-                "8",
-                "--nnodes",
-                "2"
-            ]
-        );
-        let (url, from) = readiness::server_url(&words, None).unwrap();
-        assert_eq!(
-            (url.base(), from),
-            ("http://127.0.0.1:8888".into(), readiness::AddressFrom::Port)
-        );
-        assert_eq!(url.bearer, None);
-        let inline: Vec<OsString> = ["bash", "-c", "sglang serve --port 7001 --node-rank 1"]
-            .iter()
-            .map(OsString::from)
-            .collect();
-        assert_eq!(Node::from_argv(&server_words(&inline)).rank, 1);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
