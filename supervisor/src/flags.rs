@@ -761,9 +761,12 @@ pub fn command_launches(command: &[std::ffi::OsString]) -> Vec<(String, Launch)>
     }
     let text = match argv.iter().position(|a| a == "-c") {
         Some(i) => argv.get(i + 1).cloned(),
+        // Only a regular file: a FIFO (`bash <(…)`, `bash /dev/stdin`) read here would be read
+        // up before the shell gets it, or block until its writer ends.
         None => argv[1..]
             .iter()
             .find(|a| !a.starts_with('-'))
+            .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()))
             .and_then(|p| std::fs::read_to_string(p).ok()),
     };
     let Some(text) = text else {
@@ -1057,6 +1060,14 @@ mod tests {
         .unwrap();
         let got = command_launches(&os(&["bash", recipe.to_str().unwrap()]));
         assert_eq!(got.iter().map(|(_, l)| l.line).collect::<Vec<_>>(), [2, 4]);
+        // A script that is a FIFO (`bash <(…)`) is left to the shell, unread: read here, it
+        // would be used up (or block until its writer ends).
+        let fifo = dir.join("r.fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let command = os(&["bash", fifo.to_str().unwrap()]);
+        std::thread::spawn(move || tx.send(command_launches(&command).len()));
+        assert_eq!(rx.recv_timeout(std::time::Duration::from_secs(5)), Ok(0));
         let _ = std::fs::remove_dir_all(dir);
         assert!(found(&["sglang-replay", "--port", "1"]).is_empty());
     }
