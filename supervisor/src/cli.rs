@@ -423,7 +423,9 @@ pub struct RunArgs {
     /// Server base URL for readiness checks. Default: --host/--port found in COMMAND, spelled
     /// any way SGLang's argparse takes them (`--port=N`, `--po N`; the last one given; a
     /// wrapper's `--` ends nothing) (0.0.0.0 means 127.0.0.1), else SGLang's default
-    /// http://127.0.0.1:30000.
+    /// http://127.0.0.1:30000. A port set in a script COMMAND runs (`bash recipe.sh`, `--port
+    /// $PORT`) is not read, what bash makes of it being unknown here: the run says so at start,
+    /// and again if the server's log names another port.
     #[arg(long, env = "SGLANG_SUPERVISOR_HEALTH_URL", value_name = "URL")]
     pub health_url: Option<String>,
 

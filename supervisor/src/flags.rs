@@ -745,19 +745,34 @@ fn dump_command(a: &FlagsDumpArgs) -> Result<i32> {
 /// prefix: `numactl …`, `srun …`, `timeout N`, `env A=B`), or the launches of a bash recipe it
 /// runs (`bash recipe.sh`, `bash -c "…"`). An unreadable recipe: a warning, and no launches.
 pub fn command_launches(command: &[std::ffi::OsString]) -> Vec<(String, Launch)> {
+    match launches_in_command(command) {
+        Ok(found) => found.into_iter().map(|l| (interpreter_of(&l), l)).collect(),
+        Err(sglang_python::recipe::RecipeError::NotFound) => Vec::new(),
+        Err(e) => {
+            tracing::warn!("pre-flight: the launch in COMMAND's script cannot be read: {e}");
+            Vec::new()
+        }
+    }
+}
+
+/// [`command_launches`] without the interpreters, quietly: `NotFound` where COMMAND runs none
+/// this reads.
+pub fn launches_in_command(
+    command: &[std::ffi::OsString],
+) -> Result<Vec<Launch>, sglang_python::recipe::RecipeError> {
+    use sglang_python::recipe::RecipeError::NotFound;
     let argv: Vec<String> = command
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     if let Some(l) = sglang_python::recipe::launch_in_argv(&argv) {
-        let python = interpreter_of(&l);
-        return vec![(python, l)];
+        return Ok(vec![l]);
     }
     let shell = argv
         .first()
         .is_some_and(|a| matches!(a.rsplit('/').next(), Some("bash" | "sh" | "dash" | "zsh")));
     if !shell {
-        return Vec::new();
+        return Err(NotFound);
     }
     let text = match argv.iter().position(|a| a == "-c") {
         Some(i) => argv.get(i + 1).cloned(),
@@ -769,17 +784,7 @@ pub fn command_launches(command: &[std::ffi::OsString]) -> Vec<(String, Launch)>
             .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()))
             .and_then(|p| std::fs::read_to_string(p).ok()),
     };
-    let Some(text) = text else {
-        return Vec::new();
-    };
-    match sglang_python::recipe::launches(&text) {
-        Ok(found) => found.into_iter().map(|l| (interpreter_of(&l), l)).collect(),
-        Err(sglang_python::recipe::RecipeError::NotFound) => Vec::new(),
-        Err(e) => {
-            tracing::warn!("pre-flight: the launch in COMMAND's script cannot be read: {e}");
-            Vec::new()
-        }
-    }
+    sglang_python::recipe::launches(&text.ok_or(NotFound)?)
 }
 
 /// The interpreter a launch runs: its word (a `$VAR` from our environment), or the `#!` line of

@@ -89,6 +89,28 @@ fn server_words(command: &[OsString]) -> Vec<String> {
     }
 }
 
+/// Where COMMAND gives no --port but a script it runs launches the server with one (`bash
+/// recipe.sh`, `--port $PORT`): what to say, and what to pass. The script's value is not taken:
+/// what bash makes of it (`"$@"` after it, a branch not taken, `$PORT` from elsewhere) is
+/// not read here; the server's log says later where it listens.
+fn port_in_script(command: &[OsString], url: &HttpUrl) -> Option<String> {
+    let launches = crate::flags::launches_in_command(command).ok()?;
+    let given = launches
+        .iter()
+        .find_map(|l| crate::server_argv::last(&l.args, &crate::server_argv::PORT))?;
+    let port = match given.trim().parse::<u16>() {
+        Ok(p) => p.to_string(),
+        Err(_) => "PORT".to_string(),
+    };
+    Some(format!(
+        "the script COMMAND runs launches the server with --port {given}, which this run does \
+         not read from a script: it checks readiness and measures at {}, SGLang's default. Pass \
+         --health-url http://{}:{port}, or --upstream with --proxy-addr or --tap",
+        url.base(),
+        url.host
+    ))
+}
+
 /// `--metrics-addr` and `--proxy-addr`, checked before anything starts: each must be an address,
 /// and not the server's own (the server could not take its port, the proxy would forward to
 /// itself).
@@ -357,6 +379,11 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
         .map(|p| create(p, "log file"))
         .transpose()?;
     let (url, url_from, _) = server_address(args)?;
+    if url_from == readiness::AddressFrom::DefaultPort {
+        if let Some(said) = port_in_script(&args.command, &url) {
+            tracing::warn!("{said}");
+        }
+    }
     // Past a file-size limit (RLIMIT_FSIZE) a write fails with EFBIG instead of killing us: the
     // log file reports it and the child's pipes keep being drained.
     // SAFETY: setting a signal disposition; no handler runs.
@@ -1630,6 +1657,39 @@ mod tests {
             words(&["./serve.sh", "--port", "1"]),
             ["./serve.sh", "--port", "1"]
         );
+    }
+
+    /// `run -- bash recipe.sh` (InferenceX's shape): the port is the script's, which the run
+    /// does not take (bash may make another of it), but says at start, with what to pass.
+    #[test]
+    fn a_port_the_servers_script_sets_is_named_at_start_with_the_flag_to_pass() {
+        let dir = std::env::temp_dir().join(format!("sglsup-script-port-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = HttpUrl::parse("http://127.0.0.1:30000").unwrap();
+        let said = |script: &str| {
+            let recipe = dir.join("r.sh");
+            std::fs::write(&recipe, script).unwrap();
+            port_in_script(&[OsString::from("bash"), recipe.into()], &url)
+        };
+        assert_eq!(
+            said("PORT=${PORT:-8888}\npython3 -m sglang.launch_server --port=$PORT &\n").unwrap(),
+            "the script COMMAND runs launches the server with --port $PORT, which this run does \
+             not read from a script: it checks readiness and measures at http://127.0.0.1:30000, \
+             SGLang's default. Pass --health-url http://127.0.0.1:PORT, or --upstream with \
+             --proxy-addr or --tap"
+        );
+        assert!(said("sglang serve --port 8888\n").unwrap().contains(
+            "--port 8888, which this run does not read from a script: it checks \
+                       readiness and measures at http://127.0.0.1:30000, SGLang's default. Pass \
+                       --health-url http://127.0.0.1:8888,"
+        ));
+        assert_eq!(said("sglang serve --tp 8\n"), None);
+        // a launch COMMAND runs itself gives its --port, read: nothing to say
+        let direct: Vec<OsString> = ["sglang", "serve", "--tp", "8"]
+            .map(OsString::from)
+            .to_vec();
+        assert_eq!(port_in_script(&direct, &url), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
