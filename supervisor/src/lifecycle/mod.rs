@@ -99,6 +99,7 @@ fn port_in_script(command: &[OsString], url: &HttpUrl) -> Option<String> {
         .iter()
         .find_map(|l| crate::server_argv::last(&l.args, &crate::server_argv::PORT))?;
     let port = match given.trim().parse::<u16>() {
+        Ok(p) if p == url.port => return None,
         Ok(p) => p.to_string(),
         Err(_) => "PORT".to_string(),
     };
@@ -1684,6 +1685,7 @@ mod tests {
                        --health-url http://127.0.0.1:8888,"
         ));
         assert_eq!(said("sglang serve --tp 8\n"), None);
+        assert_eq!(said("sglang serve --port 30000\n"), None);
         // a launch COMMAND runs itself gives its --port, read: nothing to say
         let direct: Vec<OsString> = ["sglang", "serve", "--tp", "8"]
             .map(OsString::from)
