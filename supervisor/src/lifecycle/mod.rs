@@ -211,10 +211,16 @@ fn check_writable(path: &Path, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// COMMAND as text, and the secret values its events must never carry (from it and our env).
+/// COMMAND as text, and the secret values its events must never carry: from it, from the
+/// launches of a script it runs (`bash recipe.sh` with `--api-key sk-…` in it, which the
+/// server logs in its arguments), and from our env.
 fn command_and_secrets(args: &RunArgs) -> (Vec<String>, Secrets) {
     let argv = argv_text(&args.command);
-    let secrets = Secrets::from_run(&argv, std::env::vars());
+    let mut words = argv.clone();
+    for launch in crate::flags::launches_in_command(&args.command).unwrap_or_default() {
+        words.extend(launch.args);
+    }
+    let secrets = Secrets::from_run(&words, std::env::vars());
     (argv, secrets)
 }
 
@@ -1691,6 +1697,35 @@ mod tests {
             .map(OsString::from)
             .to_vec();
         assert_eq!(port_in_script(&direct, &url), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_api_key_written_in_the_servers_script_is_a_secret_as_one_on_the_command_line() {
+        let dir = std::env::temp_dir().join(format!("sglsup-script-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let recipe = dir.join("r.sh");
+        std::fs::write(
+            &recipe,
+            "python3 -m sglang.launch_server --api-key sk-in-the-recipe --port 8000 &\n",
+        )
+        .unwrap();
+        let argv = [
+            "sglang-supervisor",
+            "run",
+            "--",
+            "bash",
+            recipe.to_str().unwrap(),
+        ];
+        let crate::cli::Command::Run(args) = crate::cli::parse_from(argv).unwrap().command else {
+            panic!("not a run")
+        };
+        let (command, secrets) = command_and_secrets(&args);
+        assert_eq!(command, ["bash", recipe.to_str().unwrap()]);
+        assert_eq!(
+            &*secrets.redact(b"server_args=ServerArgs(api_key='sk-in-the-recipe')"),
+            b"server_args=ServerArgs(api_key='<redacted>')"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
