@@ -7,7 +7,10 @@
 # pinned to CPU WRITER_CPU and the tap to TAP_CPU. Prints each run and the median of the pairs'
 # differences (tapped - bare, µs per event of send + recv). WRITER_CPUS="0 1 ..." runs one writer
 # per CPU listed at once, each on its own address and the same tapped port (their mean per run):
-# whether writers on several CPUs cost each other more through the tap's one ring.
+# whether writers on several CPUs cost each other more through the tap's one ring. WORK_KB=N
+# gives each event a walk of an N KiB working set in the writer (tcp_op_cost's WORK_KB), and
+# compares its user time an event instead: what the tap costs the writer's own code, whose caches
+# the kernel's copy into the ring (SGLANG_SUPERVISOR_TAP_RING_MB, default 32) runs through.
 #   usage: benches/tap_writer_cost.sh [ROUNDS=5] [COUNT=200000] [EVENT_BYTES=200]
 #   (repo root, after cargo build --release; TAP_SUP=PATH runs another build of the supervisor)
 set -euo pipefail
@@ -22,12 +25,14 @@ writer_port "$W"
 one() {  # one run: prints send + recv µs per event (the mean over the writers)
   local k=2 cpu pids=()
   for cpu in ${WRITER_CPUS:-$WRITER_CPU}; do
-    taskset -c "$cpu" "$W/tcp_op_cost" "$COUNT" "$BYTES" "$PORT" "$k" > "$W/one-$k" &
+    taskset -c "$cpu" "$W/tcp_op_cost" "$COUNT" "$BYTES" "$PORT" "$k" ${WORK_KB:-} > "$W/one-$k" &
     pids+=($!)
     k=$((k + 1))
   done
   wait "${pids[@]}"
-  cat "$W"/one-* | tee -a "$W/runs" | sed -E 's/.*send \+ recv ([0-9.]+) us.*/\1/' |
+  local figure='s/.*send \+ recv ([0-9.]+) us.*/\1/'
+  [ -n "${WORK_KB:-}" ] && figure='s/.*user ([0-9.]+) us.*/\1/'
+  cat "$W"/one-* | tee -a "$W/runs" | sed -E "$figure" |
     awk '{s += $1; n++} END {printf "%.3f\n", s / n}'
   rm -f "$W"/one-*
 }
@@ -43,7 +48,8 @@ for r in $(seq "$ROUNDS"); do
   if (( r % 2 )); then b=$(one); t=$(tapped); else t=$(tapped); b=$(one); fi
   d=$(awk -v t="$t" -v b="$b" 'BEGIN{printf "%.3f", t - b}')
   diffs+=("$d")
-  echo "round $r: bare $b us, tapped $t us per event of $BYTES bytes: tap adds $d us"
+  echo "round $r: bare $b us, tapped $t us per event of $BYTES bytes${WORK_KB:+ (user time, $WORK_KB KiB walk)}: tap adds $d us"
 done
-printf '%s\n' "${diffs[@]}" | sort -g | awk -v n="$ROUNDS" '{a[NR]=$1} END{m=(n%2)?a[(n+1)/2]:(a[n/2]+a[n/2+1])/2;
-  printf "tap_writer_cost: median added %.3f us per event (send + recv in the writer), range %.3f to %.3f, %d pairs\n", m, a[1], a[n], n}'
+what="send + recv in the writer"; [ -n "${WORK_KB:-}" ] && what="the writer's user time, $WORK_KB KiB walk"
+printf '%s\n' "${diffs[@]}" | sort -g | awk -v n="$ROUNDS" -v what="$what" '{a[NR]=$1} END{m=(n%2)?a[(n+1)/2]:(a[n/2]+a[n/2+1])/2;
+  printf "tap_writer_cost: median added %.3f us per event (%s), range %.3f to %.3f, %d pairs\n", m, what, a[1], a[n], n}'
