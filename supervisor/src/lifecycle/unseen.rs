@@ -234,6 +234,14 @@ impl Loopback {
         }
     }
 
+    /// Counted no more, for `why` unless already for another reason (the first is kept).
+    fn off(self, why: Uncounted) -> Loopback {
+        match self {
+            Loopback::Off(_) => self,
+            _ => Loopback::Off(why),
+        }
+    }
+
     /// A loopback client's request: whether it counts, and what is left.
     fn request(self) -> (bool, Loopback) {
         match self {
@@ -329,7 +337,7 @@ impl Unseen {
     /// than the one measured (uvicorn on another port: a router in front of it), or a worker
     /// began or was lost once the server was ready (the one started in its place warms up).
     pub(super) fn loopback_off(&mut self, why: Uncounted) {
-        self.set_loopback(Loopback::Off(why));
+        self.set_loopback(self.loopback.off(why));
     }
 
     /// The server's arguments, as its log gave them.
@@ -361,10 +369,7 @@ impl Unseen {
                 );
             }
         }
-        self.loopback = match (self.loopback, next) {
-            (Loopback::Off(first), Loopback::Off(_)) => Loopback::Off(first),
-            (_, next) => next,
-        };
+        self.loopback = next;
     }
 
     /// A generation request from `addr` in the access log: the warning to give
