@@ -420,9 +420,11 @@ pub struct RunArgs {
     )]
     pub ready_on: ReadyOn,
 
-    /// Server base URL for readiness checks. Default: --host/--port found in COMMAND, spelled
-    /// any way SGLang's argparse takes them (`--port=N`, `--po N`; the last one given; a
-    /// wrapper's `--` ends nothing) (0.0.0.0 means 127.0.0.1), else SGLang's default
+    /// Server base URL for readiness checks. Default: --host/--port of the launch in COMMAND
+    /// (`… python3 -m sglang.launch_server ARGS`, `sglang serve ARGS`: a wrapper's own flags
+    /// in front of it are not read), else found anywhere in COMMAND, spelled any way SGLang's
+    /// argparse takes them (`--port=N`, `--po N`; the last one given; a wrapper's `--` ends
+    /// nothing) (0.0.0.0 means 127.0.0.1), else SGLang's default
     /// http://127.0.0.1:30000. A port set in a script COMMAND runs (`bash recipe.sh`, `--port
     /// $PORT`) is not read, what bash makes of it being unknown here: the run says so at start,
     /// and again if the server's log names another port.
