@@ -74,6 +74,8 @@ METRICS = [("events/s", "rate"), ("median gap ms", "gap_p50"), ("mean gap (TPOT)
            ("HTTP process user us/event", "cpu_user"), ("HTTP process system us/event", "cpu_sys"),
            ("HTTP process cycles/event", "cycles"), ("HTTP process instructions/event", "instructions"),
            ("HTTP process kernel cycles/event", "kcycles")]
+# the acceptance's figures, also pooled a run at a time (--pool, from three runs)
+RUN_AT_A_TIME = [m for m in METRICS if m[1] in ("rate", "gap_mean", "e2e_p50")]
 # read from RUN.cpu, where a run has one (the last three where the machine lent counters)
 FROM_CPU_TRACE = ("cpu_user", "cpu_sys", "cycles", "instructions", "kcycles")
 
@@ -248,7 +250,7 @@ def half_width(xs, shared):
     return t975(len(xs)) * st.stdev(xs) / math.sqrt(len(xs)) * (math.sqrt(4 / 3) if shared else 1.0)
 
 
-def verdict(rs, shared=True):
+def verdict(rs, shared=True, unit="turns"):
     """The geometric mean of the ratios and its 95 % interval. `shared`: neighbouring ratios
     share a turn in their denominators (on/off: an off-turn between two on-turns; tap/ctl: a
     control turn between two tap turns), which correlates them: the variance of their mean is
@@ -262,7 +264,7 @@ def verdict(rs, shared=True):
         return f"{gm:.4f} (one turn: no interval)"
     half = half_width(logs, shared)
     lo, hi = math.exp(st.fmean(logs) - half), math.exp(st.fmean(logs) + half)
-    return f"{gm:.4f}, 95 % interval {lo:.4f}..{hi:.4f}, {len(rs)} turns"
+    return f"{gm:.4f}, 95 % interval {lo:.4f}..{hi:.4f}, {len(rs)} {unit}"
 
 
 def shares_turns(kind, against):
@@ -369,13 +371,17 @@ def pool(outputs, default_backend):
         for (conc, run, kind), d in runs.items():
             backend = d.get("backend") or default_backend
             g = groups.setdefault((conc, backend, compared(arm(run), kind)),
-                                  {"arms": {}, "shared": False, **{k: [] for _, k in METRICS}})
+                                  {"arms": {}, "shared": False, "by_run": {k: [] for _, k in METRICS},
+                                   **{k: [] for _, k in METRICS}})
             name = arm(run) + (f"/{kind}" if kind else "")
             g["arms"][name] = g["arms"].get(name, 0) + 1
             # a saved line's kind: none (on/off), "tap-vs-ctl", or a kind against the off-turns
             g["shared"] |= kind in (None, "tap-vs-ctl") or shares_turns(kind, None)
             for _, key in METRICS:
-                g[key] += d["ratios"].get(key, [])
+                rs = d["ratios"].get(key, [])
+                g[key] += rs
+                if rs:
+                    g["by_run"][key].append(math.exp(st.fmean(math.log(r) for r in rs)))
             if kind == "tog" and (conc, run) in turns_by_run:
                 turn_lists.setdefault((conc, backend), []).append(turns_by_run[(conc, run)])
     if not groups:
@@ -385,6 +391,13 @@ def pool(outputs, default_backend):
         for label, key in METRICS:
             if g[key] or key not in FROM_CPU_TRACE:
                 print(f"keyed, pooled, c={conc} {backend} {what} ({arms}), {label}: {verdict(g[key], g['shared'])}")
+        # The same, a run at a time: each run's own ratio as one value, so that runs that differ
+        # among themselves (another host, another hour) widen the interval as they should.
+        for label, key in RUN_AT_A_TIME:
+            runs = g["by_run"][key]
+            if len(runs) >= 3:
+                print(f"keyed, pooled, c={conc} {backend} {what}, a run at a time, {label}:"
+                      f" {verdict(runs, shared=False, unit='runs')}")
     for (conc, backend), lists in sorted(turn_lists.items()):
         d = cpu_differences(lists)
         if not d["cpu_sys"]:

@@ -689,3 +689,44 @@ fn a_run_without_bench_servings_output_is_filed_under_the_backend_its_arm_was_gi
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Pooled a run at a time (from three runs): each run's own ratio is one value, their geometric
+/// mean the figure, so that runs differing among themselves widen the interval; with two runs
+/// there is no such line.
+#[test]
+fn three_saved_runs_are_also_pooled_a_run_at_a_time() {
+    let slower = |by: f64| {
+        analyse(
+            "pool-runs",
+            Shape {
+                slower: by,
+                ..PLAIN
+            },
+        )
+    };
+    let runs = [
+        ("a.txt", slower(1.04)),
+        ("b.txt", slower(1.0)),
+        ("c.txt", slower(1.02)),
+    ];
+    let own: Vec<f64> = runs
+        .iter()
+        .map(|(name, text)| {
+            let out = pool("runs-own", &[(name, text.clone())], &[]);
+            pooled_value(pooled(
+                &out,
+                "c=32 sglang run on/off (run 1 run), events/s:",
+            ))
+        })
+        .collect();
+    let out = pool("runs", &runs, &[]);
+    let line = pooled(&out, "c=32 sglang run on/off, a run at a time, events/s:");
+    assert!(line.ends_with(", 3 runs"), "{line}");
+    let want = (own.iter().map(|r| r.ln()).sum::<f64>() / 3.0).exp();
+    assert!(
+        (pooled_value(line) - want).abs() < 1e-3,
+        "{line}: want {want} from {own:?}"
+    );
+    let two = pool("runs-two", &runs[..2], &[]);
+    assert!(!two.contains("a run at a time"), "{two}");
+}
