@@ -1671,13 +1671,8 @@ mod tests {
     #[test]
     fn a_port_the_servers_script_sets_is_named_at_start_with_the_flag_to_pass() {
         let dir = std::env::temp_dir().join(format!("sglsup-script-port-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
         let url = HttpUrl::parse("http://127.0.0.1:30000").unwrap();
-        let said = |script: &str| {
-            let recipe = dir.join("r.sh");
-            std::fs::write(&recipe, script).unwrap();
-            port_in_script(&[OsString::from("bash"), recipe.into()], &url)
-        };
+        let said = |script: &str| port_in_script(&["bash".into(), recipe(&dir, script)], &url);
         assert_eq!(
             said("PORT=${PORT:-8888}\npython3 -m sglang.launch_server --port=$PORT &\n").unwrap(),
             "the script COMMAND runs launches the server with --port $PORT, which this run does \
@@ -1700,16 +1695,22 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// `dir`/r.sh holding `script`, `dir` made where missing.
+    fn recipe(dir: &Path, script: &str) -> OsString {
+        std::fs::create_dir_all(dir).unwrap();
+        let path = dir.join("r.sh");
+        std::fs::write(&path, script).unwrap();
+        path.into()
+    }
+
     #[test]
     fn an_api_key_written_in_the_servers_script_is_a_secret_as_one_on_the_command_line() {
         let dir = std::env::temp_dir().join(format!("sglsup-script-key-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let recipe = dir.join("r.sh");
-        std::fs::write(
-            &recipe,
+        let recipe = recipe(
+            &dir,
             "python3 -m sglang.launch_server --api-key sk-in-the-recipe --port 8000 &\n",
-        )
-        .unwrap();
+        );
+        let recipe = std::path::PathBuf::from(recipe);
         let argv = [
             "sglang-supervisor",
             "run",
