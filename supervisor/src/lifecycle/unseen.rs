@@ -474,6 +474,16 @@ mod tests {
         *args
     }
 
+    /// The count for a proxy on 127.0.0.1:31000 whose connections come from 127.0.0.2, on a
+    /// machine whose own addresses are loopback's alone.
+    fn behind_proxy(flags: &[&str]) -> Unseen {
+        let proxy = Some("127.0.0.1:31000".parse().unwrap());
+        let source = Some(Ipv4Addr::new(127, 0, 0, 2));
+        let mut u = Unseen::new(&run_args(flags), proxy, source, "127.0.0.1").unwrap();
+        u.own = Some((Vec::new(), Instant::now()));
+        u
+    }
+
     #[test]
     fn the_first_request_missed_is_said_and_every_one_counted() {
         let mut u = Unseen::new(&run_args(&["--tap"]), None, None, "127.0.0.1").unwrap();
@@ -624,8 +634,6 @@ mod tests {
     /// before the server's arguments are read, when how many workers warm up is not known.
     #[test]
     fn the_other_tokenizer_workers_warm_ups_and_a_second_servers_are_not_counted() {
-        let proxy = Some("127.0.0.1:31000".parse().unwrap());
-        let source = Some(Ipv4Addr::new(127, 0, 0, 2));
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
         let away: IpAddr = "198.51.100.3".parse().unwrap();
         let args = |workers: u64| {
@@ -634,8 +642,7 @@ mod tests {
             m
         };
         let counted = |flags: &[&str], workers: Option<u64>, sent: &[IpAddr]| {
-            let mut u = Unseen::new(&run_args(flags), proxy, source, "127.0.0.1").unwrap();
-            u.own = Some((Vec::new(), Instant::now()));
+            let mut u = behind_proxy(flags);
             if let Some(w) = workers {
                 u.server_args(&args(w));
             }
@@ -666,8 +673,7 @@ mod tests {
         assert_eq!(counted(&[], None, &[lo, lo, away]), 1);
         // a ready line past one a worker: a worker started again, its warm-up maybe after the
         // count began; loopback no more
-        let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
-        u.own = Some((Vec::new(), Instant::now()));
+        let mut u = behind_proxy(&[]);
         u.server_args(&args(2));
         u.ready_line();
         u.ready_line();
@@ -688,8 +694,7 @@ mod tests {
             u.total()
         );
         // ready lines read before the arguments count as well
-        let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
-        u.own = Some((Vec::new(), Instant::now()));
+        let mut u = behind_proxy(&[]);
         u.ready_line();
         u.ready_line();
         u.server_args(&args(1));
@@ -699,8 +704,7 @@ mod tests {
             (0, Loopback::Off(Uncounted::WorkerAgain))
         );
         // a second server: loopback no more, elsewhere still
-        let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
-        u.own = Some((Vec::new(), Instant::now()));
+        let mut u = behind_proxy(&[]);
         u.server_args(&args(1));
         u.request(lo);
         u.server_args(&args(1));
@@ -717,10 +721,7 @@ mod tests {
 
     #[test]
     fn a_loopback_client_that_bypassed_the_proxy_is_told_to_use_it_and_one_elsewhere_why_it_must() {
-        let proxy = Some("127.0.0.1:31000".parse().unwrap());
-        let source = Some(Ipv4Addr::new(127, 0, 0, 2));
-        let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
-        u.own = Some((Vec::new(), Instant::now()));
+        let mut u = behind_proxy(&[]);
         u.server_args(&serde_json::Map::new());
         assert_eq!(u.request("127.0.0.2".parse().unwrap()), None);
         let here = u.request("127.0.0.1".parse().unwrap()).unwrap();
@@ -730,8 +731,7 @@ mod tests {
              to the server, not through the proxy at 127.0.0.1:31000: the requests log and the \
              request_* figures leave out this client's requests (point the client at the proxy)"
         );
-        let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
-        u.own = Some((Vec::new(), Instant::now()));
+        let mut u = behind_proxy(&[]);
         let away = u.request("198.51.100.3".parse().unwrap()).unwrap();
         assert!(
             away.ends_with(
@@ -747,16 +747,9 @@ mod tests {
     /// proxied request named its client, which goes before any later loopback event.
     #[test]
     fn the_final_count_says_where_loopback_clients_or_all_went_uncounted() {
-        let proxy = Some("127.0.0.1:31000".parse().unwrap());
-        let source = Some(Ipv4Addr::new(127, 0, 0, 2));
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
         let away: IpAddr = "198.51.100.3".parse().unwrap();
-        let fresh = || {
-            let mut u = Unseen::new(&run_args(&[]), proxy, source, "127.0.0.1").unwrap();
-            u.own = Some((Vec::new(), Instant::now()));
-            u
-        };
-        let mut u = fresh();
+        let mut u = behind_proxy(&[]);
         u.ready_line();
         u.request(lo);
         u.request(away);
@@ -768,7 +761,7 @@ mod tests {
             "{:?}",
             u.total()
         );
-        let mut u = fresh();
+        let mut u = behind_proxy(&[]);
         u.server_args(&serde_json::Map::new());
         u.loopback_off(Uncounted::OtherPort {
             logged: 31001,
@@ -784,7 +777,7 @@ mod tests {
             u.total()
         );
         let metrics = ProxyMetrics::register(&mut prometheus_client::registry::Registry::default());
-        let mut u = fresh().forwarded_when(metrics.clone());
+        let mut u = behind_proxy(&[]).forwarded_when(metrics.clone());
         u.server_args(&serde_json::Map::new());
         u.request(away);
         metrics.forwarded_client.store(true, Ordering::Relaxed);
@@ -801,7 +794,13 @@ mod tests {
             u.total()
         );
         // where loopback clients are seen (no source for the proxy), nothing is said of them
-        let mut u = Unseen::new(&run_args(&[]), proxy, None, "127.0.0.1").unwrap();
+        let mut u = Unseen::new(
+            &run_args(&[]),
+            Some("127.0.0.1:31000".parse().unwrap()),
+            None,
+            "127.0.0.1",
+        )
+        .unwrap();
         u.own = Some((Vec::new(), Instant::now()));
         u.request(away);
         assert!(!u.total().unwrap().contains("loopback"), "{:?}", u.total());
