@@ -426,8 +426,8 @@ pub struct RunArgs {
     /// argparse takes them (`--port=N`, `--po N`; the last one given; a wrapper's `--` ends
     /// nothing) (0.0.0.0 means 127.0.0.1), else SGLang's default
     /// http://127.0.0.1:30000. A port set in a script COMMAND runs (`bash recipe.sh`, `--port
-    /// $PORT`) is not read, what bash makes of it being unknown here: the run says so at start,
-    /// and again if the server's log names another port.
+    /// $PORT`; what bash makes of it is unknown here) or in the launch's `--config` file is not
+    /// read: the run says so at start, and again if the server's log names another port.
     #[arg(long, env = "SGLANG_SUPERVISOR_HEALTH_URL", value_name = "URL")]
     pub health_url: Option<String>,
 

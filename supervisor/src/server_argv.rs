@@ -33,6 +33,7 @@ pub const ADMIN_API_KEY: Flag = Flag::new("--admin-api-key", "--ad");
 pub const NNODES: Flag = Flag::new("--nnodes", "--nn");
 pub const NODE_RANK: Flag = Flag::new("--node-rank", "--nod");
 pub const TOKENIZER_WORKER_NUM: Flag = Flag::new("--tokenizer-worker-num", "--tokenizer-w");
+pub const CONFIG: Flag = Flag::new("--config", "--conf");
 
 /// Every value `argv` gives `flag`, in order (argparse keeps the last). A flag with no word
 /// after it gives none.

@@ -89,15 +89,32 @@ fn server_words(command: &[OsString]) -> Vec<String> {
     }
 }
 
-/// Where COMMAND gives no --port but a script it runs launches the server with one (`bash
-/// recipe.sh`, `--port $PORT`): what to say, and what to pass. The script's value is not taken:
-/// what bash makes of it (`"$@"` after it, a branch not taken, `$PORT` from elsewhere) is
-/// not read here; the server's log says later where it listens.
-fn port_in_script(command: &[OsString], url: &HttpUrl) -> Option<String> {
+/// Where COMMAND gives no --port but the server's port may be set where this run does not read
+/// it: what to say, and what to pass. A script COMMAND runs that launches the server with one
+/// (`bash recipe.sh`, `--port $PORT`), whose value is not taken (what bash makes of it, `"$@"`
+/// after it, a branch not taken, `$PORT` from elsewhere, is not read here); or the launch's
+/// `--config FILE`. The server's log says later where it listens.
+fn port_not_read(command: &[OsString], url: &HttpUrl) -> Option<String> {
+    use crate::server_argv::{last, CONFIG, PORT};
     let launches = crate::flags::launches_in_command(command).ok()?;
-    let given = launches
-        .iter()
-        .find_map(|l| crate::server_argv::last(&l.args, &crate::server_argv::PORT))?;
+    let polled = format!(
+        "it checks readiness and measures at {}, SGLang's default",
+        url.base()
+    );
+    let pass = |port: &str| {
+        format!(
+            "--health-url http://{}:{port}, or --upstream with --proxy-addr or --tap",
+            url.host
+        )
+    };
+    let Some(given) = launches.iter().find_map(|l| last(&l.args, &PORT)) else {
+        let config = launches.iter().find_map(|l| last(&l.args, &CONFIG))?;
+        return Some(format!(
+            "the server's --config {config} may set its port, which this run does not read: \
+             {polled}. If the file sets another, pass {}",
+            pass("PORT")
+        ));
+    };
     let port = match given.trim().parse::<u16>() {
         Ok(p) if p == url.port => return None,
         Ok(p) => p.to_string(),
@@ -105,10 +122,8 @@ fn port_in_script(command: &[OsString], url: &HttpUrl) -> Option<String> {
     };
     Some(format!(
         "the script COMMAND runs launches the server with --port {given}, which this run does \
-         not read from a script: it checks readiness and measures at {}, SGLang's default. Pass \
-         --health-url http://{}:{port}, or --upstream with --proxy-addr or --tap",
-        url.base(),
-        url.host
+         not read from a script: {polled}. Pass {}",
+        pass(&port)
     ))
 }
 
@@ -387,7 +402,7 @@ async fn open_services(args: &RunArgs) -> Result<Services> {
         .transpose()?;
     let (url, url_from, _) = server_address(args)?;
     if url_from == readiness::AddressFrom::DefaultPort {
-        if let Some(said) = port_in_script(&args.command, &url) {
+        if let Some(said) = port_not_read(&args.command, &url) {
             tracing::warn!("{said}");
         }
     }
@@ -1669,10 +1684,10 @@ mod tests {
     /// `run -- bash recipe.sh` (InferenceX's shape): the port is the script's, which the run
     /// does not take (bash may make another of it), but says at start, with what to pass.
     #[test]
-    fn a_port_the_servers_script_sets_is_named_at_start_with_the_flag_to_pass() {
+    fn a_port_set_where_the_run_does_not_read_it_is_named_at_start_with_the_flag_to_pass() {
         let dir = std::env::temp_dir().join(format!("sglsup-script-port-{}", std::process::id()));
         let url = HttpUrl::parse("http://127.0.0.1:30000").unwrap();
-        let said = |script: &str| port_in_script(&["bash".into(), recipe(&dir, script)], &url);
+        let said = |script: &str| port_not_read(&["bash".into(), recipe(&dir, script)], &url);
         assert_eq!(
             said("PORT=${PORT:-8888}\npython3 -m sglang.launch_server --port=$PORT &\n").unwrap(),
             "the script COMMAND runs launches the server with --port $PORT, which this run does \
@@ -1687,11 +1702,21 @@ mod tests {
         ));
         assert_eq!(said("sglang serve --tp 8\n"), None);
         assert_eq!(said("sglang serve --port 30000\n"), None);
+        // a --config file may set it, in a script or in COMMAND itself
+        let config = "the server's --config c.yaml may set its port, which this run does not \
+                      read: it checks readiness and measures at http://127.0.0.1:30000, SGLang's \
+                      default. If the file sets another, pass --health-url \
+                      http://127.0.0.1:PORT, or --upstream with --proxy-addr or --tap";
+        assert_eq!(said("sglang serve --config c.yaml\n").unwrap(), config);
+        let direct: Vec<OsString> = ["sglang", "serve", "--config", "c.yaml"]
+            .map(OsString::from)
+            .to_vec();
+        assert_eq!(port_not_read(&direct, &url).unwrap(), config);
         // a launch COMMAND runs itself gives its --port, read: nothing to say
         let direct: Vec<OsString> = ["sglang", "serve", "--tp", "8"]
             .map(OsString::from)
             .to_vec();
-        assert_eq!(port_in_script(&direct, &url), None);
+        assert_eq!(port_not_read(&direct, &url), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
