@@ -985,18 +985,14 @@ fn a_loopback_client_that_goes_straight_to_the_server_is_named_and_counted_with_
     let (run, proxy, log) = counting_bypasses("proxy-bypassed-here", &[]);
     let needle = "access log shows a generation request from";
     for _ in 0..3 {
-        assert!(post(&proxy, "/generate", BYPASS_BODY)
-            .status
-            .contains("200"));
+        generate(&proxy);
     }
     assert_eq!(wait_records(&log, 3).len(), 3);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(run.warnings_with(needle), Vec::<String>::new());
     let server = format!("127.0.0.1:{}", run.port);
     for _ in 0..2 {
-        assert!(post(&server, "/generate", BYPASS_BODY)
-            .status
-            .contains("200"));
+        generate(&server);
     }
     let said = run.wait_warning(needle, T);
     assert_eq!(
@@ -1048,6 +1044,22 @@ fn post_forwarded(proxy: &str, client: &str, body: &str) {
 
 const BYPASS_BODY: &str = r#"{"text":"a b","sampling_params":{"max_new_tokens":4},"stream":true}"#;
 
+/// POST a short streamed /generate to `addr`, answered 200.
+fn generate(addr: &str) {
+    assert!(post(addr, "/generate", BYPASS_BODY).status.contains("200"));
+}
+
+/// The run counting bypasses over a replay of a real 0.5.14 start with two tokenizer workers,
+/// its ready line printed `ready_lines` times: the run, the server's own address, the
+/// requests log.
+fn two_worker_start(name: &str, ready_lines: &str) -> (Run, String, std::path::PathBuf) {
+    let log = common::fixture("F_tokworkers2/server.log");
+    let replay = ["--log", log.to_str().unwrap(), "--ready-lines", ready_lines];
+    let (run, _proxy, requests) = counting_bypasses(name, &replay);
+    let server = format!("127.0.0.1:{}", run.port);
+    (run, server, requests)
+}
+
 /// Stops the run and checks that it counted `requests` from 127.0.0.1 as unmeasured.
 fn stopped_having_counted(mut run: Run, log: &std::path::Path, requests: &str, them: &str) {
     run.stop_by_sigterm();
@@ -1096,19 +1108,12 @@ fn a_proxied_request_naming_its_client_ends_the_count_rather_than_claim_a_bypass
 /// request after it is taken for that warm-up, never claimed as a bypass (the count is a floor).
 #[test]
 fn with_two_tokenizer_workers_the_first_loopback_request_counted_is_taken_for_the_second_warm_up() {
-    let log = common::fixture("F_tokworkers2/server.log");
-    let replay = ["--log", log.to_str().unwrap(), "--ready-lines", "2"];
-    let (run, _proxy, requests) = counting_bypasses("proxy-bypassed-tokworkers", &replay);
-    let server = format!("127.0.0.1:{}", run.port);
-    assert!(post(&server, "/generate", BYPASS_BODY)
-        .status
-        .contains("200"));
+    let (run, server, requests) = two_worker_start("proxy-bypassed-tokworkers", "2");
+    generate(&server);
     std::thread::sleep(Duration::from_millis(300));
     let needle = "access log shows a generation request from";
     assert_eq!(run.warnings_with(needle), Vec::<String>::new());
-    assert!(post(&server, "/generate", BYPASS_BODY)
-        .status
-        .contains("200"));
+    generate(&server);
     run.wait_warning(needle, T);
     stopped_having_counted(run, &requests, "1 generation request", "it");
 }
@@ -1117,14 +1122,9 @@ fn with_two_tokenizer_workers_the_first_loopback_request_counted_is_taken_for_th
 /// whose warm-up may come after the count began. Loopback clients are counted no more.
 #[test]
 fn a_worker_started_again_ends_the_count_of_loopback_clients() {
-    let log = common::fixture("F_tokworkers2/server.log");
-    let replay = ["--log", log.to_str().unwrap(), "--ready-lines", "3"];
-    let (run, _proxy, requests) = counting_bypasses("proxy-bypassed-respawn", &replay);
-    let server = format!("127.0.0.1:{}", run.port);
+    let (run, server, requests) = two_worker_start("proxy-bypassed-respawn", "3");
     for _ in 0..2 {
-        assert!(post(&server, "/generate", BYPASS_BODY)
-            .status
-            .contains("200"));
+        generate(&server);
     }
     std::thread::sleep(Duration::from_millis(300));
     let mut run = run;
@@ -1189,9 +1189,7 @@ fn a_servers_log_from_behind_its_own_router_claims_no_bypass() {
     wait_event_at(&events, "server_info", T);
     std::thread::sleep(Duration::from_millis(200));
     for _ in 0..2 {
-        assert!(post(&proxy, "/generate", BYPASS_BODY)
-            .status
-            .contains("200"));
+        generate(&proxy);
     }
     std::thread::sleep(Duration::from_millis(300));
     // SAFETY: a signal to our own child, which has not been waited for yet.
@@ -1231,13 +1229,9 @@ fn ready_by_http_alone_starts_no_count_of_loopback_clients() {
     );
     run.wait_event("server_info", T);
     std::thread::sleep(Duration::from_millis(200));
-    assert!(post(&proxy, "/generate", BYPASS_BODY)
-        .status
-        .contains("200"));
+    generate(&proxy);
     let server = format!("127.0.0.1:{}", run.port);
-    assert!(post(&server, "/generate", BYPASS_BODY)
-        .status
-        .contains("200"));
+    generate(&server);
     std::thread::sleep(Duration::from_millis(300));
     run.stop_by_sigterm();
     let server_log = std::fs::read_to_string(run.dir.join("server.log")).unwrap();
