@@ -86,10 +86,10 @@ impl Node {
 
     /// From the server's argv, spelled any way SGLang's argparse accepts ([`server_argv`]).
     pub fn from_argv(argv: &[String]) -> Node {
-        let number = |flag| server_argv::last(argv, flag)?.trim().parse::<u32>().ok();
+        use server_argv::{last_number, NNODES, NODE_RANK};
         Node {
-            rank: number(&server_argv::NODE_RANK).unwrap_or(0),
-            nnodes: number(&server_argv::NNODES).map_or(1, |n| n.max(1)),
+            rank: last_number(argv, &NODE_RANK).unwrap_or(0),
+            nnodes: last_number(argv, &NNODES).map_or(1, |n: u32| n.max(1)),
         }
     }
 }

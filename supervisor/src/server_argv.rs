@@ -56,6 +56,11 @@ pub fn last<'a, S: AsRef<str>>(argv: &'a [S], flag: &'a Flag) -> Option<&'a str>
     values(argv, flag).last()
 }
 
+/// [`last`] as a number, spaces around it allowed as Python's `int()` allows them.
+pub fn last_number<T: std::str::FromStr, S: AsRef<str>>(argv: &[S], flag: &Flag) -> Option<T> {
+    last(argv, flag)?.trim().parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

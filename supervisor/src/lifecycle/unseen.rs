@@ -98,8 +98,7 @@ impl Blind {
 /// `--tokenizer-worker-num` in the server's command: 1 where it is not there.
 fn tokenizer_workers(command: &[std::ffi::OsString]) -> u64 {
     let argv = super::server_words(command);
-    let given = server_argv::last(&argv, &server_argv::TOKENIZER_WORKER_NUM);
-    given.and_then(|n| n.trim().parse().ok()).unwrap_or(1)
+    server_argv::last_number(&argv, &server_argv::TOKENIZER_WORKER_NUM).unwrap_or(1)
 }
 
 /// The requests read so far that the run could not measure, for a run that misses some.
