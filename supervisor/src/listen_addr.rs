@@ -135,24 +135,7 @@ pub(crate) fn route_among(ip: IpAddr, own: &[IpAddr]) -> Route {
     }
 }
 
-/// The addresses of this machine's interfaces (getifaddrs), IPv6 link-local ones without their
-/// scope, as a server's log gives them. Not "what can be bound": with
-/// `net.ipv4.ip_nonlocal_bind` any address can.
-pub(crate) fn own_addresses() -> Vec<IpAddr> {
-    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
-        tracing::debug!("cannot list this machine's addresses: every client counts as elsewhere");
-        return Vec::new();
-    };
-    addrs
-        .filter_map(|a| {
-            let s = a.address?;
-            s.as_sockaddr_in()
-                .map(|v4| IpAddr::V4(v4.ip()))
-                .or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
-        })
-        .map(|ip| ip.to_canonical())
-        .collect()
-}
+pub(crate) use sglang_exporters::host::own_addresses;
 
 /// Refuse a listening address that is the server's own: the same port (not 0) on the same host,
 /// or both on this machine (loopback or every interface).

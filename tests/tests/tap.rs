@@ -958,6 +958,74 @@ fn on_every_interface_a_loopback_client_is_measured_once() {
 }
 
 #[test]
+fn on_every_interface_a_port_forwarded_to_another_host_measures_each_request_once() {
+    let Some(other) = tap_and_other_host("on_every_interface_a_port_forwarded_to_another_host...")
+    else {
+        return;
+    };
+    // The server on the other host (a container's network), reached through a relay on this
+    // machine's loopback port, as docker-proxy publishes one: each request crosses lo to the
+    // relay, then the link to the server, as a second connection on the same port.
+    let log = log_path("tap-forwarded");
+    let _ = std::fs::remove_file(&log);
+    let stderr = log.with_extension("stderr");
+    let run = Run::start(
+        "tap-forwarded",
+        Opts {
+            supervisor: &[
+                "--tap",
+                "--tap-interface",
+                "any",
+                "--requests-log",
+                log.to_str().unwrap(),
+            ],
+            replay: &["--speed", "50", "--host", "0.0.0.0"],
+            server_wrap: &other.run_there(),
+            stderr: std::fs::File::create(&stderr).unwrap().into(),
+            ..Default::default()
+        },
+    );
+    let upstream = format!("{}:{}", other.there, run.port);
+    let server = format!("127.0.0.1:{}", run.port);
+    let relay = Beside::start(env!("CARGO_BIN_EXE_tcp-relay"), &[&server, &upstream]);
+    let metrics = run.wait_event("listening", T)["metrics"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    run.wait_event("ready", T);
+    for _ in 0..3 {
+        assert!(post(&server, "/v1/completions", SIX_OF_TWO)
+            .status
+            .contains("200"));
+    }
+    wait_records(&log, 3);
+    std::thread::sleep(Duration::from_millis(300));
+    let recs = records(&log);
+    assert_eq!(recs.len(), 3, "{recs:#?}");
+    recs.iter().for_each(assert_six_of_two);
+    // The relay's connections, the readiness probes' included, are counted, not measured.
+    let page = scrape(&metrics);
+    let name = "sglang_supervisor_tap_forwarded_connections_total";
+    assert!(
+        series(&page, name).is_some_and(|n| n >= 3.0),
+        "{}",
+        tap_lines(&page)
+    );
+    let mut run = run;
+    run.stop_by_sigterm();
+    drop(relay);
+    let console = std::fs::read_to_string(&stderr).unwrap();
+    assert_eq!(
+        console
+            .matches(&format!("tap: connections to {upstream} are not measured"))
+            .count(),
+        1,
+        "{console}"
+    );
+    let _ = (std::fs::remove_file(&log), std::fs::remove_file(&stderr));
+}
+
+#[test]
 fn a_client_whose_segments_carry_ip_options_is_measured_all_the_same() {
     if !can_tap("a_client_whose_segments_carry_ip_options...") {
         return;

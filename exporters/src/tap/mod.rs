@@ -16,6 +16,7 @@ pub mod http;
 pub mod ring;
 pub mod tcp;
 
+use crate::host::OwnAddresses;
 use crate::proxy::{
     Api, EventStream, Held, Ledger, ProxyMetrics, Recorder, Sink, Started, CLIENT_LEFT,
     CLIENT_LEFT_EARLY,
@@ -58,6 +59,9 @@ const MISSED: &str = "bytes of this connection never passed the tap (its ring dr
 /// after it is joined again at its next request; the table's size is bounded apart, by
 /// [`MAX_CONNECTIONS`]).
 const IDLE: Duration = Duration::from_secs(3600);
+/// How often, at most, this machine's addresses are read again for a server end not among
+/// them (an address added since the tap started).
+const OWN_READ_AGAIN: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum TapError {
@@ -91,6 +95,8 @@ pub struct TapMetrics {
     pub dropped_packets: Counter,
     /// Connections whose bytes could not all be read (lost segments, not HTTP, too many).
     pub unread_connections: Counter,
+    /// Connections to an address not this machine's, on every interface: not followed.
+    pub forwarded_connections: Counter,
 }
 
 impl TapMetrics {
@@ -105,6 +111,11 @@ impl TapMetrics {
             "tap_unread_connections",
             "Connections to the server the tap could not read whole (their open requests end as errors)",
             m.unread_connections.clone(),
+        );
+        registry.register(
+            "tap_forwarded_connections",
+            "Connections to the server's port at an address not this machine's, seen with --tap-interface any (traffic it forwards, to a container say) and not measured: their clients' own connections to this machine are",
+            m.forwarded_connections.clone(),
         );
         Arc::new(m)
     }
@@ -232,6 +243,7 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
     // 4 GiB over all at most.
     let blocks = (RING_MB.read()? * ring::BLOCKS_PER_MB).min(4096 * ring::BLOCKS_PER_MB / members);
     let ledger = Ledger::new(metrics, stats.clone(), requests_log, traffic_window);
+    let on_every_interface = Interface::parse(&iface) == Interface::Any;
     let open = || -> std::io::Result<_> {
         let iface = Interface::parse(&iface);
         let (rings, from) = Ring::open_group(port, &iface, blocks, members).or_else(|e| {
@@ -274,6 +286,9 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
             tap_metrics.clone(),
             RingDrops::new(Box::new(drops)),
         );
+        if on_every_interface {
+            conns.servers_here = Some(OwnAddresses::new(OWN_READ_AGAIN));
+        }
         conns.share(members, &all_buffered);
         let reader = Reader {
             conns,
@@ -569,6 +584,14 @@ struct Connections {
     all_buffered: Arc<AtomicUsize>,
     published: usize,
     drops: RingDrops,
+    /// With the tap on every interface, this machine's addresses: the only server ends
+    /// followed. A port the machine forwards (to a container's, by docker-proxy or a DNAT rule)
+    /// shows each request twice there: as its client's connection to this machine, and again
+    /// as the forwarded one, to an address that is not this machine's.
+    servers_here: Option<OwnAddresses>,
+    /// The first such server end seen, and whether it was said.
+    forwarded: Option<End>,
+    forwarded_told: bool,
 }
 
 impl Connections {
@@ -590,6 +613,9 @@ impl Connections {
             all_buffered: Arc::new(AtomicUsize::new(0)),
             published: 0,
             drops,
+            servers_here: None,
+            forwarded: None,
+            forwarded_told: false,
         }
     }
 
@@ -640,6 +666,20 @@ impl Connections {
                  ({} at most per reader; a connection flood?): they are measured again from \
                  their next request",
                 self.max_connections
+            );
+        }
+        if let Some(to) = self.forwarded.filter(|_| !self.forwarded_told) {
+            self.forwarded_told = true;
+            let to = std::net::SocketAddr::new(to.ip, to.port);
+            tracing::warn!(
+                "tap: connections to {to} are not measured: {} is not an address of this \
+                 machine, so on every interface (--tap-interface any) they are traffic it \
+                 forwards (to a container, say), whose requests are measured as their clients' \
+                 connections to this machine; to measure clients that connect to {} itself, \
+                 pass --tap-interface with the interface they cross \
+                 (tap_forwarded_connections_total counts them)",
+                to.ip(),
+                to.ip()
             );
         }
         let n = std::mem::take(&mut self.refused);
@@ -819,6 +859,9 @@ impl Connections {
     /// Follows a connection whose client's bytes start after `isn` (a SYN's sequence number);
     /// false when [`MAX_CONNECTIONS`] are followed and none could be forgotten.
     fn follow(&mut self, key: (End, End), isn: u32, at: Instant, joined: bool) -> bool {
+        if !self.server_is_here(key.1, joined, at) {
+            return false;
+        }
         // A pass over a full map that freed nothing is not run again for a while: each would
         // cost a millisecond, for every segment of every connection that could not be followed.
         let full = self.max_connections;
@@ -855,6 +898,22 @@ impl Connections {
             },
         );
         true
+    }
+
+    /// Whether `server` is an end of this machine's (any is, unless the tap is on every
+    /// interface). One that is not is counted once a connection: at its SYN.
+    fn server_is_here(&mut self, server: End, joined: bool, at: Instant) -> bool {
+        let Some(own) = &mut self.servers_here else {
+            return true;
+        };
+        if own.holds(server.ip, at) {
+            return true;
+        }
+        if !joined {
+            self.tap_metrics.forwarded_connections.inc();
+        }
+        self.forwarded.get_or_insert(server);
+        false
     }
 
     /// At its share of [`MAX_CONNECTIONS`], up to a sixteenth of them with nothing open and
@@ -1352,6 +1411,53 @@ mod tests {
         assert_eq!(r.len(), 1, "{r:?}");
         assert_eq!(r[0]["status"], 200);
         assert!(r[0]["error"].is_null(), "{r:?}");
+    }
+
+    #[test]
+    fn on_every_interface_a_connection_to_an_address_not_this_machines_is_not_followed() {
+        // A port forwarded to a container: the client's connection to this machine, then the
+        // forwarder's to the container (203.0.113.0/24, for documentation: on no machine's
+        // interface, where this one's has 192.0.2.2), both seen.
+        let forwarded = |w: &mut Wire, port: u16| {
+            let (fwd, ctr) = ([203, 0, 113, 1], [203, 0, 113, 2]);
+            w.raw(&packet4(fwd, ctr, port, PORT, 10, SYN, b""));
+            w.raw(&packet4(ctr, fwd, PORT, port, 20, SYN | ACK, b""));
+            w.raw(&packet4(fwd, ctr, port, PORT, 11, ACK, REQ));
+            w.raw(&packet4(ctr, fwd, PORT, port, 21, ACK, OK));
+        };
+        let exchange = |w: &mut Wire, port: u16| {
+            let mut f = Flow::open(w, port, 100, 200);
+            f.client(w, 0, REQ);
+            f.server(w, 0, OK);
+        };
+        let mut w = Wire::new("forwarded");
+        w.conns.servers_here = Some(OwnAddresses::new(OWN_READ_AGAIN));
+        exchange(&mut w, 40001);
+        forwarded(&mut w, 40002);
+        assert_eq!(w.records().len(), 1, "{:?}", w.records());
+        assert_eq!(w.conns.tap_metrics.forwarded_connections.get(), 1);
+        // Its next request on the same connection is not joined either, nor counted again.
+        w.raw(&packet4(
+            [203, 0, 113, 1],
+            [203, 0, 113, 2],
+            40002,
+            PORT,
+            11 + REQ.len() as u32,
+            ACK,
+            REQ,
+        ));
+        assert_eq!(w.records().len(), 1);
+        assert_eq!(w.conns.tap_metrics.forwarded_connections.get(), 1);
+        assert_eq!(
+            w.conns.forwarded.map(|e| e.ip.to_string()),
+            Some("203.0.113.2".into())
+        );
+        // On one interface (lo, or one named) every server end on the port is followed.
+        let mut w = Wire::new("forwarded-named");
+        exchange(&mut w, 40001);
+        forwarded(&mut w, 40002);
+        assert_eq!(w.records().len(), 2, "{:?}", w.records());
+        assert_eq!(w.conns.tap_metrics.forwarded_connections.get(), 0);
     }
 
     #[test]

@@ -12,9 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cli::RunArgs;
-use crate::listen_addr::{local, own_addresses, route_among, Route};
+use crate::listen_addr::{local, route_among, Route};
 use crate::logs::parse::LoopbackClients;
 use crate::server_argv;
+use sglang_exporters::host::OwnAddresses;
 use sglang_exporters::proxy::ProxyMetrics;
 
 /// What a tap on `lo` missing clients elsewhere should be given instead.
@@ -108,8 +109,8 @@ pub(super) struct Unseen {
     how: String,
     /// The same for a loopback client that bypassed the proxy.
     how_on_loopback: Option<String>,
-    /// This machine's addresses, and when they were read.
-    own: Option<(Vec<IpAddr>, Instant)>,
+    /// This machine's addresses.
+    own: OwnAddresses,
     requests: u64,
     /// Whether loopback clients are counted, as the server's log has told so far.
     loopback: Loopback,
@@ -307,7 +308,7 @@ impl Unseen {
             blind,
             how,
             how_on_loopback,
-            own: None,
+            own: OwnAddresses::new(OWN_FOR),
             requests: 0,
             loopback: Loopback::Unknown {
                 workers: tokenizer_workers(&args.command),
@@ -375,11 +376,7 @@ impl Unseen {
     /// now when it is the first the run misses.
     pub(super) fn request(&mut self, addr: IpAddr) -> Option<String> {
         let now = Instant::now();
-        let own = match &self.own {
-            Some((own, at)) if now.duration_since(*at) < OWN_FOR => own,
-            _ => &self.own.insert((own_addresses(), now)).0,
-        };
-        let route = route_among(addr, own);
+        let route = route_among(addr, self.own.get(now));
         if self.stopped || !self.blind.misses(route, addr) || self.forwarded() {
             return None;
         }
@@ -479,14 +476,14 @@ mod tests {
         let proxy = Some("127.0.0.1:31000".parse().unwrap());
         let source = Some(Ipv4Addr::new(127, 0, 0, 2));
         let mut u = Unseen::new(&run_args(flags), proxy, source, "127.0.0.1").unwrap();
-        u.own = Some((Vec::new(), Instant::now()));
+        u.own = OwnAddresses::these(Vec::new());
         u
     }
 
     #[test]
     fn the_first_request_missed_is_said_and_every_one_counted() {
         let mut u = Unseen::new(&run_args(&["--tap"]), None, None, "127.0.0.1").unwrap();
-        u.own = Some((Vec::new(), Instant::now()));
+        u.own = OwnAddresses::these(Vec::new());
         assert_eq!(u.total(), None);
         // This machine's own addresses are reached over lo: seen by the tap, not counted.
         assert_eq!(u.request("::1".parse().unwrap()), None);
@@ -514,7 +511,7 @@ mod tests {
     fn past_the_clients_kept_their_count_is_a_floor_and_every_request_counted() {
         let mut u = Unseen::new(&run_args(&["--tap"]), None, None, "127.0.0.1").unwrap();
         // None of them this machine's, whatever addresses the machine that runs this has.
-        u.own = Some((Vec::new(), Instant::now()));
+        u.own = OwnAddresses::these(Vec::new());
         let n = MAX_CLIENTS as u32 + 2;
         for i in 0..n {
             u.request(std::net::Ipv4Addr::from((10u32 << 24) + i).into());
@@ -800,7 +797,7 @@ mod tests {
             "127.0.0.1",
         )
         .unwrap();
-        u.own = Some((Vec::new(), Instant::now()));
+        u.own = OwnAddresses::these(Vec::new());
         u.request(away);
         assert!(!u.total().unwrap().contains("loopback"), "{:?}", u.total());
     }

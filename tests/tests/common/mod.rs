@@ -173,6 +173,8 @@ pub struct Opts<'a> {
     pub pre_exec: Option<fn() -> std::io::Result<()>>,
     /// A command the supervisor runs under (`unshare -p -f`, ...).
     pub wrap: &'a [&'a str],
+    /// A command the server runs under (`ip netns exec NS`: the server on another host).
+    pub server_wrap: &'a [&'a str],
 }
 
 impl Default for Opts<'_> {
@@ -185,6 +187,7 @@ impl Default for Opts<'_> {
             stderr: Stdio::null(),
             pre_exec: None,
             wrap: &[],
+            server_wrap: &[],
         }
     }
 }
@@ -230,6 +233,7 @@ impl Run {
                 &["--metrics-addr", "127.0.0.1:0"][..]
             })
             .arg("--")
+            .args(opts.server_wrap)
             .arg(replay_bin())
             .arg("--port")
             .arg(port.to_string())
@@ -727,6 +731,11 @@ impl OtherHost {
         )
     }
 
+    /// `ip netns exec NS`: what a command runs after to run on the other host.
+    pub fn run_there(&self) -> [&str; 4] {
+        ["ip", "netns", "exec", &self.ns]
+    }
+
     /// GET `http://{addr}{path}` from the other host: the HTTP status.
     pub fn get(&self, addr: &str, path: &str) -> String {
         self.curl(&[], addr, path)
@@ -751,6 +760,31 @@ impl OtherHost {
             .output()
             .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+/// A process a test starts beside the run (a relay, say), its output thrown away, killed when
+/// dropped: a failing test's panic leaves none behind holding the harness's pipes.
+pub struct Beside(std::process::Child);
+
+impl Beside {
+    pub fn start(program: &str, args: &[&str]) -> Beside {
+        Beside(
+            Command::new(program)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    }
+}
+
+impl Drop for Beside {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
