@@ -133,7 +133,10 @@ def main(argv):
             f.write(line + "\n")
             time.sleep(period)
     if counters:
-        print(f"cpu_trace: counters over {len(counters.fds)} threads of process {pid}, each on the PMU"
+        # a saved summary keeps this line: the one place that says what the columns hold
+        what = ("software counters (task clock, context switches, page faults)"
+                if os.environ.get("CPU_TRACE_COUNTERS") == "software" else "counters")
+        print(f"cpu_trace: {what} over {len(counters.fds)} threads of process {pid}, each on the PMU"
               f" at least {100 * (1 - counters.squeezed):.1f} % of its time", file=sys.stderr)
 
 

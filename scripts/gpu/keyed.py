@@ -2,7 +2,7 @@
 the off-turns beside them (scripts/gpu/proxy_acceptance.sh, SIDES=keyed).
 
   usage: keyed.py CONC RUN KEYS [RUN KEYS ...]
-         keyed.py --pool [--backend NAME] OUTPUT [OUTPUT ...]
+         keyed.py --pool [--backend NAME] [--counters pmu|software] OUTPUT [OUTPUT ...]
     RUN   the prefix of a client's event stamps (RUN.chunks, RUN.begun: scripts/gpu/clientstamps,
           BENCH_CHUNKS=RUN), and of RUN.cpu if there is one ("UNIX USER_S SYSTEM_S [CYCLES
           INSTRUCTIONS KERNEL_CYCLES]" lines: the server's HTTP process's CPU so far, sampled
@@ -56,6 +56,10 @@ and gives the HTTP process's CPU per event that each on-turn adds over the mean 
 beside it (µs, and as a share of that process's user + system CPU an event; mean and 95 %
 interval, widened as above): the tap's cost to the process that sets the pace, read directly;
 with counters, the same in cycles, kernel cycles (as a share of all its cycles) and instructions.
+--counters software says the runs' traces held the kernel's software counters instead
+(CPU_TRACE_COUNTERS=software: task clock in ns, context switches, page faults, in the same
+columns; a saved output does not say which): their lines are named so, each a share of its own
+off-turns' count.
 """
 import bisect
 import json
@@ -78,6 +82,16 @@ METRICS = [("events/s", "rate"), ("median gap ms", "gap_p50"), ("mean gap (TPOT)
 RUN_AT_A_TIME = [m for m in METRICS if m[1] in ("rate", "gap_mean", "e2e_p50")]
 # read from RUN.cpu, where a run has one (the last three where the machine lent counters)
 FROM_CPU_TRACE = ("cpu_user", "cpu_sys", "cycles", "instructions", "kcycles")
+# what the three counter columns hold, by scripts/gpu/cpu_trace.py's CPU_TRACE_COUNTERS
+COUNTER_NAMES = {"pmu": ("cycles", "instructions", "kernel cycles"),
+                 "software": ("task clock ns", "context switches", "page faults")}
+
+
+def labelled(counters):
+    """METRICS with the counter columns named for `counters` (a key of COUNTER_NAMES)."""
+    names = dict(zip(("cycles", "instructions", "kcycles"), COUNTER_NAMES[counters]))
+    return [(f"HTTP process {names[key]}/event", key) if key in names else (label, key)
+            for label, key in METRICS]
 
 
 def load(run):
@@ -305,10 +319,11 @@ def backend_of(run):
     return os.environ.get("KEYED_BACKEND")
 
 
-def cpu_differences(turn_lists, kind="tog"):
+def cpu_differences(turn_lists, kind="tog", counters="pmu"):
     """Each kept on-turn of `kind` less the mean of the kept off-turns on either side, in the HTTP
     process's CPU per event (µs): user, system and the two together; and each as a share of the
-    off-turns' user + system. Read from saved "keyed-turns" lines (each a run's turns)."""
+    off-turns' user + system. Read from saved "keyed-turns" lines (each a run's turns). The
+    counters as shares too: kernel cycles of all cycles (pmu), a software count of its own."""
     out = {"cpu_user": [], "cpu_sys": [], "cpu_both": [], "share_sys": [], "share_both": [],
            "share_cycles": [], "share_kcycles": [], "share_instructions": []}
     both = lambda r: r["cpu_user"] + r["cpu_sys"]
@@ -336,7 +351,10 @@ def cpu_differences(turn_lists, kind="tog"):
                 # kernel's work for the tap reads as a part of all the work the process does
                 off_cycles = mean(lambda b: b["cycles"])
                 out["share_cycles"].append(100 * (r["cycles"] - off_cycles) / off_cycles)
-                out["share_kcycles"].append(100 * (r["kcycles"] - mean(lambda b: b["kcycles"])) / off_cycles)
+                off_k = mean(lambda b: b["kcycles"])
+                of = off_cycles if counters == "pmu" else off_k
+                if of > 0:  # page faults may be none at all beside a turn
+                    out["share_kcycles"].append(100 * (r["kcycles"] - off_k) / of)
                 off_instr = mean(lambda b: b["instructions"])
                 out["share_instructions"].append(100 * (r["instructions"] - off_instr) / off_instr)
     return out
@@ -351,7 +369,7 @@ def mean_interval(xs, unit):
     return f"{m:+.3f}{unit} ({m - half:+.3f} to {m + half:+.3f})"
 
 
-def pool(outputs, default_backend):
+def pool(outputs, default_backend, counters="pmu"):
     # a file named twice would count its turns twice (and narrow the intervals)
     outputs = list(dict.fromkeys(os.path.realpath(p) for p in outputs))
     groups = {}
@@ -386,9 +404,10 @@ def pool(outputs, default_backend):
                 turn_lists.setdefault((conc, backend), []).append(turns_by_run[(conc, run)])
     if not groups:
         sys.exit(f"keyed.py --pool: no keyed-ratios line in {', '.join(outputs)}")
+    metrics = labelled(counters)
     for (conc, backend, what), g in sorted(groups.items()):
         arms = ", ".join(f"{a} {n} run{'s' if n > 1 else ''}" for a, n in sorted(g["arms"].items()))
-        for label, key in METRICS:
+        for label, key in metrics:
             if g[key] or key not in FROM_CPU_TRACE:
                 print(f"keyed, pooled, c={conc} {backend} {what} ({arms}), {label}: {verdict(g[key], g['shared'])}")
         # The same, a run at a time: each run's own ratio as one value, so that runs that differ
@@ -399,28 +418,38 @@ def pool(outputs, default_backend):
                 print(f"keyed, pooled, c={conc} {backend} {what}, a run at a time, {label}:"
                       f" {verdict(runs, shared=False, unit='runs')}")
     for (conc, backend), lists in sorted(turn_lists.items()):
-        d = cpu_differences(lists)
+        d = cpu_differences(lists, counters=counters)
         if not d["cpu_sys"]:
             continue
         print(f"keyed, pooled, c={conc} {backend} toggled, HTTP process CPU per event, on-turn less the"
               f" off-turns beside it, {len(d['cpu_sys'])} turns: system {mean_interval(d['cpu_sys'], ' us')},"
               f" {mean_interval(d['share_sys'], ' %')} of its CPU; user {mean_interval(d['cpu_user'], ' us')};"
               f" both {mean_interval(d['cpu_both'], ' us')}, {mean_interval(d['share_both'], ' %')}")
-        if d["share_cycles"]:
+        if d["share_cycles"] and counters == "pmu":
             print(f"keyed, pooled, c={conc} {backend} toggled, HTTP process counters per event, on-turn less"
                   f" the off-turns beside it, as a share of the off-turns' cycles or instructions,"
                   f" {len(d['share_cycles'])} turns: cycles {mean_interval(d['share_cycles'], ' %')};"
                   f" kernel cycles {mean_interval(d['share_kcycles'], ' %')};"
                   f" instructions {mean_interval(d['share_instructions'], ' %')}")
+        elif d["share_cycles"]:
+            clock, switches, faults = COUNTER_NAMES[counters]
+            print(f"keyed, pooled, c={conc} {backend} toggled, HTTP process software counters per event,"
+                  f" on-turn less the off-turns beside it, as a share of the off-turns' own,"
+                  f" {len(d['share_cycles'])} turns: {clock} {mean_interval(d['share_cycles'], ' %')};"
+                  f" {switches} {mean_interval(d['share_instructions'], ' %')};"
+                  f" {faults} {mean_interval(d['share_kcycles'], ' %')}"
+                  f" ({len(d['share_kcycles'])} turns with faults beside them)")
 
 
 def main(argv):
     if argv[:1] == ["--pool"]:
-        rest, backend = argv[1:], "sglang"
-        if rest[:1] == ["--backend"] and len(rest) > 1:
-            rest, backend = rest[2:], rest[1]
+        rest, options = argv[1:], {"--backend": "sglang", "--counters": "pmu"}
+        while rest[:1] and rest[0] in options and len(rest) > 1:
+            options[rest[0]], rest = rest[1], rest[2:]
+        if options["--counters"] not in COUNTER_NAMES:
+            sys.exit(f"keyed.py --pool: --counters {options['--counters']!r}: give pmu or software")
         if rest:
-            return pool(rest, backend)
+            return pool(rest, options["--backend"], options["--counters"])
     if len(argv) < 3 or len(argv) % 2 != 1:
         sys.exit(__doc__)
     conc = int(argv[0])

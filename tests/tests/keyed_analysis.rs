@@ -612,6 +612,46 @@ fn pooled_toggled_runs_with_counters_give_the_share_of_cycles_each_on_turn_adds(
     assert!((1.0095..1.0105).contains(&pooled_value(cycles)), "{cycles}");
 }
 
+/// The same runs read with `--counters software` (traces of the kernel's task clock, context
+/// switches and page faults, in the same columns): each named so, and each a share of its own
+/// off-turns' count, page faults too (not of the task clock, as kernel cycles are of cycles).
+#[test]
+fn pooled_runs_with_software_counters_name_them_and_give_each_as_a_share_of_its_own() {
+    let out = as_run(
+        &analyse(
+            "pool-software",
+            Shape {
+                slower: 1.02,
+                toggled: true,
+                counters: true,
+                ..PLAIN
+            },
+        ),
+        "c32-keyedtog-1.jsonl",
+    );
+    let out = pool("software", &[("tog.txt", out)], &["--counters", "software"]);
+    let line = pooled(
+        &out,
+        "c=32 sglang toggled, HTTP process software counters per event",
+    );
+    let after = |word: &str| number_after(line, word);
+    assert!(
+        (0.99..1.01).contains(&after("turns: task clock ns ")),
+        "{line}"
+    );
+    assert!((0.62..0.63).contains(&after("context switches ")), "{line}");
+    assert!((9.9..10.1).contains(&after("page faults ")), "{line}");
+    assert!(
+        !out.contains("kernel cycles") && !out.contains("cycles/event"),
+        "{out}"
+    );
+    let faults = pooled(
+        &out,
+        "c=32 sglang tap/off, toggled (keyedtog/tog 1 run), HTTP process page faults/event",
+    );
+    assert!((1.095..1.105).contains(&pooled_value(faults)), "{faults}");
+}
+
 /// scripts/gpu/cpu_trace.py counts every thread of the process, those begun after the trace
 /// too. The dev machines lend no hardware counters, so this runs the same code with the
 /// kernel's software ones (CPU_TRACE_COUNTERS=software): the task clock summed over the
@@ -640,7 +680,12 @@ fn the_cpu_trace_counts_every_thread_of_the_process_those_begun_after_it_too() {
         .unwrap();
     child.wait().unwrap();
     let said = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(said.contains("counters over 2 threads"), "{said}");
+    assert!(
+        said.contains(
+            "software counters (task clock, context switches, page faults) over 2 threads"
+        ),
+        "{said}"
+    );
     let text = std::fs::read_to_string(&trace).unwrap();
     let last: Vec<f64> = text
         .lines()
