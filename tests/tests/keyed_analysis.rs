@@ -582,13 +582,12 @@ fn pooled_toggled_runs_give_the_cpu_an_event_each_on_turn_adds_to_the_http_proce
     assert!(line.contains(", 8 turns:"), "{line}");
 }
 
-/// Pooled toggled runs with counters also give what each on-turn adds in cycles, kernel cycles
-/// and instructions an event, as shares of the off-turns' (1 %, 1 % and 0.625 % here).
-#[test]
-fn pooled_toggled_runs_with_counters_give_the_share_of_cycles_each_on_turn_adds() {
-    let out = as_run(
+/// A toggled run 2 % slower in its on-turns, with counter columns (cycles 1 %, kernel cycles
+/// 10 % and instructions 0.625 % more an event), saved as the keyed arm's first run.
+fn toggled_with_counters(test: &str) -> String {
+    as_run(
         &analyse(
-            "pool-counters",
+            test,
             Shape {
                 slower: 1.02,
                 toggled: true,
@@ -597,7 +596,14 @@ fn pooled_toggled_runs_with_counters_give_the_share_of_cycles_each_on_turn_adds(
             },
         ),
         "c32-keyedtog-1.jsonl",
-    );
+    )
+}
+
+/// Pooled toggled runs with counters also give what each on-turn adds in cycles, kernel cycles
+/// and instructions an event, as shares of the off-turns' (1 %, 1 % and 0.625 % here).
+#[test]
+fn pooled_toggled_runs_with_counters_give_the_share_of_cycles_each_on_turn_adds() {
+    let out = toggled_with_counters("pool-counters");
     let out = pool("counters", &[("tog.txt", out)], &[]);
     let line = pooled(&out, "c=32 sglang toggled, HTTP process counters per event");
     let after = |word: &str| number_after(line, word);
@@ -617,18 +623,7 @@ fn pooled_toggled_runs_with_counters_give_the_share_of_cycles_each_on_turn_adds(
 /// off-turns' count, page faults too (not of the task clock, as kernel cycles are of cycles).
 #[test]
 fn pooled_runs_with_software_counters_name_them_and_give_each_as_a_share_of_its_own() {
-    let out = as_run(
-        &analyse(
-            "pool-software",
-            Shape {
-                slower: 1.02,
-                toggled: true,
-                counters: true,
-                ..PLAIN
-            },
-        ),
-        "c32-keyedtog-1.jsonl",
-    );
+    let out = toggled_with_counters("pool-software");
     let out = pool("software", &[("tog.txt", out)], &["--counters", "software"]);
     let line = pooled(
         &out,
