@@ -6,8 +6,9 @@ need_apt=()
 # wrk drives the load test (tests/tests/load.rs, benches/load.sh); perf only the profile of the
 # tap's cost in a writer (benches/tap_writer_profile.sh; no test needs it).
 # chromium opens the HTML report headless and offline (tests/tests/profiler.rs); unshare and ip
-# give a proxy test a network namespace with a short connect timeout (exporters proxy::upstream).
-for bin_pkg in "cc:build-essential" "curl:curl" "python3:python3" "pkg-config:pkg-config" "procps:procps" "wrk:wrk" "chromium:chromium" "unshare:util-linux" "ip:iproute2" "perf:linux-perf"; do
+# give a proxy test a network namespace with a short connect timeout (exporters proxy::upstream);
+# nft a router namespace's DNAT rule (tests/tests/tap.rs, a port translated to another host).
+for bin_pkg in "cc:build-essential" "curl:curl" "python3:python3" "pkg-config:pkg-config" "procps:procps" "wrk:wrk" "chromium:chromium" "unshare:util-linux" "ip:iproute2" "nft:nftables" "perf:linux-perf"; do
   bin=${bin_pkg%%:*}; pkg=${bin_pkg#*:}
   if [ "$bin" = procps ]; then command -v ps >/dev/null || need_apt+=("$pkg"); continue; fi
   command -v "$bin" >/dev/null || need_apt+=("$pkg")

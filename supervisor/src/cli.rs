@@ -504,11 +504,13 @@ pub struct RunArgs {
     pub tap: bool,
 
     /// With --tap: where the copy is taken: `lo` (clients on this machine), `any` (clients on
-    /// other hosts too), or an interface's name. With `any`, only connections to this machine's
-    /// own addresses are measured: a port it forwards to a container (docker-proxy, a DNAT
-    /// rule) shows each request on both sides, and the container's side is left out (counted
-    /// in tap_forwarded_connections_total, said once); clients that connect to a container's
-    /// address itself are measured by naming the interface they cross. A run whose tap read nothing there (not even our
+    /// other hosts too), or an interface's name. With `any`, a port this machine publishes for
+    /// a container carries each request twice: docker-proxy relays the client's connection on,
+    /// and a DNAT rule's connection passes once before translation and once after. The first is
+    /// measured; its copy (the relay's onward leg, just after a connection to this machine; the
+    /// same client end and first sequence number to another address) is counted in
+    /// tap_copied_connections_total and said once (with more than one reader, a copy hashed to
+    /// another reader than its first is measured too). A run whose tap read nothing there (not even our
     /// own readiness request) says so in its warnings and report; so does one whose server's
     /// access log shows a generation request the tap did not see (on `lo`, from a client
     /// elsewhere; on a named interface, from this machine's own addresses, loopback included

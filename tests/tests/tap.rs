@@ -958,7 +958,7 @@ fn on_every_interface_a_loopback_client_is_measured_once() {
 }
 
 #[test]
-fn on_every_interface_a_port_forwarded_to_another_host_measures_each_request_once() {
+fn on_every_interface_a_port_relayed_to_another_host_measures_each_request_once() {
     let Some(other) = tap_and_other_host("on_every_interface_a_port_forwarded_to_another_host...")
     else {
         return;
@@ -1003,24 +1003,111 @@ fn on_every_interface_a_port_forwarded_to_another_host_measures_each_request_onc
     let recs = records(&log);
     assert_eq!(recs.len(), 3, "{recs:#?}");
     recs.iter().for_each(assert_six_of_two);
-    // The relay's connections, the readiness probes' included, are counted, not measured.
+    // The relay's onward legs, the readiness probes' included, are counted, not measured.
     let page = scrape(&metrics);
-    let name = "sglang_supervisor_tap_forwarded_connections_total";
-    assert!(
-        series(&page, name).is_some_and(|n| n >= 3.0),
-        "{}",
-        tap_lines(&page)
-    );
+    let name = "sglang_supervisor_tap_copied_connections_total";
+    let copied = series(&page, name).unwrap_or_default();
+    assert!(copied >= 3.0, "{}", tap_lines(&page));
+    // A client here that reaches the server's own address, no relay before it, is measured.
+    std::thread::sleep(Duration::from_millis(1100));
+    for _ in 0..2 {
+        assert!(post(&upstream, "/v1/completions", SIX_OF_TWO)
+            .status
+            .contains("200"));
+    }
+    assert_eq!(wait_records(&log, 5).len(), 5);
     let mut run = run;
     run.stop_by_sigterm();
     drop(relay);
     let console = std::fs::read_to_string(&stderr).unwrap();
-    assert_eq!(
-        console
-            .matches(&format!("tap: connections to {upstream} are not measured"))
-            .count(),
-        1,
-        "{console}"
+    let said: Vec<&str> = console
+        .lines()
+        .filter(|l| l.contains("was not measured"))
+        .collect();
+    assert_eq!(said.len(), 1, "{console}");
+    assert!(
+        said[0].contains(&format!("to {upstream} was not measured"))
+            && said[0].contains("a relay's onward leg"),
+        "{}",
+        said[0]
+    );
+    let _ = (std::fs::remove_file(&log), std::fs::remove_file(&stderr));
+}
+
+#[test]
+fn on_every_interface_a_port_translated_to_another_host_measures_each_request_once() {
+    if !can_tap("on_every_interface_a_port_translated...") {
+        return;
+    }
+    // The supervisor on a router whose DNAT rule sends its port on to a server on another
+    // host: each request crosses it twice, to the router's address, then to the server's.
+    let Some(router) = Router::new("on_every_interface_a_port_translated...") else {
+        return;
+    };
+    let log = log_path("tap-translated");
+    let _ = std::fs::remove_file(&log);
+    let stderr = log.with_extension("stderr");
+    let health = format!("http://{}:{{port}}/health", Router::SERVER);
+    let run = Run::start(
+        "tap-translated",
+        Opts {
+            supervisor: &[
+                "--tap",
+                "--tap-interface",
+                "any",
+                "--requests-log",
+                log.to_str().unwrap(),
+                "--health-url",
+                &health,
+            ],
+            replay: &["--speed", "50", "--host", "0.0.0.0"],
+            wrap: &router.on_router(),
+            server_wrap: &router.on_server(),
+            stderr: std::fs::File::create(&stderr).unwrap().into(),
+            ..Default::default()
+        },
+    );
+    let port = run.port;
+    let rules = format!(
+        "table ip sglsup {{\n chain pre {{\n  type nat hook prerouting priority -100;\n  \
+         ip daddr {} tcp dport {port} dnat to {}:{port}\n }}\n}}\n",
+        Router::FRONT,
+        Router::SERVER
+    );
+    if let Err(e) = router.nft(&rules) {
+        assert!(
+            router.nft("").is_err(),
+            "nft took an empty ruleset, refused ours: {e}"
+        );
+        eprintln!("SKIPPED on_every_interface_a_port_translated...: no nftables here ({e}; scripts/setup.sh installs it)");
+        return;
+    }
+    run.wait_event("ready", T);
+    let front = format!("{}:{port}", Router::FRONT);
+    for _ in 0..3 {
+        assert_eq!(
+            router.client_post(&front, "/v1/completions", SIX_OF_TWO),
+            "200"
+        );
+    }
+    wait_records(&log, 3);
+    std::thread::sleep(Duration::from_millis(300));
+    let recs = records(&log);
+    assert_eq!(recs.len(), 3, "{recs:#?}");
+    recs.iter().for_each(assert_six_of_two);
+    let mut run = run;
+    run.stop_by_sigterm();
+    let console = std::fs::read_to_string(&stderr).unwrap();
+    let said: Vec<&str> = console
+        .lines()
+        .filter(|l| l.contains("was not measured"))
+        .collect();
+    assert_eq!(said.len(), 1, "{console}");
+    assert!(
+        said[0].contains(&format!("to {}:{port} was not measured", Router::SERVER))
+            && said[0].contains("address-translated copy"),
+        "{}",
+        said[0]
     );
     let _ = (std::fs::remove_file(&log), std::fs::remove_file(&stderr));
 }

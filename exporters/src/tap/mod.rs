@@ -12,16 +12,17 @@
 //! guessed). Segments the ring had no room for are counted; a connection that lost bytes ends
 //! its open requests as errors and is not read further.
 mod boost;
+mod copies;
 pub mod http;
 pub mod ring;
 pub mod tcp;
 
-use crate::host::OwnAddresses;
 use crate::proxy::{
     Api, EventStream, Held, Ledger, ProxyMetrics, Recorder, Sink, Started, CLIENT_LEFT,
     CLIENT_LEFT_EARLY,
 };
 use crate::report::{RequestStats, Settle};
+use copies::Copies;
 use http::{Exchange, Http};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
@@ -59,9 +60,6 @@ const MISSED: &str = "bytes of this connection never passed the tap (its ring dr
 /// after it is joined again at its next request; the table's size is bounded apart, by
 /// [`MAX_CONNECTIONS`]).
 const IDLE: Duration = Duration::from_secs(3600);
-/// How often, at most, this machine's addresses are read again for a server end not among
-/// them (an address added since the tap started).
-const OWN_READ_AGAIN: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum TapError {
@@ -95,8 +93,8 @@ pub struct TapMetrics {
     pub dropped_packets: Counter,
     /// Connections whose bytes could not all be read (lost segments, not HTTP, too many).
     pub unread_connections: Counter,
-    /// Connections to an address not this machine's, on every interface: not followed.
-    pub forwarded_connections: Counter,
+    /// Copies of connections followed (on every interface: relayed, translated): not followed.
+    pub copied_connections: Counter,
 }
 
 impl TapMetrics {
@@ -113,9 +111,9 @@ impl TapMetrics {
             m.unread_connections.clone(),
         );
         registry.register(
-            "tap_forwarded_connections",
-            "Connections to the server's port at an address not this machine's, seen with --tap-interface any (traffic it forwards, to a container say) and not measured: their clients' own connections to this machine are",
-            m.forwarded_connections.clone(),
+            "tap_copied_connections",
+            "Connections to the server's port not measured with --tap-interface any, as copies of connections measured: a relay's onward leg (docker-proxy) or a translated copy (DNAT)",
+            m.copied_connections.clone(),
         );
         Arc::new(m)
     }
@@ -287,7 +285,7 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
             RingDrops::new(Box::new(drops)),
         );
         if on_every_interface {
-            conns.servers_here = Some(OwnAddresses::new(OWN_READ_AGAIN));
+            conns.copies = Some(Copies::new());
         }
         conns.share(members, &all_buffered);
         let reader = Reader {
@@ -419,6 +417,8 @@ impl Reader {
         self.read_through.store(u64::MAX, Ordering::Release);
         self.conns
             .close_all("the tap stopped while the request was open");
+        // What the tap gave up since the last check, said even for a run shorter than one.
+        self.conns.warn_given_up();
         // The last second's drops too (a run's end is where a lagging ring overflows), those
         // read by the close included.
         self.count_drops();
@@ -584,14 +584,8 @@ struct Connections {
     all_buffered: Arc<AtomicUsize>,
     published: usize,
     drops: RingDrops,
-    /// With the tap on every interface, this machine's addresses: the only server ends
-    /// followed. A port the machine forwards (to a container's, by docker-proxy or a DNAT rule)
-    /// shows each request twice there: as its client's connection to this machine, and again
-    /// as the forwarded one, to an address that is not this machine's.
-    servers_here: Option<OwnAddresses>,
-    /// The first such server end seen, and whether it was said.
-    forwarded: Option<End>,
-    forwarded_told: bool,
+    /// With the tap on every interface: the connections a copy would repeat ([`copies`]).
+    copies: Option<Copies>,
 }
 
 impl Connections {
@@ -613,9 +607,7 @@ impl Connections {
             all_buffered: Arc::new(AtomicUsize::new(0)),
             published: 0,
             drops,
-            servers_here: None,
-            forwarded: None,
-            forwarded_told: false,
+            copies: None,
         }
     }
 
@@ -668,19 +660,8 @@ impl Connections {
                 self.max_connections
             );
         }
-        if let Some(to) = self.forwarded.filter(|_| !self.forwarded_told) {
-            self.forwarded_told = true;
-            let to = std::net::SocketAddr::new(to.ip, to.port);
-            tracing::warn!(
-                "tap: connections to {to} are not measured: {} is not an address of this \
-                 machine, so on every interface (--tap-interface any) they are traffic it \
-                 forwards (to a container, say), whose requests are measured as their clients' \
-                 connections to this machine; to measure clients that connect to {} itself, \
-                 pass --tap-interface with the interface they cross \
-                 (tap_forwarded_connections_total counts them)",
-                to.ip(),
-                to.ip()
-            );
+        if let Some(line) = self.copies.as_mut().and_then(|c| c.tell(self.port)) {
+            tracing::warn!("{line}");
         }
         let n = std::mem::take(&mut self.refused);
         if n > 0 {
@@ -714,6 +695,9 @@ impl Connections {
             // A SYN sent again (its first copy passed the tap, then waited on a full listen
             // queue) is the same connection: reopening it would end a Fast Open request.
             let again = self.map.get(&key).is_some_and(|c| c.syn == Some(seg.seq));
+            if !again && self.copy(key, seg.seq) {
+                return;
+            }
             if (!again && !self.opened(key, &seg, at.at)) || seg.payload.is_empty() {
                 return;
             }
@@ -722,6 +706,11 @@ impl Connections {
             seg.syn = false;
         }
         let Some(conn) = self.map.get_mut(&key) else {
+            if let Some(copies) = &mut self.copies {
+                if copies.skipped(&key, seg.fin || seg.rst) {
+                    return;
+                }
+            }
             // Begun before the tap, forgotten, or not the server's. A keep-alive connection is
             // followed from the next request it carries (the one in flight, if any, is not seen).
             if to_server
@@ -840,6 +829,22 @@ impl Connections {
         }
     }
 
+    /// Whether a new connection is a copy of one followed (the tap on every interface): each
+    /// counted once, its SYN seen again (on a bridge and its port, or sent again) not.
+    fn copy(&mut self, key: (End, End), isn: u32) -> bool {
+        let Some(copies) = &mut self.copies else {
+            return false;
+        };
+        if copies.seen(&key, isn) {
+            return true;
+        }
+        let copy = copies.at_syn(key, isn, Instant::now()).is_some();
+        if copy {
+            self.tap_metrics.copied_connections.inc();
+        }
+        copy
+    }
+
     /// A SYN: its connection is followed (false when there is no room).
     fn opened(&mut self, key: (End, End), seg: &Segment<'_>, at: Instant) -> bool {
         if let Some(mut old) = self.remove(&key) {
@@ -859,9 +864,6 @@ impl Connections {
     /// Follows a connection whose client's bytes start after `isn` (a SYN's sequence number);
     /// false when [`MAX_CONNECTIONS`] are followed and none could be forgotten.
     fn follow(&mut self, key: (End, End), isn: u32, at: Instant, joined: bool) -> bool {
-        if !self.server_is_here(key.1, joined, at) {
-            return false;
-        }
         // A pass over a full map that freed nothing is not run again for a while: each would
         // cost a millisecond, for every segment of every connection that could not be followed.
         let full = self.max_connections;
@@ -898,22 +900,6 @@ impl Connections {
             },
         );
         true
-    }
-
-    /// Whether `server` is an end of this machine's (any is, unless the tap is on every
-    /// interface). One that is not is counted once a connection: at its SYN.
-    fn server_is_here(&mut self, server: End, joined: bool, at: Instant) -> bool {
-        let Some(own) = &mut self.servers_here else {
-            return true;
-        };
-        if own.holds(server.ip, at) {
-            return true;
-        }
-        if !joined {
-            self.tap_metrics.forwarded_connections.inc();
-        }
-        self.forwarded.get_or_insert(server);
-        false
     }
 
     /// At its share of [`MAX_CONNECTIONS`], up to a sixteenth of them with nothing open and
@@ -1413,51 +1399,85 @@ mod tests {
         assert!(r[0]["error"].is_null(), "{r:?}");
     }
 
+    /// A whole exchange on a connection between `c` and `s`, from its SYN (first sequence
+    /// number `isn`), then a second request on it.
+    fn exchange4(w: &mut Wire, (c, cport): ([u8; 4], u16), s: [u8; 4], isn: u32) {
+        w.raw(&packet4(c, s, cport, PORT, isn, SYN, b""));
+        w.raw(&packet4(s, c, PORT, cport, 900, SYN | ACK, b""));
+        w.raw(&packet4(c, s, cport, PORT, isn + 1, ACK, REQ));
+        w.raw(&packet4(s, c, PORT, cport, 901, ACK, OK));
+        let next = isn + 1 + REQ.len() as u32;
+        w.raw(&packet4(c, s, cport, PORT, next, ACK, REQ));
+        w.raw(&packet4(s, c, PORT, cport, 901 + OK.len() as u32, ACK, OK));
+    }
+
+    /// This machine (198.51.100.1; documentation addresses, on no real machine's interface)
+    /// on every interface, a container behind it at 203.0.113.2, a client elsewhere at .9.
+    const HERE: [u8; 4] = [198, 51, 100, 1];
+    const CONTAINER: [u8; 4] = [203, 0, 113, 2];
+    const ELSEWHERE: [u8; 4] = [203, 0, 113, 9];
+
+    fn on_every_interface(name: &str) -> Wire {
+        let mut w = Wire::new(name);
+        let own = crate::host::OwnAddresses::these(vec![HERE.into()]);
+        w.conns.copies = Some(Copies::with(own));
+        w
+    }
+
+    fn copied(w: &Wire) -> u64 {
+        w.conns.tap_metrics.copied_connections.get()
+    }
+
     #[test]
-    fn on_every_interface_a_connection_to_an_address_not_this_machines_is_not_followed() {
-        // A port forwarded to a container: the client's connection to this machine, then the
-        // forwarder's to the container (203.0.113.0/24, for documentation: on no machine's
-        // interface, where this one's has 192.0.2.2), both seen.
-        let forwarded = |w: &mut Wire, port: u16| {
-            let (fwd, ctr) = ([203, 0, 113, 1], [203, 0, 113, 2]);
-            w.raw(&packet4(fwd, ctr, port, PORT, 10, SYN, b""));
-            w.raw(&packet4(ctr, fwd, PORT, port, 20, SYN | ACK, b""));
-            w.raw(&packet4(fwd, ctr, port, PORT, 11, ACK, REQ));
-            w.raw(&packet4(ctr, fwd, PORT, port, 21, ACK, OK));
-        };
-        let exchange = |w: &mut Wire, port: u16| {
-            let mut f = Flow::open(w, port, 100, 200);
-            f.client(w, 0, REQ);
-            f.server(w, 0, OK);
-        };
-        let mut w = Wire::new("forwarded");
-        w.conns.servers_here = Some(OwnAddresses::new(OWN_READ_AGAIN));
-        exchange(&mut w, 40001);
-        forwarded(&mut w, 40002);
-        assert_eq!(w.records().len(), 1, "{:?}", w.records());
-        assert_eq!(w.conns.tap_metrics.forwarded_connections.get(), 1);
-        // Its next request on the same connection is not joined either, nor counted again.
-        w.raw(&packet4(
-            [203, 0, 113, 1],
-            [203, 0, 113, 2],
-            40002,
-            PORT,
-            11 + REQ.len() as u32,
-            ACK,
-            REQ,
-        ));
-        assert_eq!(w.records().len(), 1);
-        assert_eq!(w.conns.tap_metrics.forwarded_connections.get(), 1);
-        assert_eq!(
-            w.conns.forwarded.map(|e| e.ip.to_string()),
-            Some("203.0.113.2".into())
-        );
-        // On one interface (lo, or one named) every server end on the port is followed.
-        let mut w = Wire::new("forwarded-named");
-        exchange(&mut w, 40001);
-        forwarded(&mut w, 40002);
+    fn on_every_interface_a_connection_and_its_translated_copy_are_measured_once() {
+        // A DNAT rule: the client's connection to this machine, then the same after
+        // translation, to the container (same client end, same first sequence number).
+        let mut w = on_every_interface("translated");
+        exchange4(&mut w, (ELSEWHERE, 40001), HERE, 10);
+        exchange4(&mut w, (ELSEWHERE, 40001), CONTAINER, 10);
         assert_eq!(w.records().len(), 2, "{:?}", w.records());
-        assert_eq!(w.conns.tap_metrics.forwarded_connections.get(), 0);
+        assert_eq!(copied(&w), 1);
+        // Its SYN seen again (a bridge, then its port) is the same copy, not counted again.
+        w.raw(&packet4(ELSEWHERE, CONTAINER, 40001, PORT, 10, SYN, b""));
+        assert_eq!(copied(&w), 1);
+        // Its first copy waits for no relay's leg: a client here that reaches the container
+        // right after (an output DNAT rule) is measured.
+        exchange4(&mut w, (HERE, 40003), CONTAINER, 50);
+        assert_eq!(w.records().len(), 4, "{:?}", w.records());
+        // Traffic routed through to the container with no copy before it is measured.
+        exchange4(&mut w, (ELSEWHERE, 40002), CONTAINER, 77);
+        assert_eq!(w.records().len(), 6, "{:?}", w.records());
+        assert_eq!(copied(&w), 1);
+        // On one interface (lo, or one named) every connection on the port is followed.
+        let mut w = Wire::new("translated-named");
+        exchange4(&mut w, (ELSEWHERE, 40001), HERE, 10);
+        exchange4(&mut w, (ELSEWHERE, 40001), CONTAINER, 10);
+        assert_eq!(w.records().len(), 4, "{:?}", w.records());
+    }
+
+    #[test]
+    fn on_every_interface_a_relays_onward_leg_is_not_measured_a_direct_connection_is() {
+        // docker-proxy: the client's connection to this machine, then the relay's own from this
+        // machine to the container.
+        let mut w = on_every_interface("relayed");
+        exchange4(&mut w, (LO, 40001), LO, 10);
+        exchange4(&mut w, (HERE, 40002), CONTAINER, 20);
+        assert_eq!(w.records().len(), 2, "{:?}", w.records());
+        assert_eq!(copied(&w), 1);
+        // A client here reaching the container with no relay (an output DNAT rule, or its
+        // address itself): no connection to this machine before it, measured.
+        exchange4(&mut w, (HERE, 40003), CONTAINER, 30);
+        assert_eq!(w.records().len(), 4, "{:?}", w.records());
+        assert_eq!(copied(&w), 1);
+        assert!(w
+            .conns
+            .copies
+            .as_mut()
+            .and_then(|c| c.tell(PORT))
+            .is_some_and(
+                |l| l.contains("from 198.51.100.1:40002 to 203.0.113.2:30000")
+                    && l.contains("a relay's onward leg")
+            ));
     }
 
     #[test]

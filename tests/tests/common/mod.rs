@@ -638,7 +638,7 @@ pub fn has_net_raw() -> bool {
 /// a veth pair, its end at `there`, ours at `here`. Its clients come in on the veth, never on
 /// `lo`, and their address is no address of this machine. Gone (with the pair) on drop.
 pub struct OtherHost {
-    ns: String,
+    names: Namespaces,
     pub here: String,
     pub there: String,
     /// This machine's end of the link to it.
@@ -656,68 +656,28 @@ impl OtherHost {
             eprintln!("SKIPPED {test}: no curl to be the other host's client (scripts/setup.sh installs it)");
             return None;
         }
-        remove_stale_namespaces();
         let ns = format!("sglsup-{pid}-{n}");
         // 198.18.0.0/15 is for benchmarking networks: a /30 per namespace, told apart by the
         // process (512 apart) and the namespace within it.
         let block = (pid % 512) * 64 + n;
         let at = |i: u32| std::net::Ipv4Addr::from(0xC612_0000 + block * 4 + i).to_string();
         let (here, there) = (at(1), at(2));
-        let (veth_here, veth_there) = (format!("sg{}h{n}", pid % 100_000), "eth1".to_string());
+        let veth_here = format!("sg{}h{n}", pid % 100_000);
+        let steps = [
+            format!("link add {veth_here} type veth peer name eth1 netns {ns}"),
+            format!("addr add {here}/30 dev {veth_here}"),
+            format!("link set {veth_here} up"),
+            format!("-n {ns} addr add {there}/30 dev eth1"),
+            format!("-n {ns} link set eth1 up"),
+            format!("-n {ns} link set lo up"),
+        ]
+        .map(|w| w.split(' ').map(String::from).collect());
         let host = OtherHost {
-            ns,
+            names: Namespaces::make(test, &[ns], &steps)?,
             here,
             there,
-            iface: veth_here.clone(),
+            iface: veth_here,
         };
-        let steps: [&[&str]; 7] = [
-            &["netns", "add", &host.ns],
-            &[
-                "link",
-                "add",
-                &veth_here,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                &veth_there,
-                "netns",
-                &host.ns,
-            ],
-            &[
-                "addr",
-                "add",
-                &format!("{}/30", host.here),
-                "dev",
-                &veth_here,
-            ],
-            &["link", "set", &veth_here, "up"],
-            &[
-                "-n",
-                &host.ns,
-                "addr",
-                "add",
-                &format!("{}/30", host.there),
-                "dev",
-                &veth_there,
-            ],
-            &["-n", &host.ns, "link", "set", &veth_there, "up"],
-            &["-n", &host.ns, "link", "set", "lo", "up"],
-        ];
-        for step in steps {
-            let out = Command::new("ip").args(step).output();
-            if !out.as_ref().is_ok_and(|o| o.status.success()) {
-                let why = out.map_or_else(
-                    |e| e.to_string(),
-                    |o| String::from_utf8_lossy(&o.stderr).trim().to_string(),
-                );
-                eprintln!(
-                    "SKIPPED {test}: no other host to be had here (`ip {}`: {why})",
-                    step.join(" ")
-                );
-                return None; // drop removes what was made
-            }
-        }
         Some(host)
     }
 
@@ -733,7 +693,7 @@ impl OtherHost {
 
     /// `ip netns exec NS`: what a command runs after to run on the other host.
     pub fn run_there(&self) -> [&str; 4] {
-        ["ip", "netns", "exec", &self.ns]
+        ["ip", "netns", "exec", &self.names.0[0]]
     }
 
     /// GET `http://{addr}{path}` from the other host: the HTTP status.
@@ -742,25 +702,30 @@ impl OtherHost {
     }
 
     fn curl(&self, args: &[&str], addr: &str, path: &str) -> String {
-        let out = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &self.ns,
-                "curl",
-                "-s",
-                "-o",
-                "/dev/null",
-                "-m",
-                "30",
-            ])
-            .args(["-w", "%{http_code}"])
-            .args(args)
-            .arg(format!("http://{addr}{path}"))
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        curl_in(&self.names.0[0], args, addr, path)
     }
+}
+
+/// `http://{addr}{path}` by curl in namespace `ns`: the HTTP status ("000" for none).
+fn curl_in(ns: &str, args: &[&str], addr: &str, path: &str) -> String {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-m",
+            "30",
+        ])
+        .args(["-w", "%{http_code}"])
+        .args(args)
+        .arg(format!("http://{addr}{path}"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// A process a test starts beside the run (a relay, say), its output thrown away, killed when
@@ -788,6 +753,148 @@ impl Drop for Beside {
     }
 }
 
+/// Network namespaces made by `ip` steps, all deleted on drop (their links with them); None,
+/// said as SKIPPED for `test`, where a step fails (no CAP_NET_ADMIN, no `ip`).
+struct Namespaces(Vec<String>);
+
+impl Namespaces {
+    fn make(test: &str, names: &[String], steps: &[Vec<String>]) -> Option<Namespaces> {
+        remove_stale_namespaces();
+        let made = Namespaces(Vec::new());
+        let made = names.iter().try_fold(made, |mut made, ns| {
+            made.0.push(ns.clone());
+            ip_step(test, &["netns", "add", ns]).then_some(made)
+        })?;
+        for step in steps {
+            let step: Vec<&str> = step.iter().map(String::as_str).collect();
+            if !ip_step(test, &step) {
+                return None; // drop removes what was made
+            }
+        }
+        Some(made)
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for ns in &self.0 {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+    }
+}
+
+/// One `ip` command; false, said as SKIPPED for `test`, where it fails.
+fn ip_step(test: &str, step: &[&str]) -> bool {
+    let out = Command::new("ip").args(step).output();
+    if out.as_ref().is_ok_and(|o| o.status.success()) {
+        return true;
+    }
+    let why = out.map_or_else(
+        |e| e.to_string(),
+        |o| String::from_utf8_lossy(&o.stderr).trim().to_string(),
+    );
+    eprintln!(
+        "SKIPPED {test}: no namespaces to be had here (`ip {}`: {why})",
+        step.join(" ")
+    );
+    false
+}
+
+/// A router between two other hosts, each a network namespace of its own: the client's
+/// (10.77.1.2) reaches the router at [`Router::FRONT`], the router reaches the server's at
+/// [`Router::SERVER`]; forwarding is on in the router's namespace alone. Gone on drop.
+pub struct Router {
+    names: Namespaces,
+}
+
+impl Router {
+    pub const FRONT: &'static str = "10.77.1.1";
+    pub const SERVER: &'static str = "10.77.2.2";
+
+    pub fn new(test: &str) -> Option<Router> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pid = std::process::id();
+        let [r, c, s] = ["r", "c", "s"].map(|k| format!("sglsup-{pid}-{k}{n}"));
+        let v = |words: &str| -> Vec<String> {
+            let words = words
+                .replace("{r}", &r)
+                .replace("{c}", &c)
+                .replace("{s}", &s);
+            words.split(' ').map(String::from).collect()
+        };
+        let steps = [
+            "-n {r} link add fa type veth peer name eth1 netns {c}",
+            "-n {r} link add fb type veth peer name eth1 netns {s}",
+            "-n {r} addr add 10.77.1.1/30 dev fa",
+            "-n {r} addr add 10.77.2.1/30 dev fb",
+            "-n {c} addr add 10.77.1.2/30 dev eth1",
+            "-n {s} addr add 10.77.2.2/30 dev eth1",
+            "-n {r} link set fa up",
+            "-n {r} link set fb up",
+            "-n {r} link set lo up",
+            "-n {c} link set eth1 up",
+            "-n {c} link set lo up",
+            "-n {s} link set eth1 up",
+            "-n {s} link set lo up",
+            "-n {c} route add default via 10.77.1.1",
+            "-n {s} route add default via 10.77.2.1",
+            "netns exec {r} sysctl -qw net.ipv4.ip_forward=1",
+        ]
+        .map(v);
+        let names = Namespaces::make(test, &[r, c, s], &steps)?;
+        Some(Router { names })
+    }
+
+    /// `ip netns exec NS` for the router's (0), the client's (1) or the server's (2).
+    fn exec(&self, k: usize) -> [&str; 4] {
+        ["ip", "netns", "exec", &self.names.0[k]]
+    }
+
+    /// What a command runs after to run on the router.
+    pub fn on_router(&self) -> [&str; 4] {
+        self.exec(0)
+    }
+
+    /// What a command runs after to run on the server's host.
+    pub fn on_server(&self) -> [&str; 4] {
+        self.exec(2)
+    }
+
+    /// Loads nftables `rules` in the router (`nft -f -`); the error where it fails.
+    pub fn nft(&self, rules: &str) -> Result<(), String> {
+        use std::io::Write;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.names.0[0], "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(rules.as_bytes())
+            .map_err(|e| e.to_string())?;
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        out.status
+            .success()
+            .then_some(())
+            .ok_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    /// POST `body` to `http://{addr}{path}` from the client's host: the HTTP status.
+    pub fn client_post(&self, addr: &str, path: &str, body: &str) -> String {
+        curl_in(
+            &self.names.0[1],
+            &["-H", "content-type: application/json", "-d", body],
+            addr,
+            path,
+        )
+    }
+}
+
 /// Namespaces of test processes that are gone (killed before their drop ran).
 fn remove_stale_namespaces() {
     let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
@@ -801,11 +908,5 @@ fn remove_stale_namespaces() {
         if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
             let _ = Command::new("ip").args(["netns", "del", name]).output();
         }
-    }
-}
-
-impl Drop for OtherHost {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
     }
 }
