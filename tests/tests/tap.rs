@@ -959,7 +959,7 @@ fn on_every_interface_a_loopback_client_is_measured_once() {
 
 #[test]
 fn on_every_interface_a_port_relayed_to_another_host_measures_each_request_once() {
-    let Some(other) = tap_and_other_host("on_every_interface_a_port_forwarded_to_another_host...")
+    let Some(other) = tap_and_other_host("on_every_interface_a_port_relayed_to_another_host...")
     else {
         return;
     };
@@ -972,13 +972,7 @@ fn on_every_interface_a_port_relayed_to_another_host_measures_each_request_once(
     let run = Run::start(
         "tap-forwarded",
         Opts {
-            supervisor: &[
-                "--tap",
-                "--tap-interface",
-                "any",
-                "--requests-log",
-                log.to_str().unwrap(),
-            ],
+            supervisor: &tap_on_any(&log),
             replay: &["--speed", "50", "--host", "0.0.0.0"],
             server_wrap: &other.run_there(),
             stderr: std::fs::File::create(&stderr).unwrap().into(),
@@ -998,11 +992,7 @@ fn on_every_interface_a_port_relayed_to_another_host_measures_each_request_once(
             .status
             .contains("200"));
     }
-    wait_records(&log, 3);
-    std::thread::sleep(Duration::from_millis(300));
-    let recs = records(&log);
-    assert_eq!(recs.len(), 3, "{recs:#?}");
-    recs.iter().for_each(assert_six_of_two);
+    three_measured(&log);
     // The relay's onward legs, the readiness probes' included, are counted, not measured.
     let page = scrape(&metrics);
     let name = "sglang_supervisor_tap_copied_connections_total";
@@ -1019,18 +1009,7 @@ fn on_every_interface_a_port_relayed_to_another_host_measures_each_request_once(
     let mut run = run;
     run.stop_by_sigterm();
     drop(relay);
-    let console = std::fs::read_to_string(&stderr).unwrap();
-    let said: Vec<&str> = console
-        .lines()
-        .filter(|l| l.contains("was not measured"))
-        .collect();
-    assert_eq!(said.len(), 1, "{console}");
-    assert!(
-        said[0].contains(&format!("to {upstream} was not measured"))
-            && said[0].contains("a relay's onward leg"),
-        "{}",
-        said[0]
-    );
+    copy_said_once(&stderr, &upstream, "a relay's onward leg");
     let _ = (std::fs::remove_file(&log), std::fs::remove_file(&stderr));
 }
 
@@ -1051,15 +1030,7 @@ fn on_every_interface_a_port_translated_to_another_host_measures_each_request_on
     let run = Run::start(
         "tap-translated",
         Opts {
-            supervisor: &[
-                "--tap",
-                "--tap-interface",
-                "any",
-                "--requests-log",
-                log.to_str().unwrap(),
-                "--health-url",
-                &health,
-            ],
+            supervisor: &[&tap_on_any(&log)[..], &["--health-url", &health]].concat(),
             replay: &["--speed", "50", "--host", "0.0.0.0"],
             wrap: &router.on_router(),
             server_wrap: &router.on_server(),
@@ -1090,26 +1061,42 @@ fn on_every_interface_a_port_translated_to_another_host_measures_each_request_on
             "200"
         );
     }
-    wait_records(&log, 3);
-    std::thread::sleep(Duration::from_millis(300));
-    let recs = records(&log);
-    assert_eq!(recs.len(), 3, "{recs:#?}");
-    recs.iter().for_each(assert_six_of_two);
+    three_measured(&log);
     let mut run = run;
     run.stop_by_sigterm();
-    let console = std::fs::read_to_string(&stderr).unwrap();
+    let server = format!("{}:{port}", Router::SERVER);
+    copy_said_once(&stderr, &server, "address-translated copy");
+    let _ = (std::fs::remove_file(&log), std::fs::remove_file(&stderr));
+}
+
+/// `run` options for a tap on every interface that writes its records to `log`.
+fn tap_on_any(log: &Path) -> [&str; 5] {
+    let log = log.to_str().unwrap();
+    ["--tap", "--tap-interface", "any", "--requests-log", log]
+}
+
+/// Three records of six tokens for two, once they are in `log`, and no more after a while.
+fn three_measured(log: &Path) {
+    wait_records(log, 3);
+    std::thread::sleep(Duration::from_millis(300));
+    let recs = records(log);
+    assert_eq!(recs.len(), 3, "{recs:#?}");
+    recs.iter().for_each(assert_six_of_two);
+}
+
+/// The run's console (`stderr`) says one connection to `to` was not measured, as `why`.
+fn copy_said_once(stderr: &Path, to: &str, why: &str) {
+    let console = std::fs::read_to_string(stderr).unwrap();
     let said: Vec<&str> = console
         .lines()
         .filter(|l| l.contains("was not measured"))
         .collect();
     assert_eq!(said.len(), 1, "{console}");
     assert!(
-        said[0].contains(&format!("to {}:{port} was not measured", Router::SERVER))
-            && said[0].contains("address-translated copy"),
+        said[0].contains(&format!("to {to} was not measured")) && said[0].contains(why),
         "{}",
         said[0]
     );
-    let _ = (std::fs::remove_file(&log), std::fs::remove_file(&stderr));
 }
 
 #[test]
