@@ -504,13 +504,14 @@ pub struct RunArgs {
     pub tap: bool,
 
     /// With --tap: where the copy is taken: `lo` (clients on this machine), `any` (clients on
-    /// other hosts too), or an interface's name. With `any`, a port this machine publishes for
-    /// a container carries each request twice: docker-proxy relays the client's connection on,
-    /// and a DNAT rule's connection passes once before translation and once after. The first is
-    /// measured; its copy (the relay's onward leg, just after a connection to this machine; the
-    /// same client end and first sequence number to another address) is counted in
-    /// tap_copied_connections_total and said once (with more than one reader, a copy hashed to
-    /// another reader than its first is measured too). A run whose tap read nothing there (not even our
+    /// other hosts too), or an interface's name. With `any`, a connection this machine
+    /// translates on its way to a container (a DNAT rule publishing its port to other hosts)
+    /// passes twice, before and after translation: the copy (the same client end and first
+    /// sequence number, to another address) is not measured, counted in
+    /// tap_copied_connections_total and said (once a reader; with more than one, a copy hashed
+    /// to another reader than its first is measured too). A relay's onward leg (docker-proxy's, for clients on
+    /// this machine) is a connection of its own: `any` measures both legs, `lo` the client's
+    /// alone. A run whose tap read nothing there (not even our
     /// own readiness request) says so in its warnings and report; so does one whose server's
     /// access log shows a generation request the tap did not see (on `lo`, from a client
     /// elsewhere; on a named interface, from this machine's own addresses, loopback included

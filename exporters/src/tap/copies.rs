@@ -1,171 +1,218 @@
-//! With the tap on every interface, one request may cross it twice, on two connections to the
-//! server's port: a port this machine publishes for a container is relayed (docker-proxy accepts
-//! the client's connection and opens its own to the container) or translated (a DNAT rule: the
-//! copy before translation, to this machine, and the one after, to the container). Each is
-//! measured once, on the first connection seen; the other is a copy, not followed. Traffic
-//! with no such first connection (a client here reaching a container straight through an
-//! output DNAT rule, a server on another host) is followed as before. Each reader keeps its
-//! own: with more than one, the kernel hashes the two connections apart as often as not, and
-//! a copy on another reader than its first is measured too.
+//! With the tap on every interface, a connection that this machine translates on its way
+//! through (a DNAT rule publishing a container's port to clients on other hosts) crosses it
+//! twice: before translation, to this machine, and after, to the container. Both copies carry
+//! the same client end and first sequence number; only the server end differs. The first seen
+//! is measured, the other is a copy, not followed. That identity is exact, so nothing else is
+//! taken for a copy: a relay's onward leg (docker-proxy's, for clients on this machine) is a
+//! connection of its own, measured as one on `any` (the tap on `lo` sees only the client's).
+//! Each reader keeps its own: with more than one, a copy on another reader than its first is
+//! measured too.
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use super::tcp::End;
-use crate::host::OwnAddresses;
 
-/// How soon after a client's connection to this machine its relay's onward leg is taken as
-/// its copy (docker-proxy connects at once, in well under a millisecond).
-const RELAY_WITHIN: Duration = Duration::from_secs(1);
-/// How long a followed SYN is kept to find its translated copy by (the copies pass within
-/// microseconds; a SYN sent again, a second later or so, is the same).
+/// How long a followed SYN is kept to find its translated copy by: the copies pass within
+/// microseconds, and a SYN sent again a few seconds later is the same.
 const SYN_KEPT: Duration = Duration::from_secs(10);
-/// Bounds on what is kept: past them the oldest go (a copy then missed is measured twice,
-/// as before).
+/// A copy that carried nothing but its SYN for this long is forgotten (a SYN flood, a client
+/// retrying a server that is down); one that carried bytes, after the tap's idle time for a
+/// connection.
+const SYN_ONLY_KEPT: Duration = Duration::from_secs(10);
+/// Bounds on what is kept: past them the oldest go (a copy then missed is measured twice).
 const MAX_KEPT: usize = 1 << 16;
-/// How often, at most, this machine's addresses are read again for an end not among them.
-const OWN_READ_AGAIN: Duration = Duration::from_secs(1);
 
-/// Why a connection is not followed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Copy {
-    /// A relay's onward leg: from this machine to another host's end, just after a client's
-    /// connection to this machine.
-    Relayed,
-    /// The same connection after address translation: its client's end and first sequence
-    /// number, another server end.
-    Translated,
+/// A copy not followed.
+#[derive(Debug, Clone, Copy)]
+struct Skipped {
+    isn: u32,
+    last_seen: Instant,
+    /// Whether a segment with bytes or a close came after its SYN.
+    used: bool,
 }
 
-/// The connections seen lately that a copy would repeat.
-#[derive(Debug)]
+/// The SYNs followed lately and the copies found.
+#[derive(Debug, Default)]
 pub(super) struct Copies {
-    own: OwnAddresses,
-    /// Followed SYNs: (client end, first sequence number) -> when.
-    syns: HashMap<(End, u32), Instant>,
+    /// Followed SYNs: (client end, first sequence number) -> server end, and when.
+    syns: HashMap<(End, u32), (End, Instant)>,
     syn_order: VecDeque<((End, u32), Instant)>,
-    /// Connections to this machine's own ends (client end, first sequence number) not yet
-    /// matched to an onward leg, oldest first.
-    facing: VecDeque<((End, u32), Instant)>,
-    /// Copies, by their first sequence number: their later segments are not taken for
-    /// connections begun before the tap.
-    skipped: HashMap<(End, End), u32>,
-    /// The first copy, and why, until said.
-    pub untold: Option<((End, End), Copy)>,
+    /// Copies: their later segments are not taken for connections begun before the tap.
+    skipped: HashMap<(End, End), Skipped>,
+    /// The first copy, and the connection it repeats, until said.
+    untold: Option<((End, End), End)>,
     told: bool,
 }
 
 impl Copies {
-    pub fn new() -> Self {
-        Copies::with(OwnAddresses::new(OWN_READ_AGAIN))
-    }
-
-    /// On a machine whose addresses are `own`.
-    pub fn with(own: OwnAddresses) -> Self {
-        Copies {
-            own,
-            syns: HashMap::new(),
-            syn_order: VecDeque::new(),
-            facing: VecDeque::new(),
-            skipped: HashMap::new(),
-            untold: None,
-            told: false,
+    /// At a client's SYN to the server's port, not one of a connection followed: whether it is
+    /// a copy (the same SYN again, seen on a bridge and its port or sent again, is too).
+    /// `None`: a new connection, to follow; `Some(true)`: a new copy, to count.
+    pub fn at_syn(&mut self, key: (End, End), isn: u32, at: Instant) -> Option<bool> {
+        if let Some(s) = self.skipped.get_mut(&key) {
+            if s.isn == isn {
+                s.last_seen = at;
+                return Some(false);
+            }
+            // a new connection on the ends of a copy whose close went unseen
+            self.skipped.remove(&key);
         }
-    }
-
-    /// At a client's SYN to the server's port, not one of a connection followed: `None` to
-    /// follow it, or why it is a copy. The same SYN again (seen on a bridge and its port, or
-    /// sent again) is asked of [`Copies::seen`] first.
-    pub fn at_syn(&mut self, key: (End, End), isn: u32, now: Instant) -> Option<Copy> {
         let (client, server) = key;
-        self.expire(now);
-        let copy = if self.syns.contains_key(&(client, isn)) {
-            // Translated on its way through, to another host: not relayed on from here.
-            self.facing.retain(|(k, _)| *k != (client, isn));
-            Some(Copy::Translated)
-        } else if self.own.holds(server.ip, now) {
-            if self.facing.len() < MAX_KEPT {
-                self.facing.push_back(((client, isn), now));
-            }
-            None
-        } else if self.own.holds(client.ip, now) && self.facing.pop_front().is_some() {
-            Some(Copy::Relayed)
-        } else {
-            None
-        };
-        match copy {
-            Some(why) => {
-                if self.skipped.len() < MAX_KEPT {
-                    self.skipped.insert(key, isn);
+        self.expire(at);
+        match self.syns.get(&(client, isn)) {
+            Some(&(first, _)) if first != server => {
+                if self.skipped.len() >= MAX_KEPT {
+                    return None;
                 }
+                let s = Skipped {
+                    isn,
+                    last_seen: at,
+                    used: false,
+                };
+                self.skipped.insert(key, s);
                 if !self.told {
-                    self.untold.get_or_insert((key, why));
+                    self.untold.get_or_insert((key, first));
                 }
+                Some(true)
             }
-            None => {
-                if self.syns.insert((client, isn), now).is_none() {
-                    self.syn_order.push_back(((client, isn), now));
+            _ => {
+                if self.syns.insert((client, isn), (server, at)).is_none() {
+                    self.syn_order.push_back(((client, isn), at));
                 }
+                None
             }
         }
-        copy
     }
 
-    /// Whether a segment of `key` is one of a copy's; its close (`ends`) forgets it.
-    pub fn skipped(&mut self, key: &(End, End), ends: bool) -> bool {
+    /// Whether a segment of `key` (not a SYN) is one of a copy's; its close (`ends`) forgets it.
+    pub fn skipped(&mut self, key: &(End, End), ends: bool, at: Instant) -> bool {
         if ends {
-            self.skipped.remove(key).is_some()
-        } else {
-            self.skipped.contains_key(key)
+            return self.skipped.remove(key).is_some();
         }
-    }
-
-    /// Whether a SYN of `key` is the copy's own again; one of a new connection on the same
-    /// ends (the copy's close unseen) forgets the copy.
-    pub fn seen(&mut self, key: &(End, End), isn: u32) -> bool {
-        match self.skipped.get(key) {
-            Some(&was) if was == isn => true,
-            Some(_) => {
-                self.skipped.remove(key);
-                false
-            }
-            None => false,
-        }
+        let Some(s) = self.skipped.get_mut(key) else {
+            return false;
+        };
+        s.last_seen = at;
+        s.used = true;
+        true
     }
 
     fn expire(&mut self, now: Instant) {
-        while let Some(&(_, t)) = self.facing.front() {
-            if now.saturating_duration_since(t) < RELAY_WITHIN {
-                break;
-            }
-            self.facing.pop_front();
-        }
         while let Some(&(k, t)) = self.syn_order.front() {
             if now.saturating_duration_since(t) < SYN_KEPT && self.syn_order.len() <= MAX_KEPT {
                 break;
             }
             self.syn_order.pop_front();
-            if self.syns.get(&k) == Some(&t) {
+            if self.syns.get(&k).is_some_and(|&(_, at)| at == t) {
                 self.syns.remove(&k);
             }
         }
     }
 
+    /// Forgets copies gone quiet: those with nothing but a SYN after [`SYN_ONLY_KEPT`], others
+    /// after `idle` (the tap's time for a silent connection).
+    pub fn forget_idle(&mut self, now: Instant, idle: Duration) {
+        self.skipped.retain(|_, s| {
+            let quiet = now.saturating_duration_since(s.last_seen);
+            quiet < if s.used { idle } else { SYN_ONLY_KEPT }
+        });
+    }
+
     /// The line saying the first copy, once.
     pub fn tell(&mut self, port: u16) -> Option<String> {
-        let ((client, server), why) = self.untold.take()?;
+        let ((client, server), first) = self.untold.take()?;
         self.told = true;
-        let (c, s) = (
-            SocketAddr::new(client.ip, client.port),
-            SocketAddr::new(server.ip, server.port),
-        );
-        let what = match why {
-            Copy::Relayed => "a relay's onward leg (docker-proxy's, say) of a client's connection to this machine, measured there",
-            Copy::Translated => "the address-translated copy (a DNAT rule's) of a connection measured already",
-        };
+        let addr = |e: End| SocketAddr::new(e.ip, e.port);
         Some(format!(
-            "tap: the connection from {c} to {s} was not measured: on every interface it is {what}; \
-             such copies of connections to port {port} are counted in tap_copied_connections_total"
+            "tap: the connection from {} to {} was not measured: on every interface it is the \
+             address-translated copy (a DNAT rule's) of the one to {}, measured; such copies \
+             of connections to port {port} are counted in tap_copied_connections_total",
+            addr(client),
+            addr(server),
+            addr(first)
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn end(ip: [u8; 4], port: u16) -> End {
+        End {
+            ip: ip.into(),
+            port,
+        }
+    }
+
+    const CLIENT: [u8; 4] = [203, 0, 113, 9];
+    const HERE: [u8; 4] = [198, 51, 100, 1];
+    const THERE: [u8; 4] = [203, 0, 113, 2];
+
+    fn keys(port: u16) -> ((End, End), (End, End)) {
+        let c = end(CLIENT, port);
+        ((c, end(HERE, 8000)), (c, end(THERE, 8000)))
+    }
+
+    #[test]
+    fn only_the_same_client_end_and_sequence_number_to_another_server_end_is_a_copy() {
+        let mut c = Copies::default();
+        let t = Instant::now();
+        let (first, translated) = keys(40001);
+        assert_eq!(c.at_syn(first, 10, t), None);
+        // the same SYN sent again to the same end: the connection followed, not a copy
+        assert_eq!(c.at_syn(first, 10, t), None);
+        assert_eq!(c.at_syn(translated, 11, t), None, "another sequence number");
+        let (first, translated) = keys(40002);
+        assert_eq!(c.at_syn(first, 20, t), None);
+        assert_eq!(c.at_syn(translated, 20, t), Some(true));
+        // seen again (a bridge, then its port): the same copy, not counted again
+        assert_eq!(c.at_syn(translated, 20, t), Some(false));
+        assert!(c.tell(8000).is_some_and(|l| l
+            .contains("from 203.0.113.9:40002 to 203.0.113.2:8000 was not measured")
+            && l.contains("of the one to 198.51.100.1:8000")));
+        assert_eq!(c.tell(8000), None, "said once");
+    }
+
+    #[test]
+    fn a_followed_syn_is_kept_ten_seconds_to_find_its_copy_by() {
+        let mut c = Copies::default();
+        let t = Instant::now();
+        let (first, translated) = keys(40001);
+        assert_eq!(c.at_syn(first, 10, t), None);
+        let later = t + SYN_KEPT + Duration::from_millis(1);
+        assert_eq!(c.at_syn(translated, 10, later), None);
+        assert!(c.syns.len() == 1 && c.syn_order.len() == 1, "{c:?}");
+    }
+
+    #[test]
+    fn a_copy_is_forgotten_at_its_close_at_a_new_connection_on_its_ends_or_gone_quiet() {
+        let mut c = Copies::default();
+        let t = Instant::now();
+        let copy = |c: &mut Copies, port: u16, isn: u32| {
+            let (first, translated) = keys(port);
+            c.at_syn(first, isn, t);
+            assert_eq!(c.at_syn(translated, isn, t), Some(true));
+            translated
+        };
+        let closed = copy(&mut c, 40001, 10);
+        assert!(c.skipped(&closed, false, t));
+        assert!(c.skipped(&closed, true, t), "its FIN or RST");
+        assert!(!c.skipped(&closed, false, t));
+        // its close unseen, a new connection on the same ends is not the copy
+        let reused = copy(&mut c, 40002, 20);
+        assert_eq!(c.at_syn(reused, 99, t), None);
+        assert!(!c.skipped(&reused, false, t));
+        // quiet: a SYN alone after ten seconds, one that carried bytes after the idle time
+        let syn_only = copy(&mut c, 40003, 30);
+        let used = copy(&mut c, 40004, 40);
+        assert!(c.skipped(&used, false, t));
+        let idle = Duration::from_secs(3600);
+        c.forget_idle(t + SYN_ONLY_KEPT, idle);
+        assert!(!c.skipped(&syn_only, false, t));
+        assert!(c.skipped(&used, false, t));
+        c.forget_idle(t + idle, idle);
+        assert!(!c.skipped(&used, false, t));
     }
 }

@@ -93,7 +93,7 @@ pub struct TapMetrics {
     pub dropped_packets: Counter,
     /// Connections whose bytes could not all be read (lost segments, not HTTP, too many).
     pub unread_connections: Counter,
-    /// Copies of connections followed (on every interface: relayed, translated): not followed.
+    /// Translated copies of connections followed (on every interface): not followed.
     pub copied_connections: Counter,
 }
 
@@ -112,7 +112,7 @@ impl TapMetrics {
         );
         registry.register(
             "tap_copied_connections",
-            "Connections to the server's port not measured with --tap-interface any, as copies of connections measured: a relay's onward leg (docker-proxy) or a translated copy (DNAT)",
+            "Connections to the server's port not measured with --tap-interface any as the address-translated copies (DNAT) of connections measured: the same client end and first sequence number to another server end",
             m.copied_connections.clone(),
         );
         Arc::new(m)
@@ -285,7 +285,7 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
             RingDrops::new(Box::new(drops)),
         );
         if on_every_interface {
-            conns.copies = Some(Copies::new());
+            conns.copies = Some(Copies::default());
         }
         conns.share(members, &all_buffered);
         let reader = Reader {
@@ -695,7 +695,7 @@ impl Connections {
             // A SYN sent again (its first copy passed the tap, then waited on a full listen
             // queue) is the same connection: reopening it would end a Fast Open request.
             let again = self.map.get(&key).is_some_and(|c| c.syn == Some(seg.seq));
-            if !again && self.copy(key, seg.seq) {
+            if !again && self.copy(key, seg.seq, at.at) {
                 return;
             }
             if (!again && !self.opened(key, &seg, at.at)) || seg.payload.is_empty() {
@@ -707,7 +707,7 @@ impl Connections {
         }
         let Some(conn) = self.map.get_mut(&key) else {
             if let Some(copies) = &mut self.copies {
-                if copies.skipped(&key, seg.fin || seg.rst) {
+                if copies.skipped(&key, seg.fin || seg.rst, at.at) {
                     return;
                 }
             }
@@ -829,20 +829,14 @@ impl Connections {
         }
     }
 
-    /// Whether a new connection is a copy of one followed (the tap on every interface): each
-    /// counted once, its SYN seen again (on a bridge and its port, or sent again) not.
-    fn copy(&mut self, key: (End, End), isn: u32) -> bool {
-        let Some(copies) = &mut self.copies else {
-            return false;
-        };
-        if copies.seen(&key, isn) {
-            return true;
-        }
-        let copy = copies.at_syn(key, isn, Instant::now()).is_some();
-        if copy {
+    /// Whether a new connection is a translated copy of one followed (the tap on every
+    /// interface): each counted once, its SYN seen again (on a bridge and its port) not.
+    fn copy(&mut self, key: (End, End), isn: u32, at: Instant) -> bool {
+        let copy = self.copies.as_mut().and_then(|c| c.at_syn(key, isn, at));
+        if copy == Some(true) {
             self.tap_metrics.copied_connections.inc();
         }
-        copy
+        copy.is_some()
     }
 
     /// A SYN: its connection is followed (false when there is no room).
@@ -944,6 +938,9 @@ impl Connections {
     /// forgotten, and one whose hole (a segment the ring had no room for) has stayed at one place
     /// for [`HOLE_CHECKS`] checks stops being read.
     fn forget_idle(&mut self, now: Instant) {
+        if let Some(copies) = &mut self.copies {
+            copies.forget_idle(now, IDLE);
+        }
         let drops = self.drops.total();
         let (ledger, tap_metrics) = (&self.ledger, &self.tap_metrics);
         let buffered = &mut self.buffered;
@@ -1411,16 +1408,15 @@ mod tests {
         w.raw(&packet4(s, c, PORT, cport, 901 + OK.len() as u32, ACK, OK));
     }
 
-    /// This machine (198.51.100.1; documentation addresses, on no real machine's interface)
-    /// on every interface, a container behind it at 203.0.113.2, a client elsewhere at .9.
+    /// This machine (198.51.100.1; documentation addresses) on every interface, a container
+    /// behind it at 203.0.113.2, a client elsewhere at .9.
     const HERE: [u8; 4] = [198, 51, 100, 1];
     const CONTAINER: [u8; 4] = [203, 0, 113, 2];
     const ELSEWHERE: [u8; 4] = [203, 0, 113, 9];
 
     fn on_every_interface(name: &str) -> Wire {
         let mut w = Wire::new(name);
-        let own = crate::host::OwnAddresses::these(vec![HERE.into()]);
-        w.conns.copies = Some(Copies::with(own));
+        w.conns.copies = Some(Copies::default());
         w
     }
 
@@ -1440,8 +1436,8 @@ mod tests {
         // Its SYN seen again (a bridge, then its port) is the same copy, not counted again.
         w.raw(&packet4(ELSEWHERE, CONTAINER, 40001, PORT, 10, SYN, b""));
         assert_eq!(copied(&w), 1);
-        // Its first copy waits for no relay's leg: a client here that reaches the container
-        // right after (an output DNAT rule) is measured.
+        // A client here that reaches the container right after (an output DNAT rule: no copy
+        // before it) is measured.
         exchange4(&mut w, (HERE, 40003), CONTAINER, 50);
         assert_eq!(w.records().len(), 4, "{:?}", w.records());
         // Traffic routed through to the container with no copy before it is measured.
@@ -1453,31 +1449,6 @@ mod tests {
         exchange4(&mut w, (ELSEWHERE, 40001), HERE, 10);
         exchange4(&mut w, (ELSEWHERE, 40001), CONTAINER, 10);
         assert_eq!(w.records().len(), 4, "{:?}", w.records());
-    }
-
-    #[test]
-    fn on_every_interface_a_relays_onward_leg_is_not_measured_a_direct_connection_is() {
-        // docker-proxy: the client's connection to this machine, then the relay's own from this
-        // machine to the container.
-        let mut w = on_every_interface("relayed");
-        exchange4(&mut w, (LO, 40001), LO, 10);
-        exchange4(&mut w, (HERE, 40002), CONTAINER, 20);
-        assert_eq!(w.records().len(), 2, "{:?}", w.records());
-        assert_eq!(copied(&w), 1);
-        // A client here reaching the container with no relay (an output DNAT rule, or its
-        // address itself): no connection to this machine before it, measured.
-        exchange4(&mut w, (HERE, 40003), CONTAINER, 30);
-        assert_eq!(w.records().len(), 4, "{:?}", w.records());
-        assert_eq!(copied(&w), 1);
-        assert!(w
-            .conns
-            .copies
-            .as_mut()
-            .and_then(|c| c.tell(PORT))
-            .is_some_and(
-                |l| l.contains("from 198.51.100.1:40002 to 203.0.113.2:30000")
-                    && l.contains("a relay's onward leg")
-            ));
     }
 
     #[test]
