@@ -76,21 +76,6 @@ impl OwnAddresses {
         }
         &self.addrs
     }
-
-    /// Whether `ip` is this machine's: loopback, or one of its interfaces' addresses. One not
-    /// among them has them read again first, where they are `max_age` old (an address added
-    /// since): a list of foreign addresses asked about often is read at most that often.
-    pub fn holds(&mut self, ip: IpAddr, now: Instant) -> bool {
-        let ip = ip.to_canonical();
-        if ip.is_loopback() || self.addrs.contains(&ip) {
-            return true;
-        }
-        if self.stale(now) {
-            self.read(now);
-            return self.addrs.contains(&ip);
-        }
-        false
-    }
 }
 
 #[cfg(test)]
@@ -98,31 +83,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn loopback_and_the_interfaces_addresses_are_held_others_are_not() {
-        let mut own = OwnAddresses::new(Duration::from_secs(1));
-        let now = Instant::now();
-        for ip in ["127.0.0.1", "127.3.2.1", "::1", "::ffff:127.0.0.1"] {
-            assert!(own.holds(ip.parse().unwrap(), now), "{ip}");
-        }
-        assert!(own.get(now).contains(&IpAddr::from([127, 0, 0, 1])));
-        // 203.0.113.0/24 is for documentation: on no machine's interface.
-        assert!(!own.holds("203.0.113.77".parse().unwrap(), now));
-    }
-
-    #[test]
-    fn an_address_not_held_is_looked_for_again_at_most_once_a_max_age() {
+    fn the_addresses_are_read_again_once_they_are_a_max_age_old() {
         let mut own = OwnAddresses::new(Duration::from_secs(1));
         let t0 = Instant::now();
-        own.get(t0);
-        let Some(other) = own_addresses().into_iter().find(|a| !a.is_loopback()) else {
-            eprintln!("SKIPPED an_address_not_held...: no address here but loopback");
-            return;
-        };
-        // Taken off the list as read: not read again within the age, so still not held...
-        own.addrs.retain(|a| *a != other);
-        assert!(!own.holds(other, t0 + Duration::from_millis(500)));
+        assert!(own.get(t0).contains(&IpAddr::from([127, 0, 0, 1])));
+        // 203.0.113.0/24 is for documentation: on no machine's interface.
+        assert!(!own.get(t0).contains(&"203.0.113.77".parse().unwrap()));
+        // Taken off the list as read: not read again within the age...
+        own.addrs.clear();
+        assert!(own.get(t0 + Duration::from_millis(500)).is_empty());
         // ...and read again once the list is a max age old.
-        assert!(own.holds(other, t0 + Duration::from_secs(1)));
+        assert!(!own.get(t0 + Duration::from_secs(1)).is_empty());
         assert_eq!(own.read_at, Some(t0 + Duration::from_secs(1)));
     }
 }
