@@ -508,10 +508,12 @@ pub struct RunArgs {
     /// translates on its way to a container (a DNAT rule publishing its port to other hosts)
     /// passes twice, before and after translation: the copy (the same client end and first
     /// sequence number, to another address) is not measured, counted in
-    /// tap_copied_connections_total and said (once a reader; with more than one, a copy hashed
-    /// to another reader than its first is measured too). A relay's onward leg (docker-proxy's, for clients on
-    /// this machine) is a connection of its own: `any` measures both legs, `lo` the client's
-    /// alone. A run whose tap read nothing there (not even our
+    /// tap_copied_connections_total and said (once per reader; with more than one, a copy
+    /// hashed to a reader other than the original's is measured too). Not told as copies, so
+    /// measured twice: a translation that also rewrites the client's address (masquerade,
+    /// SNAT), and a connection begun before the tap. A relay's onward leg (docker-proxy's, for
+    /// clients on this machine) is a connection of its own: `any` measures both legs, `lo` the
+    /// client's alone. A run whose tap read nothing there (not even our
     /// own readiness request) says so in its warnings and report; so does one whose server's
     /// access log shows a generation request the tap did not see (on `lo`, from a client
     /// elsewhere; on a named interface, from this machine's own addresses, loopback included

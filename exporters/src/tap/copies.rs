@@ -11,15 +11,16 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use super::tcp::End;
+use super::tcp::{End, Segment};
 
 /// How long a followed SYN is kept to find its translated copy by: the copies pass within
 /// microseconds, and a SYN sent again a few seconds later is the same.
 const SYN_KEPT: Duration = Duration::from_secs(10);
-/// A copy that carried nothing but its SYN for this long is forgotten (a SYN flood, a client
-/// retrying a server that is down); one that carried bytes, after the tap's idle time for a
-/// connection.
-const SYN_ONLY_KEPT: Duration = Duration::from_secs(10);
+/// A copy that carried nothing but its handshake for this long is forgotten (a SYN flood, a
+/// client retrying a server that is down): longer than a SYN is sent again for (1, 3, 7, 15,
+/// 31 and 63 s after the first), so that the last is still known as a copy. One that carried
+/// bytes is forgotten after the tap's idle time for a connection.
+const SYN_ONLY_KEPT: Duration = Duration::from_secs(130);
 /// Bounds on what is kept: past them the oldest go (a copy then missed is measured twice).
 const MAX_KEPT: usize = 1 << 16;
 
@@ -28,8 +29,11 @@ const MAX_KEPT: usize = 1 << 16;
 struct Skipped {
     isn: u32,
     last_seen: Instant,
-    /// Whether a segment with bytes or a close came after its SYN.
+    /// Whether bytes came after its handshake.
     used: bool,
+    /// Which sides have closed (a FIN): forgotten when both have, or at a reset.
+    client_closed: bool,
+    server_closed: bool,
 }
 
 /// The SYNs followed lately and the copies found.
@@ -63,12 +67,18 @@ impl Copies {
         match self.syns.get(&(client, isn)) {
             Some(&(first, _)) if first != server => {
                 if self.skipped.len() >= MAX_KEPT {
-                    return None;
+                    // a flood of handshakes alone gives way to the copies that carry requests
+                    self.skipped.retain(|_, s| s.used);
+                    if self.skipped.len() >= MAX_KEPT {
+                        return None;
+                    }
                 }
                 let s = Skipped {
                     isn,
                     last_seen: at,
                     used: false,
+                    client_closed: false,
+                    server_closed: false,
                 };
                 self.skipped.insert(key, s);
                 if !self.told {
@@ -77,24 +87,36 @@ impl Copies {
                 Some(true)
             }
             _ => {
-                if self.syns.insert((client, isn), (server, at)).is_none() {
-                    self.syn_order.push_back(((client, isn), at));
-                }
+                // queued at every insert: the entry's time is what its turn to expire checks
+                self.syns.insert((client, isn), (server, at));
+                self.syn_order.push_back(((client, isn), at));
                 None
             }
         }
     }
 
-    /// Whether a segment of `key` (not a SYN) is one of a copy's; its close (`ends`) forgets it.
-    pub fn skipped(&mut self, key: &(End, End), ends: bool, at: Instant) -> bool {
-        if ends {
-            return self.skipped.remove(key).is_some();
-        }
+    /// Whether a segment of `key` (not a client's SYN) is one of a copy's. A reset, or both
+    /// sides' FINs, forget it.
+    pub fn skipped(
+        &mut self,
+        key: &(End, End),
+        seg: &Segment<'_>,
+        to_server: bool,
+        at: Instant,
+    ) -> bool {
         let Some(s) = self.skipped.get_mut(key) else {
             return false;
         };
         s.last_seen = at;
-        s.used = true;
+        s.used |= !seg.payload.is_empty();
+        if to_server {
+            s.client_closed |= seg.fin;
+        } else {
+            s.server_closed |= seg.fin;
+        }
+        if seg.rst || (s.client_closed && s.server_closed) {
+            self.skipped.remove(key);
+        }
         true
     }
 
@@ -186,33 +208,119 @@ mod tests {
         assert!(c.syns.len() == 1 && c.syn_order.len() == 1, "{c:?}");
     }
 
+    /// A segment of `key`'s connection: from its client (`to_server`) or its server.
+    fn seg(key: (End, End), to_server: bool, fin: bool, rst: bool, payload: &[u8]) -> Segment<'_> {
+        let (src, dst) = if to_server { key } else { (key.1, key.0) };
+        Segment {
+            src,
+            dst,
+            seq: 1,
+            syn: false,
+            ack: true,
+            fin,
+            rst,
+            payload,
+        }
+    }
+
+    fn copy(c: &mut Copies, port: u16, isn: u32, t: Instant) -> (End, End) {
+        let (first, translated) = keys(port);
+        c.at_syn(first, isn, t);
+        assert_eq!(c.at_syn(translated, isn, t), Some(true));
+        translated
+    }
+
     #[test]
-    fn a_copy_is_forgotten_at_its_close_at_a_new_connection_on_its_ends_or_gone_quiet() {
+    fn a_copy_is_forgotten_at_a_reset_or_both_fins_not_at_one() {
         let mut c = Copies::default();
         let t = Instant::now();
-        let copy = |c: &mut Copies, port: u16, isn: u32| {
-            let (first, translated) = keys(port);
-            c.at_syn(first, isn, t);
-            assert_eq!(c.at_syn(translated, isn, t), Some(true));
-            translated
-        };
-        let closed = copy(&mut c, 40001, 10);
-        assert!(c.skipped(&closed, false, t));
-        assert!(c.skipped(&closed, true, t), "its FIN or RST");
-        assert!(!c.skipped(&closed, false, t));
+        let k = copy(&mut c, 40001, 10, t);
+        assert!(c.skipped(&k, &seg(k, true, false, false, b"GET"), true, t));
+        // the server's keep-alive close alone: a request racing it is still the copy's
+        assert!(c.skipped(&k, &seg(k, false, true, false, b""), false, t));
+        assert!(c.skipped(&k, &seg(k, true, false, false, b"GET"), true, t));
+        assert!(c.skipped(&k, &seg(k, true, true, false, b""), true, t));
+        assert!(
+            !c.skipped(&k, &seg(k, true, false, false, b""), true, t),
+            "both closed"
+        );
+        let k = copy(&mut c, 40002, 20, t);
+        assert!(c.skipped(&k, &seg(k, false, false, true, b""), false, t));
+        assert!(
+            !c.skipped(&k, &seg(k, true, false, false, b"GET"), true, t),
+            "reset"
+        );
+    }
+
+    #[test]
+    fn a_copy_is_forgotten_at_a_new_connection_on_its_ends_or_gone_quiet() {
+        let mut c = Copies::default();
+        let t = Instant::now();
         // its close unseen, a new connection on the same ends is not the copy
-        let reused = copy(&mut c, 40002, 20);
+        let reused = copy(&mut c, 40002, 20, t);
         assert_eq!(c.at_syn(reused, 99, t), None);
-        assert!(!c.skipped(&reused, false, t));
-        // quiet: a SYN alone after ten seconds, one that carried bytes after the idle time
-        let syn_only = copy(&mut c, 40003, 30);
-        let used = copy(&mut c, 40004, 40);
-        assert!(c.skipped(&used, false, t));
+        assert!(!c.skipped(&reused, &seg(reused, true, false, false, b"GET"), true, t));
+        // quiet: a handshake alone (its server's SYN-ACK included) after the last time a SYN
+        // is sent again, one that carried bytes after the idle time
+        let syn_only = copy(&mut c, 40003, 30, t);
+        assert!(c.skipped(
+            &syn_only,
+            &seg(syn_only, false, false, false, b""),
+            false,
+            t
+        ));
+        let used = copy(&mut c, 40004, 40, t);
+        assert!(c.skipped(&used, &seg(used, true, false, false, b"GET"), true, t));
         let idle = Duration::from_secs(3600);
+        c.forget_idle(t + Duration::from_secs(63), idle);
+        assert_eq!(
+            c.at_syn(syn_only, 30, t),
+            Some(false),
+            "its SYN sent again at 63 s"
+        );
         c.forget_idle(t + SYN_ONLY_KEPT, idle);
-        assert!(!c.skipped(&syn_only, false, t));
-        assert!(c.skipped(&used, false, t));
+        assert!(!c.skipped.contains_key(&syn_only));
+        assert!(c.skipped.contains_key(&used));
         c.forget_idle(t + idle, idle);
-        assert!(!c.skipped(&used, false, t));
+        assert!(!c.skipped.contains_key(&used));
+    }
+
+    #[test]
+    fn a_syn_followed_again_is_kept_from_its_last_sighting_and_then_forgotten() {
+        let mut c = Copies::default();
+        let t = Instant::now();
+        let (first, translated) = keys(40001);
+        c.at_syn(first, 10, t);
+        let again = t + Duration::from_secs(5);
+        c.at_syn(first, 10, again);
+        assert_eq!(c.syn_order.len(), 2);
+        // kept from its last sighting...
+        assert_eq!(c.at_syn(translated, 10, t + SYN_KEPT), Some(true));
+        // ...and gone once that too is older than the limit: no entry left behind
+        let (other, _) = keys(40009);
+        c.at_syn(other, 1, again + SYN_KEPT + Duration::from_secs(1));
+        assert!(!c.syns.contains_key(&(first.0, 10)), "{c:?}");
+    }
+
+    #[test]
+    fn a_flood_of_handshakes_alone_gives_way_to_copies_that_carry_requests() {
+        let mut c = Copies::default();
+        let t = Instant::now();
+        let used = copy(&mut c, 1, 7, t);
+        assert!(c.skipped(&used, &seg(used, true, false, false, b"GET"), true, t));
+        for n in 0..MAX_KEPT as u32 {
+            let [_, a, b, d] = n.to_be_bytes();
+            let client = End {
+                ip: [10, a, b, d].into(),
+                port: 5000,
+            };
+            let isn = 1000 + n;
+            c.at_syn((client, end(HERE, 8000)), isn, t);
+            c.at_syn((client, end(THERE, 8000)), isn, t);
+        }
+        // full: the next copy clears the handshakes alone and is still one
+        let late = copy(&mut c, 2, 8, t);
+        assert!(c.skipped.contains_key(&late) && c.skipped.contains_key(&used));
+        assert!(c.skipped.len() < 10, "{}", c.skipped.len());
     }
 }

@@ -112,7 +112,7 @@ impl TapMetrics {
         );
         registry.register(
             "tap_copied_connections",
-            "Connections to the server's port not measured with --tap-interface any as the address-translated copies (DNAT) of connections measured: the same client end and first sequence number to another server end",
+            "Connections to the server's port not measured because, with --tap-interface any, they were the address-translated (DNAT) copies of connections measured: the same client end and first sequence number, another server end",
             m.copied_connections.clone(),
         );
         Arc::new(m)
@@ -707,7 +707,7 @@ impl Connections {
         }
         let Some(conn) = self.map.get_mut(&key) else {
             if let Some(copies) = &mut self.copies {
-                if copies.skipped(&key, seg.fin || seg.rst, at.at) {
+                if copies.skipped(&key, &seg, to_server, at.at) {
                     return;
                 }
             }
