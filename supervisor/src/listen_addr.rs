@@ -135,7 +135,7 @@ pub(crate) fn route_among(ip: IpAddr, own: &[IpAddr]) -> Route {
     }
 }
 
-pub(crate) use sglang_exporters::host::own_addresses;
+pub(crate) use crate::own_addresses::own_addresses;
 
 /// Refuse a listening address that is the server's own: the same port (not 0) on the same host,
 /// or both on this machine (loopback or every interface).

@@ -11,7 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use super::tcp::{End, Segment};
+use super::tcp::{End, KeyHasher, Segment};
 
 /// How long a followed SYN is kept to find its translated copy by: the copies pass within
 /// microseconds, and a SYN sent again a few seconds later is the same.
@@ -36,14 +36,15 @@ struct Skipped {
     server_closed: bool,
 }
 
-/// The SYNs followed lately and the copies found.
+/// The SYNs followed lately and the copies found (hashed as the connections' table is: their
+/// ends come from remote clients).
 #[derive(Debug, Default)]
 pub(super) struct Copies {
     /// Followed SYNs: (client end, first sequence number) -> server end, and when.
-    syns: HashMap<(End, u32), (End, Instant)>,
+    syns: HashMap<(End, u32), (End, Instant), KeyHasher>,
     syn_order: VecDeque<((End, u32), Instant)>,
     /// Copies: their later segments are not taken for connections begun before the tap.
-    skipped: HashMap<(End, End), Skipped>,
+    skipped: HashMap<(End, End), Skipped, KeyHasher>,
     /// The first copy, and the connection it repeats, until said.
     untold: Option<((End, End), End)>,
     told: bool,

@@ -241,16 +241,15 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
     // 4 GiB over all at most.
     let blocks = (RING_MB.read()? * ring::BLOCKS_PER_MB).min(4096 * ring::BLOCKS_PER_MB / members);
     let ledger = Ledger::new(metrics, stats.clone(), requests_log, traffic_window);
-    let on_every_interface = Interface::parse(&iface) == Interface::Any;
+    let interface = Interface::parse(&iface);
     let open = || -> std::io::Result<_> {
-        let iface = Interface::parse(&iface);
-        let (rings, from) = Ring::open_group(port, &iface, blocks, members).or_else(|e| {
+        let (rings, from) = Ring::open_group(port, &interface, blocks, members).or_else(|e| {
             // A kernel that refuses the group: one reader does.
             if members == 1 || e.kind() != std::io::ErrorKind::Unsupported {
                 return Err(e);
             }
             tracing::warn!("tap: {members} readers: {e}; one reader instead");
-            Ring::open_group(port, &iface, blocks, 1)
+            Ring::open_group(port, &interface, blocks, 1)
         })?;
         let mut opened = Vec::with_capacity(rings.len());
         for ring in rings {
@@ -284,7 +283,7 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
             tap_metrics.clone(),
             RingDrops::new(Box::new(drops)),
         );
-        if on_every_interface {
+        if interface == Interface::Any {
             conns.copies = Some(Copies::default());
         }
         conns.share(members, &all_buffered);

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use crate::cli::RunArgs;
 use crate::listen_addr::{local, route_among, Route};
 use crate::logs::parse::LoopbackClients;
+use crate::own_addresses::OwnAddresses;
 use crate::server_argv;
-use sglang_exporters::host::OwnAddresses;
 use sglang_exporters::proxy::ProxyMetrics;
 
 /// What a tap on `lo` missing clients elsewhere should be given instead.
