@@ -505,13 +505,13 @@ pub struct RunArgs {
 
     /// With --tap: where the copy is taken: `lo` (clients on this machine), `any` (clients on
     /// other hosts too), or an interface's name. With `any`, a connection this machine
-    /// translates on its way to a container (a DNAT rule publishing its port to other hosts)
-    /// passes twice, before and after translation: the copy (the same client end and first
-    /// sequence number, to another address) is not measured, counted in
-    /// tap_copied_connections_total and said (once per reader; with more than one, a copy
-    /// hashed to a reader other than the original's is measured too). Not told as copies, so
-    /// measured twice: a translation that also rewrites the client's address (masquerade,
-    /// SNAT), and a connection begun before the tap. A relay's onward leg (docker-proxy's, for
+    /// translates on its way to a container (a DNAT rule publishing its port to other hosts,
+    /// with or without masquerade or SNAT of the client's address) passes twice, before and
+    /// after translation: the copy (the same client port and first sequence number, another
+    /// client or server address) is not measured, counted in tap_copied_connections_total and
+    /// said once. Not told as copies, so measured twice: a translation that also changes the
+    /// client's port (a port already taken, `--random-fully`), and a connection begun before
+    /// the tap. A relay's onward leg (docker-proxy's, for
     /// clients on this machine) is a connection of its own: `any` measures both legs, `lo` the
     /// client's alone. A run whose tap read nothing there (not even our
     /// own readiness request) says so in its warnings and report; so does one whose server's

@@ -989,7 +989,7 @@ fn a_port_relayed_to_another_host_is_measured_once_on_loopback() {
             .status
             .contains("200"));
     }
-    three_measured(&log);
+    measured_once(&log, 3);
     let mut run = run;
     run.stop_by_sigterm();
     drop(relay);
@@ -1000,20 +1000,79 @@ fn a_port_relayed_to_another_host_is_measured_once_on_loopback() {
 
 #[test]
 fn on_every_interface_a_port_translated_to_another_host_measures_each_request_once() {
-    if !can_tap("on_every_interface_a_port_translated...") {
+    let said = [
+        &format!("to {}:", Router::SERVER),
+        &format!("the one to {}:", Router::FRONT),
+    ];
+    translated_on_a_router(
+        "tap-translated",
+        Nat::Dnat,
+        &[],
+        3,
+        &said.map(String::as_str),
+    );
+}
+
+#[test]
+fn on_every_interface_a_port_translated_and_masqueraded_measures_each_request_once() {
+    // the server sees the router's address for the client's (Docker's hairpin, a Kubernetes
+    // NodePort): the client's port and first sequence number are still the original's
+    let said = [
+        format!("from {}:", Router::BACK),
+        format!("to {}:", Router::SERVER),
+        format!("the one from {}:", Router::CLIENT),
+    ];
+    translated_on_a_router(
+        "tap-masqueraded",
+        Nat::DnatMasquerade,
+        &[],
+        3,
+        &said.each_ref().map(String::as_str),
+    );
+}
+
+#[test]
+fn on_every_interface_a_copy_hashed_to_another_reader_is_not_measured_again() {
+    // four readers, each connection hashed to one by its ends: a copy's ends are not its
+    // original's, so most copies go to another reader than theirs, which may read first (the
+    // copy is then the one measured, the original said)
+    let readers = [("SGLANG_SUPERVISOR_TAP_READERS", "4")];
+    let said = [Router::FRONT, Router::SERVER];
+    translated_on_a_router("tap-translated-readers", Nat::Dnat, &readers, 12, &said);
+}
+
+/// What the router's nftables rules do to connections to the server's port on its address.
+#[derive(Clone, Copy, PartialEq)]
+enum Nat {
+    /// Sent on to the server's address.
+    Dnat,
+    /// That, and the client's address replaced by the router's (the port kept).
+    DnatMasquerade,
+}
+
+/// The supervisor on a router (its tap on every interface, `env` set) whose `nat` rules send
+/// its port on to a server on another host: each request crosses it twice, to the router's
+/// address and then to the server's. Each of `requests` (a connection each) is measured once,
+/// and the first copy is said once, in a line holding each of `said`.
+fn translated_on_a_router(
+    name: &str,
+    nat: Nat,
+    env: &[(&str, &str)],
+    requests: usize,
+    said: &[&str],
+) {
+    if !can_tap(name) {
         return;
     }
-    // The supervisor on a router whose DNAT rule sends its port on to a server on another
-    // host: each request crosses it twice, to the router's address, then to the server's.
-    let Some(router) = Router::new("on_every_interface_a_port_translated...") else {
+    let Some(router) = Router::new(name) else {
         return;
     };
-    let log = log_path("tap-translated");
+    let log = log_path(name);
     let _ = std::fs::remove_file(&log);
     let stderr = log.with_extension("stderr");
     let health = format!("http://{}:{{port}}/health", Router::SERVER);
     let run = Run::start(
-        "tap-translated",
+        name,
         Opts {
             supervisor: &[
                 "--tap",
@@ -1025,6 +1084,7 @@ fn on_every_interface_a_port_translated_to_another_host_measures_each_request_on
                 &health,
             ],
             replay: &["--speed", "50", "--host", "0.0.0.0"],
+            env,
             wrap: &router.on_router(),
             server_wrap: &router.on_server(),
             stderr: std::fs::File::create(&stderr).unwrap().into(),
@@ -1032,9 +1092,17 @@ fn on_every_interface_a_port_translated_to_another_host_measures_each_request_on
         },
     );
     let port = run.port;
+    let masquerade = match nat {
+        Nat::Dnat => String::new(),
+        Nat::DnatMasquerade => format!(
+            " chain post {{\n  type nat hook postrouting priority 100;\n  \
+             ip daddr {} tcp dport {port} masquerade\n }}\n",
+            Router::SERVER
+        ),
+    };
     let rules = format!(
         "table ip sglsup {{\n chain pre {{\n  type nat hook prerouting priority -100;\n  \
-         ip daddr {} tcp dport {port} dnat to {}:{port}\n }}\n}}\n",
+         ip daddr {} tcp dport {port} dnat to {}:{port}\n }}\n{masquerade}}}\n",
         Router::FRONT,
         Router::SERVER
     );
@@ -1043,47 +1111,43 @@ fn on_every_interface_a_port_translated_to_another_host_measures_each_request_on
             router.nft("").is_err(),
             "nft took an empty ruleset, refused ours: {e}"
         );
-        eprintln!("SKIPPED on_every_interface_a_port_translated...: no nftables here ({e}; scripts/setup.sh installs it)");
+        eprintln!("SKIPPED {name}: no nftables here ({e}; scripts/setup.sh installs it)");
         return;
     }
     run.wait_event("ready", T);
     let front = format!("{}:{port}", Router::FRONT);
-    for _ in 0..3 {
+    for _ in 0..requests {
         assert_eq!(
             router.client_post(&front, "/v1/completions", SIX_OF_TWO),
             "200"
         );
     }
-    three_measured(&log);
+    measured_once(&log, requests);
     let mut run = run;
     run.stop_by_sigterm();
-    let server = format!("{}:{port}", Router::SERVER);
-    copy_said_once(&stderr, &server, &format!("the one to {front}"));
+    copy_said_once(&stderr, said);
     let _ = (std::fs::remove_file(&log), std::fs::remove_file(&stderr));
 }
 
-/// Three records of six tokens for two, once they are in `log`, and no more after a while.
-fn three_measured(log: &Path) {
-    wait_records(log, 3);
+/// `n` records of six tokens for two, once they are in `log`, and no more after a while.
+fn measured_once(log: &Path, n: usize) {
+    wait_records(log, n);
     std::thread::sleep(Duration::from_millis(300));
     let recs = records(log);
-    assert_eq!(recs.len(), 3, "{recs:#?}");
+    assert_eq!(recs.len(), n, "{recs:#?}");
     recs.iter().for_each(assert_six_of_two);
 }
 
-/// The run's console (`stderr`) says one connection to `to` was not measured, as `why`.
-fn copy_said_once(stderr: &Path, to: &str, why: &str) {
+/// The run's console (`stderr`) says one connection was not measured, in a line holding each
+/// of `words`.
+fn copy_said_once(stderr: &Path, words: &[&str]) {
     let console = std::fs::read_to_string(stderr).unwrap();
     let said: Vec<&str> = console
         .lines()
         .filter(|l| l.contains("was not measured"))
         .collect();
     assert_eq!(said.len(), 1, "{console}");
-    assert!(
-        said[0].contains(&format!("to {to} was not measured")) && said[0].contains(why),
-        "{}",
-        said[0]
-    );
+    assert!(words.iter().all(|w| said[0].contains(w)), "{}", said[0]);
 }
 
 #[test]

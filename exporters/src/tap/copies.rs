@@ -1,14 +1,17 @@
 //! With the tap on every interface, a connection that this machine translates on its way
-//! through (a DNAT rule publishing a container's port to clients on other hosts) crosses it
-//! twice: before translation, to this machine, and after, to the container. Both copies carry
-//! the same client end and first sequence number; only the server end differs. The first seen
-//! is measured, the other is a copy, not followed. That identity is exact, so nothing else is
-//! taken for a copy: a relay's onward leg (docker-proxy's, for clients on this machine) is a
-//! connection of its own, measured as one on `any` (the tap on `lo` sees only the client's).
-//! Each reader keeps its own: with more than one, a copy on another reader than its first is
-//! measured too.
+//! through crosses it twice: before translation and after. A DNAT rule publishing a
+//! container's port to clients on other hosts rewrites the server end; a masquerade or SNAT
+//! rule (Docker's hairpin, a Kubernetes NodePort) the client's address too. Both copies carry
+//! the same client port and first sequence number (NAT leaves them alone unless the port is
+//! taken); another client or server address is what tells a copy from the same SYN seen again.
+//! The first seen is measured, the other is a copy, not followed. That identity is exact (a
+//! random 32-bit number and a port, within seconds), so nothing else is taken for a copy: a
+//! relay's onward leg (docker-proxy's, for clients on this machine) is a connection of its
+//! own, measured as one on `any` (the tap on `lo` sees only the client's). The SYNs followed
+//! are shared by every reader: a copy may be hashed to another reader than its original.
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::tcp::{End, KeyHasher, Segment};
@@ -36,21 +39,54 @@ struct Skipped {
     server_closed: bool,
 }
 
-/// The SYNs followed lately and the copies found (hashed as the connections' table is: their
-/// ends come from remote clients).
+/// A connection's client and server ends.
+type Ends = (End, End);
+
+/// The SYNs followed lately, by every reader (hashed as the connections' table is: their
+/// ends come from remote clients), and whether a copy was said.
 #[derive(Debug, Default)]
-pub(super) struct Copies {
-    /// Followed SYNs: (client end, first sequence number) -> server end, and when.
-    syns: HashMap<(End, u32), (End, Instant), KeyHasher>,
-    syn_order: VecDeque<((End, u32), Instant)>,
-    /// Copies: their later segments are not taken for connections begun before the tap.
-    skipped: HashMap<(End, End), Skipped, KeyHasher>,
-    /// The first copy, and the connection it repeats, until said.
-    untold: Option<((End, End), End)>,
+pub(super) struct Followed {
+    /// (client port, first sequence number) -> the connection's ends, and when.
+    syns: HashMap<(u16, u32), (Ends, Instant), KeyHasher>,
+    order: VecDeque<((u16, u32), Instant)>,
     told: bool,
 }
 
+impl Followed {
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(k, t)) = self.order.front() {
+            if now.saturating_duration_since(t) < SYN_KEPT && self.order.len() <= MAX_KEPT {
+                break;
+            }
+            self.order.pop_front();
+            if self.syns.get(&k).is_some_and(|&(_, at)| at == t) {
+                self.syns.remove(&k);
+            }
+        }
+    }
+}
+
+/// One reader's view: the SYNs followed (shared) and the copies it found. A copy's later
+/// segments come to the reader its SYN came to (the kernel hashes a connection's segments,
+/// both ways, to one reader).
+#[derive(Debug, Default)]
+pub(super) struct Copies {
+    followed: Arc<Mutex<Followed>>,
+    /// Copies: their later segments are not taken for connections begun before the tap.
+    skipped: HashMap<(End, End), Skipped, KeyHasher>,
+    /// The first copy, and the connection it repeats, until said.
+    untold: Option<(Ends, Ends)>,
+}
+
 impl Copies {
+    /// A reader's, sharing the SYNs `followed` with the others.
+    pub fn sharing(followed: &Arc<Mutex<Followed>>) -> Copies {
+        Copies {
+            followed: followed.clone(),
+            ..Copies::default()
+        }
+    }
+
     /// At a client's SYN to the server's port, not one of a connection followed: whether it is
     /// a copy (the same SYN again, seen on a bridge and its port or sent again, is too).
     /// `None`: a new connection, to follow; `Some(true)`: a new copy, to count.
@@ -63,10 +99,12 @@ impl Copies {
             // a new connection on the ends of a copy whose close went unseen
             self.skipped.remove(&key);
         }
-        let (client, server) = key;
-        self.expire(at);
-        match self.syns.get(&(client, isn)) {
-            Some(&(first, _)) if first != server => {
+        // A reader that panicked holding it left nothing half-done that matters here.
+        let mut followed = self.followed.lock().unwrap_or_else(|e| e.into_inner());
+        followed.expire(at);
+        let id = (key.0.port, isn);
+        match followed.syns.get(&id) {
+            Some(&(first, _)) if first != key => {
                 if self.skipped.len() >= MAX_KEPT {
                     // a flood of handshakes alone gives way to the copies that carry requests
                     self.skipped.retain(|_, s| s.used);
@@ -82,15 +120,15 @@ impl Copies {
                     server_closed: false,
                 };
                 self.skipped.insert(key, s);
-                if !self.told {
+                if !followed.told {
                     self.untold.get_or_insert((key, first));
                 }
                 Some(true)
             }
             _ => {
                 // queued at every insert: the entry's time is what its turn to expire checks
-                self.syns.insert((client, isn), (server, at));
-                self.syn_order.push_back(((client, isn), at));
+                followed.syns.insert(id, (key, at));
+                followed.order.push_back((id, at));
                 None
             }
         }
@@ -121,18 +159,6 @@ impl Copies {
         true
     }
 
-    fn expire(&mut self, now: Instant) {
-        while let Some(&(k, t)) = self.syn_order.front() {
-            if now.saturating_duration_since(t) < SYN_KEPT && self.syn_order.len() <= MAX_KEPT {
-                break;
-            }
-            self.syn_order.pop_front();
-            if self.syns.get(&k).is_some_and(|&(_, at)| at == t) {
-                self.syns.remove(&k);
-            }
-        }
-    }
-
     /// Forgets copies gone quiet: those with nothing but a SYN after [`SYN_ONLY_KEPT`], others
     /// after `idle` (the tap's time for a silent connection).
     pub fn forget_idle(&mut self, now: Instant, idle: Duration) {
@@ -142,18 +168,27 @@ impl Copies {
         });
     }
 
-    /// The line saying the first copy, once.
+    /// The line saying the first copy, once (over every reader).
     pub fn tell(&mut self, port: u16) -> Option<String> {
-        let ((client, server), first) = self.untold.take()?;
-        self.told = true;
+        let ((client, server), (first_client, first_server)) = self.untold.take()?;
+        let mut followed = self.followed.lock().unwrap_or_else(|e| e.into_inner());
+        if std::mem::replace(&mut followed.told, true) {
+            return None;
+        }
         let addr = |e: End| SocketAddr::new(e.ip, e.port);
+        let from = if first_client == client {
+            String::new()
+        } else {
+            format!(" from {}", addr(first_client))
+        };
         Some(format!(
             "tap: the connection from {} to {} was not measured: on every interface it is the \
-             address-translated copy (a DNAT rule's) of the one to {}, measured; such copies \
-             of connections to port {port} are counted in tap_copied_connections_total",
+             address-translated copy (a DNAT, SNAT or masquerade rule's) of the one{from} to {}, \
+             measured; such copies of connections to port {port} are counted in \
+             tap_copied_connections_total",
             addr(client),
             addr(server),
-            addr(first)
+            addr(first_server)
         ))
     }
 }
@@ -179,7 +214,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_same_client_end_and_sequence_number_to_another_server_end_is_a_copy() {
+    fn only_the_same_client_port_and_sequence_number_to_other_addresses_is_a_copy() {
         let mut c = Copies::default();
         let t = Instant::now();
         let (first, translated) = keys(40001);
@@ -199,6 +234,46 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_whose_client_address_was_translated_too_is_a_copy() {
+        let mut c = Copies::default();
+        let t = Instant::now();
+        let (first, _) = keys(40001);
+        // masquerade after DNAT: the router's address for the client's, the port kept
+        let gateway = end([198, 51, 100, 254], 40001);
+        let both = (gateway, end(THERE, 8000));
+        assert_eq!(c.at_syn(first, 10, t), None);
+        assert_eq!(c.at_syn(both, 10, t), Some(true));
+        assert!(c.tell(8000).is_some_and(|l| l
+            .contains("from 198.51.100.254:40001 to 203.0.113.2:8000 was not measured")
+            && l.contains("of the one from 203.0.113.9:40001 to 198.51.100.1:8000")));
+        // SNAT alone (a client in a container reaching a server elsewhere): the same server
+        let (first, _) = keys(40002);
+        assert_eq!(c.at_syn(first, 20, t), None);
+        assert_eq!(c.at_syn((end(HERE, 40002), first.1), 20, t), Some(true));
+        // a port NAT changed is another connection (measured twice): not a guess
+        let (first, translated) = keys(40003);
+        assert_eq!(c.at_syn(first, 30, t), None);
+        let moved = (end(CLIENT, 50003), translated.1);
+        assert_eq!(c.at_syn(moved, 30, t), None);
+    }
+
+    #[test]
+    fn a_copy_hashed_to_another_reader_is_a_copy_and_said_once_over_all() {
+        let followed = Arc::new(Mutex::new(Followed::default()));
+        let (mut one, mut two) = (Copies::sharing(&followed), Copies::sharing(&followed));
+        let t = Instant::now();
+        // whichever reader reads its SYN first follows it; the other's is the copy
+        let (first, translated) = keys(40001);
+        assert_eq!(two.at_syn(translated, 10, t), None);
+        assert_eq!(one.at_syn(first, 10, t), Some(true));
+        let (first, translated) = keys(40002);
+        assert_eq!(one.at_syn(first, 20, t), None);
+        assert_eq!(two.at_syn(translated, 20, t), Some(true));
+        assert!(one.tell(8000).is_some());
+        assert_eq!(two.tell(8000), None, "said once over every reader");
+    }
+
+    #[test]
     fn a_followed_syn_is_kept_ten_seconds_to_find_its_copy_by() {
         let mut c = Copies::default();
         let t = Instant::now();
@@ -206,7 +281,8 @@ mod tests {
         assert_eq!(c.at_syn(first, 10, t), None);
         let later = t + SYN_KEPT + Duration::from_millis(1);
         assert_eq!(c.at_syn(translated, 10, later), None);
-        assert!(c.syns.len() == 1 && c.syn_order.len() == 1, "{c:?}");
+        let f = c.followed.lock().unwrap();
+        assert!(f.syns.len() == 1 && f.order.len() == 1, "{f:?}");
     }
 
     /// A segment of `key`'s connection: from its client (`to_server`) or its server.
@@ -294,13 +370,14 @@ mod tests {
         c.at_syn(first, 10, t);
         let again = t + Duration::from_secs(5);
         c.at_syn(first, 10, again);
-        assert_eq!(c.syn_order.len(), 2);
+        assert_eq!(c.followed.lock().unwrap().order.len(), 2);
         // kept from its last sighting...
         assert_eq!(c.at_syn(translated, 10, t + SYN_KEPT), Some(true));
         // ...and gone once that too is older than the limit: no entry left behind
         let (other, _) = keys(40009);
         c.at_syn(other, 1, again + SYN_KEPT + Duration::from_secs(1));
-        assert!(!c.syns.contains_key(&(first.0, 10)), "{c:?}");
+        let f = c.followed.lock().unwrap();
+        assert!(!f.syns.contains_key(&(first.0.port, 10)), "{f:?}");
     }
 
     #[test]

@@ -112,7 +112,7 @@ impl TapMetrics {
         );
         registry.register(
             "tap_copied_connections",
-            "Connections to the server's port not measured because, with --tap-interface any, they were the address-translated (DNAT) copies of connections measured: the same client end and first sequence number, another server end",
+            "Connections to the server's port not measured because, with --tap-interface any, they were the address-translated (DNAT, SNAT, masquerade) copies of connections measured: the same client port and first sequence number, another client or server address",
             m.copied_connections.clone(),
         );
         Arc::new(m)
@@ -276,6 +276,9 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
         port,
         iface,
     };
+    // One table of the SYNs followed for every reader: a translated copy's segments may be
+    // hashed to another reader than its original's.
+    let followed = Arc::new(std::sync::Mutex::new(copies::Followed::default()));
     for (k, ((ring, drops), read_through)) in rings.into_iter().zip(read_through).enumerate() {
         let mut conns = Connections::new(
             port,
@@ -284,7 +287,7 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
             RingDrops::new(Box::new(drops)),
         );
         if interface == Interface::Any {
-            conns.copies = Some(Copies::default());
+            conns.copies = Some(Copies::sharing(&followed));
         }
         conns.share(members, &all_buffered);
         let reader = Reader {

@@ -801,14 +801,18 @@ fn ip_step(test: &str, step: &[&str]) -> bool {
 }
 
 /// A router between two other hosts, each a network namespace of its own: the client's
-/// (10.77.1.2) reaches the router at [`Router::FRONT`], the router reaches the server's at
-/// [`Router::SERVER`]; forwarding is on in the router's namespace alone. Gone on drop.
+/// ([`Router::CLIENT`]) reaches the router at [`Router::FRONT`], the router reaches the
+/// server's at [`Router::SERVER`] from [`Router::BACK`]; forwarding is on in the router's
+/// namespace alone. Gone on drop.
 pub struct Router {
     names: Namespaces,
 }
 
 impl Router {
+    pub const CLIENT: &'static str = "10.77.1.2";
     pub const FRONT: &'static str = "10.77.1.1";
+    /// The router's address on the server's side (a masquerading router's for its clients').
+    pub const BACK: &'static str = "10.77.2.1";
     pub const SERVER: &'static str = "10.77.2.2";
 
     pub fn new(test: &str) -> Option<Router> {
