@@ -1015,8 +1015,8 @@ fn on_every_interface_a_port_translated_to_another_host_measures_each_request_on
 
 #[test]
 fn on_every_interface_a_port_translated_and_masqueraded_measures_each_request_once() {
-    // the server sees the router's address for the client's (Docker's hairpin, a Kubernetes
-    // NodePort): the client's port and first sequence number are still the original's
+    // the server sees the router's address for the client's (Docker's hairpin): the client's
+    // port and first sequence number are still the original's
     let said = [
         format!("from {}:", Router::BACK),
         format!("to {}:", Router::SERVER),

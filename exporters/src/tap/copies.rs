@@ -1,9 +1,10 @@
 //! With the tap on every interface, a connection that this machine translates on its way
 //! through crosses it twice: before translation and after. A DNAT rule publishing a
 //! container's port to clients on other hosts rewrites the server end; a masquerade or SNAT
-//! rule (Docker's hairpin, a Kubernetes NodePort) the client's address too. Both copies carry
-//! the same client port and first sequence number (NAT leaves them alone unless the port is
-//! taken); another client or server address is what tells a copy from the same SYN seen again.
+//! rule (Docker's hairpin) the client's address too. Both copies carry the same client port
+//! and first sequence number (NAT leaves them alone unless the port is taken, or it picks
+//! ports at random: `--random-fully`, as kube-proxy does); another client or server address
+//! is what tells a copy from the same SYN seen again.
 //! The first seen is measured, the other is a copy, not followed. That identity is exact (a
 //! random 32-bit number and a port, within seconds), so nothing else is taken for a copy: a
 //! relay's onward leg (docker-proxy's, for clients on this machine) is a connection of its
