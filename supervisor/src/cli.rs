@@ -509,11 +509,11 @@ pub struct RunArgs {
     /// with or without masquerade or SNAT of the client's address) passes twice, before and
     /// after translation: the copy (the same client port and first sequence number, another
     /// client or server address) is not measured, counted in tap_copied_connections_total and
-    /// said once. Not told as copies, so measured twice: a translation that also changes the
-    /// client's port (a port already taken, `--random-fully`), and a connection begun before
-    /// the tap. A relay's onward leg (docker-proxy's, for
-    /// clients on this machine) is a connection of its own: `any` measures both legs, `lo` the
-    /// client's alone. A run whose tap read nothing there (not even our
+    /// said once (a connection begun before the tap too, from the request it is joined at).
+    /// Not told as a copy, so measured twice: a translation that also changes the client's
+    /// port (a port already taken, `--random-fully`). A relay's onward leg (docker-proxy's,
+    /// for clients on this machine) is a connection of its own: `any` measures both legs, `lo`
+    /// the client's alone. A run whose tap read nothing there (not even our
     /// own readiness request) says so in its warnings and report; so does one whose server's
     /// access log shows a generation request the tap did not see (on `lo`, from a client
     /// elsewhere; on a named interface, from this machine's own addresses, loopback included

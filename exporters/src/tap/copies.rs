@@ -5,7 +5,9 @@
 //! and first sequence number (NAT leaves them alone unless the port is taken, or it picks
 //! ports at random: `--random-fully`, as kube-proxy does); another client or server address
 //! is what tells a copy from the same SYN seen again.
-//! The first seen is measured, the other is a copy, not followed. That identity is exact (a
+//! The first seen is measured, the other is a copy, not followed. A connection begun before
+//! the tap is known by the request it is joined at: both copies carry it at the same sequence
+//! number, which stands for the first. That identity is exact (a
 //! random 32-bit number and a port, within seconds), so nothing else is taken for a copy: a
 //! relay's onward leg (docker-proxy's, for clients on this machine) is a connection of its
 //! own, measured as one on `any` (the tap on `lo` sees only the client's). The SYNs followed

@@ -715,13 +715,13 @@ impl Connections {
             }
             // Begun before the tap, forgotten, or not the server's. A keep-alive connection is
             // followed from the next request it carries (the one in flight, if any, is not seen).
-            if to_server
-                && seg.ack
-                && !(seg.syn || seg.rst)
-                && http::starts_request(seg.payload)
-                && self.joined(key, &seg, at.at)
-            {
-                self.read_segment(p, now_wall, now);
+            if to_server && seg.ack && !(seg.syn || seg.rst) && http::starts_request(seg.payload) {
+                // Joined on every interface, a translated copy carries the same request at the
+                // same sequence number: known as the SYN's would be.
+                let isn = seg.seq.wrapping_sub(1);
+                if !self.copy(key, isn, at.at) && self.joined(key, &seg, at.at) {
+                    self.read_segment(p, now_wall, now);
+                }
             }
             return;
         };
@@ -1451,6 +1451,37 @@ mod tests {
         exchange4(&mut w, (ELSEWHERE, 40001), HERE, 10);
         exchange4(&mut w, (ELSEWHERE, 40001), CONTAINER, 10);
         assert_eq!(w.records().len(), 4, "{:?}", w.records());
+    }
+
+    #[test]
+    fn on_every_interface_a_connection_begun_before_the_tap_and_its_copy_are_measured_once() {
+        // Joined at a request, on both sides of a DNAT rule: the same bytes at the same
+        // sequence number.
+        let mut w = on_every_interface("translated-joined");
+        for s in [HERE, CONTAINER] {
+            w.raw(&packet4(ELSEWHERE, s, 40001, PORT, 5000, ACK, REQ));
+            w.raw(&packet4(s, ELSEWHERE, PORT, 40001, 900, ACK, OK));
+        }
+        assert_eq!(w.records().len(), 1, "{:?}", w.records());
+        assert_eq!(copied(&w), 1);
+        // its next request too is the copy's
+        let next = 5000 + REQ.len() as u32;
+        w.raw(&packet4(ELSEWHERE, CONTAINER, 40001, PORT, next, ACK, REQ));
+        w.raw(&packet4(
+            CONTAINER,
+            ELSEWHERE,
+            PORT,
+            40001,
+            900 + OK.len() as u32,
+            ACK,
+            OK,
+        ));
+        assert_eq!(w.records().len(), 1, "{:?}", w.records());
+        // another connection joined is measured
+        w.raw(&packet4(ELSEWHERE, CONTAINER, 40002, PORT, 9000, ACK, REQ));
+        w.raw(&packet4(CONTAINER, ELSEWHERE, PORT, 40002, 900, ACK, OK));
+        assert_eq!(w.records().len(), 2, "{:?}", w.records());
+        assert_eq!(copied(&w), 1);
     }
 
     #[test]
