@@ -1477,11 +1477,20 @@ mod tests {
             OK,
         ));
         assert_eq!(w.records().len(), 1, "{:?}", w.records());
+        // both gone quiet for an hour, then a request each: the copy, forgotten with its
+        // original, is known again at it
+        w.conns
+            .forget_idle(Instant::now() + IDLE + Duration::from_secs(1));
+        let then = next + REQ.len() as u32;
+        for s in [HERE, CONTAINER] {
+            w.raw(&packet4(ELSEWHERE, s, 40001, PORT, then, ACK, REQ));
+        }
+        assert_eq!(copied(&w), 2, "{:?}", w.records());
         // another connection joined is measured
         w.raw(&packet4(ELSEWHERE, CONTAINER, 40002, PORT, 9000, ACK, REQ));
         w.raw(&packet4(CONTAINER, ELSEWHERE, PORT, 40002, 900, ACK, OK));
         assert_eq!(w.records().len(), 2, "{:?}", w.records());
-        assert_eq!(copied(&w), 1);
+        assert_eq!(copied(&w), 2);
     }
 
     #[test]
