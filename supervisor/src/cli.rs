@@ -507,14 +507,14 @@ pub struct RunArgs {
     /// other hosts too), or an interface's name. With `any`, a connection this machine
     /// translates on its way to a container (a DNAT rule publishing its port to other hosts,
     /// with or without masquerade or SNAT of the client's address) passes twice, before and
-    /// after translation: the copy (the same client port and first sequence number, another
+    /// after translation: the copy (the same first sequence number and TCP timestamp, another
     /// client or server address) is not measured, counted in tap_copied_connections_total and
     /// said once (a connection begun before the tap too, from the request it is joined at).
-    /// Not told as a copy, so measured twice: a translation that also changes the client's
-    /// port (a port already taken, `--random-fully`). A relay's onward leg (docker-proxy's,
-    /// for clients on this machine) is a connection of its own: `any` measures both legs, `lo`
-    /// the client's alone. A run whose tap read nothing there (not even our
-    /// own readiness request) says so in its warnings and report; so does one whose server's
+    /// A client that sends no TCP timestamps (Windows' default) is known by its port instead:
+    /// where NAT changed that too, its copy is measured twice. A relay's onward leg
+    /// (docker-proxy's, for clients on this machine) is a connection of its own: `any`
+    /// measures both legs, `lo` the client's alone. A run whose tap read nothing there (not
+    /// even our own readiness request) says so in its warnings and report; so does one whose server's
     /// access log shows a generation request the tap did not see (on `lo`, from a client
     /// elsewhere; on a named interface, from this machine's own addresses, loopback included
     /// once the server is ready, as for --proxy-addr: their requests cross lo), and at its end

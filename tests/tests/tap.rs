@@ -1001,16 +1001,12 @@ fn a_port_relayed_to_another_host_is_measured_once_on_loopback() {
 #[test]
 fn on_every_interface_a_port_translated_to_another_host_measures_each_request_once() {
     let said = [
-        &format!("to {}:", Router::SERVER),
-        &format!("the one to {}:", Router::FRONT),
+        format!("to {}:", Router::SERVER),
+        format!("it is the one from {}:", Router::CLIENT),
+        format!(" to {}:", Router::FRONT),
     ];
-    translated_on_a_router(
-        "tap-translated",
-        Nat::Dnat,
-        &[],
-        3,
-        &said.map(String::as_str),
-    );
+    let said = said.each_ref().map(String::as_str);
+    translated_on_a_router("tap-translated", Nat::Dnat, &[], 3, &said);
 }
 
 #[test]
@@ -1019,16 +1015,23 @@ fn on_every_interface_a_port_translated_and_masqueraded_measures_each_request_on
     // port and first sequence number are still the original's
     let said = [
         format!("from {}:", Router::BACK),
-        format!("to {}:", Router::SERVER),
-        format!("the one from {}:", Router::CLIENT),
+        format!("it is the one from {}:", Router::CLIENT),
     ];
-    translated_on_a_router(
-        "tap-masqueraded",
-        Nat::DnatMasquerade,
-        &[],
-        3,
-        &said.each_ref().map(String::as_str),
-    );
+    let said = said.each_ref().map(String::as_str);
+    translated_on_a_router("tap-masqueraded", Nat::DnatMasquerade, &[], 3, &said);
+}
+
+#[test]
+fn on_every_interface_a_port_translated_and_masqueraded_to_other_ports_measures_each_request_once()
+{
+    // the client's port changed too (taken by another client behind the same address, or
+    // picked at random): its first sequence number and the SYN's timestamp are the original's
+    let said = [
+        format!("from {}:200", Router::BACK),
+        format!("it is the one from {}:", Router::CLIENT),
+    ];
+    let said = said.each_ref().map(String::as_str);
+    translated_on_a_router("tap-masq-ports", Nat::DnatMasqueradePorts, &[], 3, &said);
 }
 
 #[test]
@@ -1048,6 +1051,8 @@ enum Nat {
     Dnat,
     /// That, and the client's address replaced by the router's (the port kept).
     DnatMasquerade,
+    /// That, and the client's port replaced by one of 20000-20099.
+    DnatMasqueradePorts,
 }
 
 /// The supervisor on a router (its tap on every interface, `env` set) whose `nat` rules send
@@ -1093,13 +1098,17 @@ fn translated_on_a_router(
     );
     let port = run.port;
     let masquerade = match nat {
-        Nat::Dnat => String::new(),
-        Nat::DnatMasquerade => format!(
-            " chain post {{\n  type nat hook postrouting priority 100;\n  \
-             ip daddr {} tcp dport {port} masquerade\n }}\n",
-            Router::SERVER
-        ),
+        Nat::Dnat => None,
+        Nat::DnatMasquerade => Some(""),
+        Nat::DnatMasqueradePorts => Some(" to :20000-20099"),
     };
+    let masquerade = masquerade.map_or(String::new(), |to| {
+        format!(
+            " chain post {{\n  type nat hook postrouting priority 100;\n  \
+             ip daddr {} tcp dport {port} masquerade{to}\n }}\n",
+            Router::SERVER
+        )
+    });
     let rules = format!(
         "table ip sglsup {{\n chain pre {{\n  type nat hook prerouting priority -100;\n  \
          ip daddr {} tcp dport {port} dnat to {}:{port}\n }}\n{masquerade}}}\n",

@@ -1,17 +1,19 @@
 //! With the tap on every interface, a connection that this machine translates on its way
 //! through crosses it twice: before translation and after. A DNAT rule publishing a
 //! container's port to clients on other hosts rewrites the server end; a masquerade or SNAT
-//! rule (Docker's hairpin) the client's address too. Both copies carry the same client port
-//! and first sequence number (NAT leaves them alone unless the port is taken, or it picks
-//! ports at random: `--random-fully`, as kube-proxy does); another client or server address
-//! is what tells a copy from the same SYN seen again.
+//! rule (Docker's hairpin) the client's address too, and its port where that port is taken
+//! (often, with many clients behind one address) or picked at random (`--random-fully`, as
+//! kube-proxy does). Both copies carry the same first sequence number and the same timestamp
+//! option (TSval), which NAT leaves alone: with a client's port left alone, or its address
+//! changed, they are one connection seen twice. A SYN without a timestamp (Windows' default) is
+//! known by its client port instead, so a copy whose port was changed is then measured twice.
 //! The first seen is measured, the other is a copy, not followed. A connection begun before
 //! the tap is known by the request it is joined at: both copies carry it at the same sequence
-//! number, which stands for the first. That identity is exact (a
-//! random 32-bit number and a port, within seconds), so nothing else is taken for a copy: a
-//! relay's onward leg (docker-proxy's, for clients on this machine) is a connection of its
-//! own, measured as one on `any` (the tap on `lo` sees only the client's). The SYNs followed
-//! are shared by every reader: a copy may be hashed to another reader than its original.
+//! number and timestamp, which stand for the first. That identity is exact (random 32-bit
+//! numbers, within seconds), so nothing else is taken for a copy: a relay's onward leg
+//! (docker-proxy's, for clients on this machine) is a connection of its own, measured as one
+//! on `any` (the tap on `lo` sees only the client's). The SYNs followed are shared by every
+//! reader: a copy may be hashed to another reader than its original.
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -45,13 +47,36 @@ struct Skipped {
 /// A connection's client and server ends.
 type Ends = (End, End);
 
+/// What both copies of a connection carry besides its first sequence number: the SYN's (or
+/// the joined request's) timestamp, or where it has none the client's port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Tag {
+    Stamp(u32),
+    Port(u16),
+}
+
+/// A connection as both its copies show it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Id(u32, Tag);
+
+impl Id {
+    /// A client's segment (a SYN, or the request a connection is joined at) whose connection's
+    /// first sequence number is `first`.
+    pub fn of(first: u32, seg: &Segment<'_>) -> Id {
+        Id(
+            first,
+            seg.timestamp().map_or(Tag::Port(seg.src.port), Tag::Stamp),
+        )
+    }
+}
+
 /// The SYNs followed lately, by every reader (hashed as the connections' table is: their
 /// ends come from remote clients), and whether a copy was said.
 #[derive(Debug, Default)]
 pub(super) struct Followed {
-    /// (client port, first sequence number) -> the connection's ends, and when.
-    syns: HashMap<(u16, u32), (Ends, Instant), KeyHasher>,
-    order: VecDeque<((u16, u32), Instant)>,
+    /// A connection followed -> its ends, and when.
+    syns: HashMap<Id, (Ends, Instant), KeyHasher>,
+    order: VecDeque<(Id, Instant)>,
     told: bool,
 }
 
@@ -93,7 +118,8 @@ impl Copies {
     /// At a client's SYN to the server's port, not one of a connection followed: whether it is
     /// a copy (the same SYN again, seen on a bridge and its port or sent again, is too).
     /// `None`: a new connection, to follow; `Some(true)`: a new copy, to count.
-    pub fn at_syn(&mut self, key: (End, End), isn: u32, at: Instant) -> Option<bool> {
+    pub fn at_syn(&mut self, key: Ends, id: Id, at: Instant) -> Option<bool> {
+        let isn = id.0;
         if let Some(s) = self.skipped.get_mut(&key) {
             if s.isn == isn {
                 s.last_seen = at;
@@ -105,9 +131,12 @@ impl Copies {
         // A reader that panicked holding it left nothing half-done that matters here.
         let mut followed = self.followed.lock().unwrap_or_else(|e| e.into_inner());
         followed.expire(at);
-        let id = (key.0.port, isn);
         match followed.syns.get(&id) {
-            Some(&(first, _)) if first != key => {
+            // Another port from the same address is another connection (one host's SYNs in
+            // the same millisecond share a timestamp).
+            Some(&(first, _))
+                if first != key && (first.0.port == key.0.port || first.0.ip != key.0.ip) =>
+            {
                 if self.skipped.len() >= MAX_KEPT {
                     // a flood of handshakes alone gives way to the copies that carry requests
                     self.skipped.retain(|_, s| s.used);
@@ -134,6 +163,15 @@ impl Copies {
                 followed.order.push_back((id, at));
                 None
             }
+        }
+    }
+
+    /// A connection [`Copies::at_syn`] found new that could not be followed (no room on its
+    /// reader): its copy, on a reader with room, is measured instead.
+    pub fn refused(&mut self, key: Ends, id: Id) {
+        let mut followed = self.followed.lock().unwrap_or_else(|e| e.into_inner());
+        if followed.syns.get(&id).is_some_and(|&(ends, _)| ends == key) {
+            followed.syns.remove(&id);
         }
     }
 
@@ -171,7 +209,8 @@ impl Copies {
         });
     }
 
-    /// The line saying the first copy, once (over every reader).
+    /// The line saying the first copy, once (over every reader). Which of the two was
+    /// translated is not known: readers race, so the first read may be the copy.
     pub fn tell(&mut self, port: u16) -> Option<String> {
         let ((client, server), (first_client, first_server)) = self.untold.take()?;
         let mut followed = self.followed.lock().unwrap_or_else(|e| e.into_inner());
@@ -179,18 +218,14 @@ impl Copies {
             return None;
         }
         let addr = |e: End| SocketAddr::new(e.ip, e.port);
-        let from = if first_client == client {
-            String::new()
-        } else {
-            format!(" from {}", addr(first_client))
-        };
         Some(format!(
-            "tap: the connection from {} to {} was not measured: on every interface it is the \
-             address-translated copy (a DNAT, SNAT or masquerade rule's) of the one{from} to {}, \
-             measured; such copies of connections to port {port} are counted in \
+            "tap: the connection from {} to {} was not measured: it is the one from {} to {}, \
+             measured, seen again across an address translation (DNAT, SNAT or masquerade) on \
+             every interface; such copies of connections to port {port} are counted in \
              tap_copied_connections_total",
             addr(client),
             addr(server),
+            addr(first_client),
             addr(first_server)
         ))
     }
@@ -211,6 +246,13 @@ mod tests {
     const HERE: [u8; 4] = [198, 51, 100, 1];
     const THERE: [u8; 4] = [203, 0, 113, 2];
 
+    impl Copies {
+        /// A SYN without a timestamp.
+        fn syn(&mut self, key: Ends, isn: u32, at: Instant) -> Option<bool> {
+            self.at_syn(key, Id(isn, Tag::Port(key.0.port)), at)
+        }
+    }
+
     fn keys(port: u16) -> ((End, End), (End, End)) {
         let c = end(CLIENT, port);
         ((c, end(HERE, 8000)), (c, end(THERE, 8000)))
@@ -221,18 +263,18 @@ mod tests {
         let mut c = Copies::default();
         let t = Instant::now();
         let (first, translated) = keys(40001);
-        assert_eq!(c.at_syn(first, 10, t), None);
+        assert_eq!(c.syn(first, 10, t), None);
         // the same SYN sent again to the same end: the connection followed, not a copy
-        assert_eq!(c.at_syn(first, 10, t), None);
-        assert_eq!(c.at_syn(translated, 11, t), None, "another sequence number");
+        assert_eq!(c.syn(first, 10, t), None);
+        assert_eq!(c.syn(translated, 11, t), None, "another sequence number");
         let (first, translated) = keys(40002);
-        assert_eq!(c.at_syn(first, 20, t), None);
-        assert_eq!(c.at_syn(translated, 20, t), Some(true));
+        assert_eq!(c.syn(first, 20, t), None);
+        assert_eq!(c.syn(translated, 20, t), Some(true));
         // seen again (a bridge, then its port): the same copy, not counted again
-        assert_eq!(c.at_syn(translated, 20, t), Some(false));
+        assert_eq!(c.syn(translated, 20, t), Some(false));
         assert!(c.tell(8000).is_some_and(|l| l
             .contains("from 203.0.113.9:40002 to 203.0.113.2:8000 was not measured")
-            && l.contains("of the one to 198.51.100.1:8000")));
+            && l.contains("it is the one from 203.0.113.9:40002 to 198.51.100.1:8000")));
         assert_eq!(c.tell(8000), None, "said once");
     }
 
@@ -244,20 +286,42 @@ mod tests {
         // masquerade after DNAT: the router's address for the client's, the port kept
         let gateway = end([198, 51, 100, 254], 40001);
         let both = (gateway, end(THERE, 8000));
-        assert_eq!(c.at_syn(first, 10, t), None);
-        assert_eq!(c.at_syn(both, 10, t), Some(true));
+        assert_eq!(c.syn(first, 10, t), None);
+        assert_eq!(c.syn(both, 10, t), Some(true));
         assert!(c.tell(8000).is_some_and(|l| l
             .contains("from 198.51.100.254:40001 to 203.0.113.2:8000 was not measured")
-            && l.contains("of the one from 203.0.113.9:40001 to 198.51.100.1:8000")));
+            && l.contains("it is the one from 203.0.113.9:40001 to 198.51.100.1:8000")));
         // SNAT alone (a client in a container reaching a server elsewhere): the same server
         let (first, _) = keys(40002);
-        assert_eq!(c.at_syn(first, 20, t), None);
-        assert_eq!(c.at_syn((end(HERE, 40002), first.1), 20, t), Some(true));
-        // a port NAT changed is another connection (measured twice): not a guess
+        assert_eq!(c.syn(first, 20, t), None);
+        assert_eq!(c.syn((end(HERE, 40002), first.1), 20, t), Some(true));
+        // a port NAT changed: without a timestamp, another connection (measured twice)...
         let (first, translated) = keys(40003);
-        assert_eq!(c.at_syn(first, 30, t), None);
-        let moved = (end(CLIENT, 50003), translated.1);
-        assert_eq!(c.at_syn(moved, 30, t), None);
+        assert_eq!(c.syn(first, 30, t), None);
+        let moved = (end([198, 51, 100, 254], 50003), translated.1);
+        assert_eq!(c.syn(moved, 30, t), None);
+        // ...with one, the same: the timestamp and sequence number stand for the port
+        let stamped = |isn| Id(isn, Tag::Stamp(77));
+        let (first, translated) = keys(40004);
+        assert_eq!(c.at_syn(first, stamped(40), t), None);
+        let moved = (end([198, 51, 100, 254], 50004), translated.1);
+        assert_eq!(c.at_syn(moved, stamped(40), t), Some(true));
+        // but from the same address another port is another connection (one host's SYNs in
+        // the same millisecond share a timestamp)
+        let (first, translated) = keys(40005);
+        assert_eq!(c.at_syn(first, stamped(50), t), None);
+        let other = (end(CLIENT, 40006), translated.1);
+        assert_eq!(c.at_syn(other, stamped(50), t), None);
+    }
+
+    #[test]
+    fn a_connection_that_could_not_be_followed_leaves_its_copy_to_be_measured() {
+        let mut c = Copies::default();
+        let t = Instant::now();
+        let (first, translated) = keys(40001);
+        assert_eq!(c.syn(first, 10, t), None);
+        c.refused(first, Id(10, Tag::Port(40001)));
+        assert_eq!(c.syn(translated, 10, t), None);
     }
 
     #[test]
@@ -267,11 +331,11 @@ mod tests {
         let t = Instant::now();
         // whichever reader reads its SYN first follows it; the other's is the copy
         let (first, translated) = keys(40001);
-        assert_eq!(two.at_syn(translated, 10, t), None);
-        assert_eq!(one.at_syn(first, 10, t), Some(true));
+        assert_eq!(two.syn(translated, 10, t), None);
+        assert_eq!(one.syn(first, 10, t), Some(true));
         let (first, translated) = keys(40002);
-        assert_eq!(one.at_syn(first, 20, t), None);
-        assert_eq!(two.at_syn(translated, 20, t), Some(true));
+        assert_eq!(one.syn(first, 20, t), None);
+        assert_eq!(two.syn(translated, 20, t), Some(true));
         assert!(one.tell(8000).is_some());
         assert_eq!(two.tell(8000), None, "said once over every reader");
     }
@@ -281,9 +345,9 @@ mod tests {
         let mut c = Copies::default();
         let t = Instant::now();
         let (first, translated) = keys(40001);
-        assert_eq!(c.at_syn(first, 10, t), None);
+        assert_eq!(c.syn(first, 10, t), None);
         let later = t + SYN_KEPT + Duration::from_millis(1);
-        assert_eq!(c.at_syn(translated, 10, later), None);
+        assert_eq!(c.syn(translated, 10, later), None);
         let f = c.followed.lock().unwrap();
         assert!(f.syns.len() == 1 && f.order.len() == 1, "{f:?}");
     }
@@ -299,14 +363,15 @@ mod tests {
             ack: true,
             fin,
             rst,
+            options: &[],
             payload,
         }
     }
 
     fn copy(c: &mut Copies, port: u16, isn: u32, t: Instant) -> (End, End) {
         let (first, translated) = keys(port);
-        c.at_syn(first, isn, t);
-        assert_eq!(c.at_syn(translated, isn, t), Some(true));
+        c.syn(first, isn, t);
+        assert_eq!(c.syn(translated, isn, t), Some(true));
         translated
     }
 
@@ -338,7 +403,7 @@ mod tests {
         let t = Instant::now();
         // its close unseen, a new connection on the same ends is not the copy
         let reused = copy(&mut c, 40002, 20, t);
-        assert_eq!(c.at_syn(reused, 99, t), None);
+        assert_eq!(c.syn(reused, 99, t), None);
         assert!(!c.skipped(&reused, &seg(reused, true, false, false, b"GET"), true, t));
         // quiet: a handshake alone (its server's SYN-ACK included) after the last time a SYN
         // is sent again, one that carried bytes after the idle time
@@ -354,7 +419,7 @@ mod tests {
         let idle = Duration::from_secs(3600);
         c.forget_idle(t + Duration::from_secs(63), idle);
         assert_eq!(
-            c.at_syn(syn_only, 30, t),
+            c.syn(syn_only, 30, t),
             Some(false),
             "its SYN sent again at 63 s"
         );
@@ -370,17 +435,20 @@ mod tests {
         let mut c = Copies::default();
         let t = Instant::now();
         let (first, translated) = keys(40001);
-        c.at_syn(first, 10, t);
+        c.syn(first, 10, t);
         let again = t + Duration::from_secs(5);
-        c.at_syn(first, 10, again);
+        c.syn(first, 10, again);
         assert_eq!(c.followed.lock().unwrap().order.len(), 2);
         // kept from its last sighting...
-        assert_eq!(c.at_syn(translated, 10, t + SYN_KEPT), Some(true));
+        assert_eq!(c.syn(translated, 10, t + SYN_KEPT), Some(true));
         // ...and gone once that too is older than the limit: no entry left behind
         let (other, _) = keys(40009);
-        c.at_syn(other, 1, again + SYN_KEPT + Duration::from_secs(1));
+        c.syn(other, 1, again + SYN_KEPT + Duration::from_secs(1));
         let f = c.followed.lock().unwrap();
-        assert!(!f.syns.contains_key(&(first.0.port, 10)), "{f:?}");
+        assert!(
+            !f.syns.contains_key(&Id(10, Tag::Port(first.0.port))),
+            "{f:?}"
+        );
     }
 
     #[test]
@@ -396,8 +464,8 @@ mod tests {
                 port: 5000,
             };
             let isn = 1000 + n;
-            c.at_syn((client, end(HERE, 8000)), isn, t);
-            c.at_syn((client, end(THERE, 8000)), isn, t);
+            c.syn((client, end(HERE, 8000)), isn, t);
+            c.syn((client, end(THERE, 8000)), isn, t);
         }
         // full: the next copy clears the handshakes alone and is still one
         let late = copy(&mut c, 2, 8, t);

@@ -112,7 +112,7 @@ impl TapMetrics {
         );
         registry.register(
             "tap_copied_connections",
-            "Connections to the server's port not measured because, with --tap-interface any, they were the address-translated (DNAT, SNAT, masquerade) copies of connections measured: the same client port and first sequence number, another client or server address",
+            "Connections to the server's port not measured because, with --tap-interface any, they were the address-translated (DNAT, SNAT, masquerade) copies of connections measured: the same first sequence number and TCP timestamp (or client port), another client or server address",
             m.copied_connections.clone(),
         );
         Arc::new(m)
@@ -697,10 +697,16 @@ impl Connections {
             // A SYN sent again (its first copy passed the tap, then waited on a full listen
             // queue) is the same connection: reopening it would end a Fast Open request.
             let again = self.map.get(&key).is_some_and(|c| c.syn == Some(seg.seq));
-            if !again && self.copy(key, seg.seq, at.at) {
-                return;
+            if !again {
+                if self.copy(key, seg.seq, &seg, at.at) {
+                    return;
+                }
+                if !self.opened(key, &seg, at.at) {
+                    self.refused(key, seg.seq, &seg);
+                    return;
+                }
             }
-            if (!again && !self.opened(key, &seg, at.at)) || seg.payload.is_empty() {
+            if seg.payload.is_empty() {
                 return;
             }
             // TCP Fast Open: the request came in the SYN, its bytes numbered from the next one.
@@ -719,8 +725,12 @@ impl Connections {
                 // Joined on every interface, a translated copy carries the same request at the
                 // same sequence number: known as the SYN's would be.
                 let isn = seg.seq.wrapping_sub(1);
-                if !self.copy(key, isn, at.at) && self.joined(key, &seg, at.at) {
-                    self.read_segment(p, now_wall, now);
+                if !self.copy(key, isn, &seg, at.at) {
+                    if self.joined(key, &seg, at.at) {
+                        self.read_segment(p, now_wall, now);
+                    } else {
+                        self.refused(key, isn, &seg);
+                    }
                 }
             }
             return;
@@ -833,12 +843,22 @@ impl Connections {
 
     /// Whether a new connection is a translated copy of one followed (the tap on every
     /// interface): each counted once, its SYN seen again (on a bridge and its port) not.
-    fn copy(&mut self, key: (End, End), isn: u32, at: Instant) -> bool {
-        let copy = self.copies.as_mut().and_then(|c| c.at_syn(key, isn, at));
+    fn copy(&mut self, key: (End, End), isn: u32, seg: &Segment<'_>, at: Instant) -> bool {
+        let Some(copies) = &mut self.copies else {
+            return false;
+        };
+        let copy = copies.at_syn(key, copies::Id::of(isn, seg), at);
         if copy == Some(true) {
             self.tap_metrics.copied_connections.inc();
         }
         copy.is_some()
+    }
+
+    /// A new connection that could not be followed: its copy, if any, is not a copy.
+    fn refused(&mut self, key: (End, End), isn: u32, seg: &Segment<'_>) {
+        if let Some(copies) = &mut self.copies {
+            copies.refused(key, copies::Id::of(isn, seg));
+        }
     }
 
     /// A SYN: its connection is followed (false when there is no room).

@@ -90,7 +90,34 @@ pub struct Segment<'a> {
     pub ack: bool,
     pub fin: bool,
     pub rst: bool,
+    /// The TCP header's options.
+    pub options: &'a [u8],
     pub payload: &'a [u8],
+}
+
+impl Segment<'_> {
+    /// The timestamp option's value (TSval), where the segment carries one: set by the
+    /// sender, left alone by address translation.
+    pub fn timestamp(&self) -> Option<u32> {
+        let mut o = self.options;
+        while let [kind, rest @ ..] = o {
+            match kind {
+                0 => return None,
+                1 => o = rest,
+                _ => {
+                    let len = *rest.first()? as usize;
+                    if len < 2 || o.len() < len {
+                        return None;
+                    }
+                    if *kind == 8 && len == 10 {
+                        return Some(u32::from_be_bytes([o[2], o[3], o[4], o[5]]));
+                    }
+                    o = &o[len..];
+                }
+            }
+        }
+        None
+    }
 }
 
 /// Reads a TCP segment from an IP packet; None for anything else (or a packet cut short).
@@ -143,6 +170,7 @@ pub fn segment(ip: &[u8]) -> Option<Segment<'_>> {
         ack: flags & 0x10 != 0,
         fin: flags & 0x01 != 0,
         rst: flags & 0x04 != 0,
+        options: &tcp[20..off],
         payload: &tcp[off..],
     })
 }
@@ -373,6 +401,44 @@ pub(crate) mod tests {
         assert!(segment(&[0x45]).is_none());
     }
 
+    #[test]
+    fn a_segments_timestamp_is_read_from_its_options_wherever_it_stands() {
+        let with = |options: &[u8]| {
+            let mut p = vec![
+                0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+            ];
+            let mut t = vec![0u8; 20];
+            t[2..4].copy_from_slice(&8000u16.to_be_bytes());
+            t[12] = ((20 + options.len() as u8) / 4) << 4;
+            t[13] = 0x02;
+            t.extend_from_slice(options);
+            p.extend(t);
+            let len = p.len() as u16;
+            p[2..4].copy_from_slice(&len.to_be_bytes());
+            segment(&p).map(|s| (s.timestamp(), s.payload.len()))
+        };
+        let ts = [8, 10, 0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 0];
+        // Linux's SYN: MSS, SACK permitted, timestamps, a no-operation, window scale
+        let mut syn = vec![2, 4, 0xff, 0xd7, 4, 2];
+        syn.extend(ts);
+        syn.extend([1, 3, 3, 7]);
+        assert_eq!(with(&syn), Some((Some(0xdead_beef), 0)));
+        // a data segment's: two no-operations first
+        let mut data = vec![1, 1];
+        data.extend(ts);
+        assert_eq!(with(&data), Some((Some(0xdead_beef), 0)));
+        // none, an end of the list before it, a length that runs past the header or is 0
+        assert_eq!(with(&[2, 4, 0xff, 0xd7]), Some((None, 0)));
+        assert_eq!(
+            with(&[0, 0, 0, 0, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0])
+                .unwrap()
+                .0,
+            None
+        );
+        assert_eq!(with(&[1, 1, 8, 12]).unwrap().0, None);
+        assert_eq!(with(&[3, 0, 0, 0]).unwrap().0, None);
+    }
+
     /// xorshift64*: the same inputs on every run.
     pub(crate) struct Rng(pub u64);
 
@@ -417,7 +483,8 @@ pub(crate) mod tests {
             }
             b.truncate(rng.below(b.len() + 8));
             if let Some(s) = segment(&b) {
-                assert!(s.payload.len() <= b.len());
+                assert!(s.payload.len() + s.options.len() <= b.len());
+                let _ = s.timestamp();
             }
         }
     }
