@@ -1514,6 +1514,24 @@ mod tests {
     }
 
     #[test]
+    fn on_every_interface_a_connection_its_reader_had_no_room_for_leaves_its_copy_measured() {
+        // Two readers, one table of SYNs followed: the first full of open requests.
+        let followed = Arc::new(std::sync::Mutex::new(copies::Followed::default()));
+        let mut full = Wire::new("copies-full");
+        full.conns.copies = Some(Copies::sharing(&followed));
+        full.conns.max_connections = 1;
+        full.raw(&packet4(ELSEWHERE, HERE, 40000, PORT, 9, ACK, REQ));
+        full.raw(&packet4(ELSEWHERE, HERE, 40001, PORT, 10, SYN, b""));
+        assert_eq!(full.conns.refused, 1);
+        // Its copy, hashed to the other reader, is the one measured.
+        let mut room = Wire::new("copies-room");
+        room.conns.copies = Some(Copies::sharing(&followed));
+        exchange4(&mut room, (ELSEWHERE, 40001), CONTAINER, 10);
+        assert_eq!(room.records().len(), 2, "{:?}", room.records());
+        assert_eq!(copied(&room), 0);
+    }
+
+    #[test]
     fn a_request_sent_in_the_syn_tcp_fast_open_is_read() {
         let mut w = Wire::new("fastopen");
         w.raw(&packet(40300, PORT, 100, SYN, REQ));
