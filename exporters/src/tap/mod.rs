@@ -699,6 +699,9 @@ impl Connections {
             let again = self.map.get(&key).is_some_and(|c| c.syn == Some(seg.seq));
             if !again {
                 if self.copy(key, seg.seq, &seg, at.at) {
+                    // a connection on its ends whose close went unseen is over: not fed the
+                    // copy's bytes
+                    self.replaced(&key);
                     return;
                 }
                 if !self.opened(key, &seg, at.at) {
@@ -863,10 +866,15 @@ impl Connections {
 
     /// A SYN: its connection is followed (false when there is no room).
     fn opened(&mut self, key: (End, End), seg: &Segment<'_>, at: Instant) -> bool {
-        if let Some(mut old) = self.remove(&key) {
+        self.replaced(&key);
+        self.follow(key, seg.seq, at, false)
+    }
+
+    /// A new connection's SYN on `key`'s ends: the one followed there, if any, is over.
+    fn replaced(&mut self, key: &(End, End)) {
+        if let Some(mut old) = self.remove(key) {
             old.end_all(&self.ledger, "the connection was replaced by a new one");
         }
-        self.follow(key, seg.seq, at, false)
     }
 
     /// A connection the tap did not see open, from the request that starts `seg`; false when
@@ -1529,6 +1537,38 @@ mod tests {
         exchange4(&mut room, (ELSEWHERE, 40001), CONTAINER, 10);
         assert_eq!(room.records().len(), 2, "{:?}", room.records());
         assert_eq!(copied(&room), 0);
+    }
+
+    #[test]
+    fn on_every_interface_a_copy_on_the_ends_of_a_connection_whose_close_went_unseen_ends_it() {
+        let mut w = on_every_interface("translated-stale");
+        // a request on the container's side whose answer and close were never seen
+        w.raw(&packet4(ELSEWHERE, CONTAINER, 40001, PORT, 5000, ACK, REQ));
+        // the client's port used again: its new connection, then the translated copy
+        exchange4(&mut w, (ELSEWHERE, 40001), HERE, 10);
+        w.raw(&packet4(ELSEWHERE, CONTAINER, 40001, PORT, 10, SYN, b""));
+        let before = w.records().len();
+        w.raw(&packet4(
+            CONTAINER,
+            ELSEWHERE,
+            PORT,
+            40001,
+            900,
+            SYN | ACK,
+            b"",
+        ));
+        w.raw(&packet4(ELSEWHERE, CONTAINER, 40001, PORT, 11, ACK, REQ));
+        w.raw(&packet4(CONTAINER, ELSEWHERE, PORT, 40001, 901, ACK, OK));
+        let r = w.records();
+        assert_eq!(r.len(), before, "the copy's answer fed nothing: {r:?}");
+        // the stale request ended, as an error, when its ends were reused
+        assert!(
+            r.iter().any(|r| r["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("replaced by a new one"))),
+            "{r:?}"
+        );
+        assert_eq!(copied(&w), 1);
     }
 
     #[test]
