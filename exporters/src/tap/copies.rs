@@ -128,42 +128,46 @@ impl Copies {
             // a new connection on the ends of a copy whose close went unseen
             self.skipped.remove(&key);
         }
-        // A reader that panicked holding it left nothing half-done that matters here.
-        let mut followed = self.followed.lock().unwrap_or_else(|e| e.into_inner());
-        followed.expire(at);
-        match followed.syns.get(&id) {
-            // Another port from the same address is another connection (one host's SYNs in
-            // the same millisecond share a timestamp).
-            Some(&(first, _))
-                if first != key && (first.0.port == key.0.port || first.0.ip != key.0.ip) =>
-            {
-                if self.skipped.len() >= MAX_KEPT {
-                    // a flood of handshakes alone gives way to the copies that carry requests
-                    self.skipped.retain(|_, s| s.used);
-                    if self.skipped.len() >= MAX_KEPT {
-                        return None;
-                    }
+        // The shared table alone under the lock: this reader's own copies are its own.
+        let (first, told) = {
+            // A reader that panicked holding it left nothing half-done that matters here.
+            let mut followed = self.followed.lock().unwrap_or_else(|e| e.into_inner());
+            followed.expire(at);
+            match followed.syns.get(&id) {
+                // Another port from the same address is another connection (one host's SYNs
+                // in the same millisecond share a timestamp).
+                Some(&(first, _))
+                    if first != key && (first.0.port == key.0.port || first.0.ip != key.0.ip) =>
+                {
+                    (first, followed.told)
                 }
-                let s = Skipped {
-                    isn,
-                    last_seen: at,
-                    used: false,
-                    client_closed: false,
-                    server_closed: false,
-                };
-                self.skipped.insert(key, s);
-                if !followed.told {
-                    self.untold.get_or_insert((key, first));
+                _ => {
+                    // queued at every insert: the entry's time is what its turn to expire checks
+                    followed.syns.insert(id, (key, at));
+                    followed.order.push_back((id, at));
+                    return None;
                 }
-                Some(true)
             }
-            _ => {
-                // queued at every insert: the entry's time is what its turn to expire checks
-                followed.syns.insert(id, (key, at));
-                followed.order.push_back((id, at));
-                None
+        };
+        if self.skipped.len() >= MAX_KEPT {
+            // a flood of handshakes alone gives way to the copies that carry requests
+            self.skipped.retain(|_, s| s.used);
+            if self.skipped.len() >= MAX_KEPT {
+                return None;
             }
         }
+        let s = Skipped {
+            isn,
+            last_seen: at,
+            used: false,
+            client_closed: false,
+            server_closed: false,
+        };
+        self.skipped.insert(key, s);
+        if !told {
+            self.untold.get_or_insert((key, first));
+        }
+        Some(true)
     }
 
     /// A connection [`Copies::at_syn`] found new that could not be followed (no room on its
