@@ -507,11 +507,12 @@ pub struct RunArgs {
     /// other hosts too), or an interface's name. With `any`, a connection this machine
     /// translates on its way to a container (a DNAT rule publishing its port to other hosts,
     /// with or without masquerade or SNAT of the client's address) passes twice, before and
-    /// after translation: the copy (the same first sequence number and TCP timestamp, another
-    /// client or server address) is not measured, counted in tap_copied_connections_total and
-    /// said once (a connection begun before the tap too, from the request it is joined at).
-    /// A client that sends no TCP timestamps (Windows' default) is known by its port instead:
-    /// where NAT changed that too, its copy is measured twice. A relay's onward leg
+    /// after translation: the copy (the same first sequence number, with the same TCP
+    /// timestamp or client port, and another client or server address) is not measured,
+    /// counted in tap_copied_connections_total and said once (a connection begun before the
+    /// tap too, from the request it is joined at). A client that sends no TCP timestamps
+    /// (Windows' default) is known by its port alone: where NAT changed that too, its copy is
+    /// measured twice. A relay's onward leg
     /// (docker-proxy's, for clients on this machine) is a connection of its own: `any`
     /// measures both legs, `lo` the client's alone. A run whose tap read nothing there (not
     /// even our own readiness request) says so in its warnings and report; so does one whose server's

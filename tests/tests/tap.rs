@@ -1035,6 +1035,19 @@ fn on_every_interface_a_port_translated_and_masqueraded_to_other_ports_measures_
 }
 
 #[test]
+fn on_every_interface_a_syn_sent_again_is_known_in_its_copy_by_its_new_timestamp() {
+    // every other SYN dropped past the tap's first sighting (conntrack full, NAT out of
+    // ports): each client sends its SYN again a second later, with a new timestamp, and the
+    // copy carries only that one, from another address and port
+    let said = [
+        format!("from {}:200", Router::BACK),
+        format!("it is the one from {}:", Router::CLIENT),
+    ];
+    let said = said.each_ref().map(String::as_str);
+    translated_on_a_router("tap-syn-again", Nat::FirstSynLost, &[], 3, &said);
+}
+
+#[test]
 fn on_every_interface_a_copy_hashed_to_another_reader_is_not_measured_again() {
     // four readers, each connection hashed to one by its ends: a copy's ends are not its
     // original's, so most copies go to another reader than theirs, which may read first (the
@@ -1053,6 +1066,8 @@ enum Nat {
     DnatMasquerade,
     /// That, and the client's port replaced by one of 20000-20099.
     DnatMasqueradePorts,
+    /// That, with every other SYN dropped on its way to the server.
+    FirstSynLost,
 }
 
 /// The supervisor on a router (its tap on every interface, `env` set) whose `nat` rules send
@@ -1100,15 +1115,22 @@ fn translated_on_a_router(
     let masquerade = match nat {
         Nat::Dnat => None,
         Nat::DnatMasquerade => Some(""),
-        Nat::DnatMasqueradePorts => Some(" to :20000-20099"),
+        Nat::DnatMasqueradePorts | Nat::FirstSynLost => Some(" to :20000-20099"),
     };
-    let masquerade = masquerade.map_or(String::new(), |to| {
+    let mut masquerade = masquerade.map_or(String::new(), |to| {
         format!(
             " chain post {{\n  type nat hook postrouting priority 100;\n  \
              ip daddr {} tcp dport {port} masquerade{to}\n }}\n",
             Router::SERVER
         )
     });
+    if nat == Nat::FirstSynLost {
+        masquerade += &format!(
+            " chain through {{\n  type filter hook forward priority 0;\n  ip daddr {} \
+             tcp flags & (syn|ack) == syn numgen inc mod 2 == 0 drop\n }}\n",
+            Router::SERVER
+        );
+    }
     let rules = format!(
         "table ip sglsup {{\n chain pre {{\n  type nat hook prerouting priority -100;\n  \
          ip daddr {} tcp dport {port} dnat to {}:{port}\n }}\n{masquerade}}}\n",

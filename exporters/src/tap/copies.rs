@@ -4,9 +4,10 @@
 //! rule (Docker's hairpin) the client's address too, and its port where that port is taken
 //! (often, with many clients behind one address) or picked at random (`--random-fully`, as
 //! kube-proxy does). Both copies carry the same first sequence number and the same timestamp
-//! option (TSval), which NAT leaves alone: with a client's port left alone, or its address
-//! changed, they are one connection seen twice. A SYN without a timestamp (Windows' default) is
-//! known by its client port instead, so a copy whose port was changed is then measured twice.
+//! option (TSval), which NAT leaves alone, and mostly the same client port: a SYN that shares
+//! either with one followed, with other ends, is its copy (a SYN sent again carries a new
+//! timestamp, kept as one more). A SYN without a timestamp (Windows' default) is known by its
+//! client port alone, so a copy whose port was changed is then measured twice.
 //! The first seen is measured, the other is a copy, not followed. A connection begun before
 //! the tap is known by the request it is joined at: both copies carry it at the same sequence
 //! number and timestamp, which stand for the first. That identity is exact (random 32-bit
@@ -48,26 +49,45 @@ struct Skipped {
 type Ends = (End, End);
 
 /// What both copies of a connection carry besides its first sequence number: the SYN's (or
-/// the joined request's) timestamp, or where it has none the client's port.
+/// the joined request's) timestamp, or the client's port (which NAT may change).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Tag {
     Stamp(u32),
     Port(u16),
 }
 
-/// A connection as both its copies show it.
+/// A connection as both its copies may show it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(super) struct Id(u32, Tag);
+struct Id(u32, Tag);
 
-impl Id {
+/// A connection's ids: by its timestamp where the segment has one (a SYN sent again carries
+/// another), and by its client's port.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Ids {
+    stamp: Option<Id>,
+    port: Id,
+}
+
+impl Ids {
     /// A client's segment (a SYN, or the request a connection is joined at) whose connection's
     /// first sequence number is `first`.
-    pub fn of(first: u32, seg: &Segment<'_>) -> Id {
-        Id(
-            first,
-            seg.timestamp().map_or(Tag::Port(seg.src.port), Tag::Stamp),
-        )
+    pub fn of(first: u32, seg: &Segment<'_>) -> Ids {
+        Ids {
+            stamp: seg.timestamp().map(|ts| Id(first, Tag::Stamp(ts))),
+            port: Id(first, Tag::Port(seg.src.port)),
+        }
     }
+
+    fn each(self) -> impl Iterator<Item = Id> {
+        self.stamp.into_iter().chain([self.port])
+    }
+}
+
+/// Whether `key` is a copy of the connection `first` that shares an id with it: other ends,
+/// except another port from the same address to the same server (one host's SYNs to one server
+/// in the same millisecond share a timestamp; their sequence numbers differ but for chance).
+fn copy_of(first: Ends, key: Ends) -> bool {
+    first != key && !(first.0.ip == key.0.ip && first.0.port != key.0.port && first.1 == key.1)
 }
 
 /// The SYNs followed lately, by every reader (hashed as the connections' table is: their
@@ -81,6 +101,15 @@ pub(super) struct Followed {
 }
 
 impl Followed {
+    /// `key`'s ids, each queued at every insert: the entry's time is what its turn to expire
+    /// checks.
+    fn insert(&mut self, ids: Ids, key: Ends, at: Instant) {
+        for id in ids.each() {
+            self.syns.insert(id, (key, at));
+            self.order.push_back((id, at));
+        }
+    }
+
     fn expire(&mut self, now: Instant) {
         while let Some(&(k, t)) = self.order.front() {
             if now.saturating_duration_since(t) < SYN_KEPT && self.order.len() <= MAX_KEPT {
@@ -118,8 +147,8 @@ impl Copies {
     /// At a client's SYN to the server's port, not one of a connection followed: whether it is
     /// a copy (the same SYN again, seen on a bridge and its port or sent again, is too).
     /// `None`: a new connection, to follow; `Some(true)`: a new copy, to count.
-    pub fn at_syn(&mut self, key: Ends, id: Id, at: Instant) -> Option<bool> {
-        let isn = id.0;
+    pub fn at_syn(&mut self, key: Ends, ids: Ids, at: Instant) -> Option<bool> {
+        let isn = ids.port.0;
         if let Some(s) = self.skipped.get_mut(&key) {
             if s.isn == isn {
                 s.last_seen = at;
@@ -133,18 +162,14 @@ impl Copies {
             // A reader that panicked holding it left nothing half-done that matters here.
             let mut followed = self.followed.lock().unwrap_or_else(|e| e.into_inner());
             followed.expire(at);
-            match followed.syns.get(&id) {
-                // Another port from the same address is another connection (one host's SYNs
-                // in the same millisecond share a timestamp).
-                Some(&(first, _))
-                    if first != key && (first.0.port == key.0.port || first.0.ip != key.0.ip) =>
-                {
-                    (first, followed.told)
-                }
-                _ => {
-                    // queued at every insert: the entry's time is what its turn to expire checks
-                    followed.syns.insert(id, (key, at));
-                    followed.order.push_back((id, at));
+            let first = ids
+                .each()
+                .filter_map(|id| followed.syns.get(&id).map(|&(first, _)| first))
+                .find(|&first| copy_of(first, key));
+            match first {
+                Some(first) => (first, followed.told),
+                None => {
+                    followed.insert(ids, key, at);
                     return None;
                 }
             }
@@ -170,12 +195,27 @@ impl Copies {
         Some(true)
     }
 
+    /// A connection's SYN sent again (the first dropped on its way through, or waiting on a
+    /// full listen queue): its new timestamp is one more id its copy may show.
+    pub fn resent(&mut self, key: Ends, ids: Ids, at: Instant) {
+        let mut followed = self.followed.lock().unwrap_or_else(|e| e.into_inner());
+        followed.expire(at);
+        // an id another connection holds is left to it
+        let taken = |id| followed.syns.get(&id).is_some_and(|&(ends, _)| ends != key);
+        if ids.each().any(taken) {
+            return;
+        }
+        followed.insert(ids, key, at);
+    }
+
     /// A connection [`Copies::at_syn`] found new that could not be followed (no room on its
     /// reader): its copy, on a reader with room, is measured instead.
-    pub fn refused(&mut self, key: Ends, id: Id) {
+    pub fn refused(&mut self, key: Ends, ids: Ids) {
         let mut followed = self.followed.lock().unwrap_or_else(|e| e.into_inner());
-        if followed.syns.get(&id).is_some_and(|&(ends, _)| ends == key) {
-            followed.syns.remove(&id);
+        for id in ids.each() {
+            if followed.syns.get(&id).is_some_and(|&(ends, _)| ends == key) {
+                followed.syns.remove(&id);
+            }
         }
     }
 
@@ -253,7 +293,14 @@ mod tests {
     impl Copies {
         /// A SYN without a timestamp.
         fn syn(&mut self, key: Ends, isn: u32, at: Instant) -> Option<bool> {
-            self.at_syn(key, Id(isn, Tag::Port(key.0.port)), at)
+            self.at_syn(key, ids(key, isn, None), at)
+        }
+    }
+
+    fn ids(key: Ends, isn: u32, ts: Option<u32>) -> Ids {
+        Ids {
+            stamp: ts.map(|ts| Id(isn, Tag::Stamp(ts))),
+            port: Id(isn, Tag::Port(key.0.port)),
         }
     }
 
@@ -305,17 +352,52 @@ mod tests {
         let moved = (end([198, 51, 100, 254], 50003), translated.1);
         assert_eq!(c.syn(moved, 30, t), None);
         // ...with one, the same: the timestamp and sequence number stand for the port
-        let stamped = |isn| Id(isn, Tag::Stamp(77));
         let (first, translated) = keys(40004);
-        assert_eq!(c.at_syn(first, stamped(40), t), None);
+        assert_eq!(c.at_syn(first, ids(first, 40, Some(77)), t), None);
         let moved = (end([198, 51, 100, 254], 50004), translated.1);
-        assert_eq!(c.at_syn(moved, stamped(40), t), Some(true));
-        // but from the same address another port is another connection (one host's SYNs in
-        // the same millisecond share a timestamp)
-        let (first, translated) = keys(40005);
-        assert_eq!(c.at_syn(first, stamped(50), t), None);
-        let other = (end(CLIENT, 40006), translated.1);
-        assert_eq!(c.at_syn(other, stamped(50), t), None);
+        assert_eq!(c.at_syn(moved, ids(moved, 40, Some(77)), t), Some(true));
+        // another port from the same address to the same server is another connection (one
+        // host's SYNs to one server in the same millisecond share a timestamp)...
+        let (first, _) = keys(40005);
+        assert_eq!(c.at_syn(first, ids(first, 50, Some(78)), t), None);
+        let other = (end(CLIENT, 40006), first.1);
+        assert_eq!(c.at_syn(other, ids(other, 50, Some(78)), t), None);
+        // ...but to another server it is a copy (two DNAT fronts to one backend, the port
+        // remapped where the first took it)
+        let (first, translated) = keys(40007);
+        assert_eq!(c.at_syn(first, ids(first, 60, Some(79)), t), None);
+        let remapped = (end(CLIENT, 40008), translated.1);
+        assert_eq!(
+            c.at_syn(remapped, ids(remapped, 60, Some(79)), t),
+            Some(true)
+        );
+    }
+
+    #[test]
+    fn a_syn_sent_again_with_a_new_timestamp_finds_its_copy_by_either() {
+        let mut c = Copies::default();
+        let t = Instant::now();
+        // its first SYN dropped between the two sightings (conntrack full, NAT out of ports):
+        // the copy shows only the second, with the new timestamp and, masqueraded, a new port
+        let (first, translated) = keys(40001);
+        assert_eq!(c.at_syn(first, ids(first, 10, Some(1000)), t), None);
+        c.resent(first, ids(first, 10, Some(2000)), t);
+        let moved = (end([198, 51, 100, 254], 50001), translated.1);
+        assert_eq!(c.at_syn(moved, ids(moved, 10, Some(2000)), t), Some(true));
+        // the port kept: known by the port and sequence number, whatever the timestamp
+        let (first, translated) = keys(40002);
+        assert_eq!(c.at_syn(first, ids(first, 20, Some(1000)), t), None);
+        assert_eq!(
+            c.at_syn(translated, ids(translated, 20, Some(3000)), t),
+            Some(true)
+        );
+        // a resent SYN does not take an id another connection holds
+        let (first, _) = keys(40003);
+        assert_eq!(c.at_syn(first, ids(first, 30, Some(1000)), t), None);
+        let (other, _) = keys(40004);
+        c.resent(other, ids(other, 30, Some(1000)), t);
+        let f = c.followed.lock().unwrap();
+        assert_eq!(f.syns[&Id(30, Tag::Stamp(1000))].0, first);
     }
 
     #[test]
@@ -324,7 +406,7 @@ mod tests {
         let t = Instant::now();
         let (first, translated) = keys(40001);
         assert_eq!(c.syn(first, 10, t), None);
-        c.refused(first, Id(10, Tag::Port(40001)));
+        c.refused(first, ids(first, 10, None));
         assert_eq!(c.syn(translated, 10, t), None);
     }
 

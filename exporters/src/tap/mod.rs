@@ -112,7 +112,7 @@ impl TapMetrics {
         );
         registry.register(
             "tap_copied_connections",
-            "Connections to the server's port not measured because, with --tap-interface any, they were the address-translated (DNAT, SNAT, masquerade) copies of connections measured: the same first sequence number and TCP timestamp (or client port), another client or server address",
+            "Connections to the server's port not measured because, with --tap-interface any, they were the address-translated (DNAT, SNAT, masquerade) copies of connections measured: the same first sequence number with the same TCP timestamp or client port, another client or server address",
             m.copied_connections.clone(),
         );
         Arc::new(m)
@@ -697,7 +697,9 @@ impl Connections {
             // A SYN sent again (its first copy passed the tap, then waited on a full listen
             // queue) is the same connection: reopening it would end a Fast Open request.
             let again = self.map.get(&key).is_some_and(|c| c.syn == Some(seg.seq));
-            if !again {
+            if again {
+                self.resent(key, &seg, at.at);
+            } else {
                 if self.copy(key, seg.seq, &seg, at.at) {
                     // a connection on its ends whose close went unseen is over: not fed the
                     // copy's bytes
@@ -850,17 +852,24 @@ impl Connections {
         let Some(copies) = &mut self.copies else {
             return false;
         };
-        let copy = copies.at_syn(key, copies::Id::of(isn, seg), at);
+        let copy = copies.at_syn(key, copies::Ids::of(isn, seg), at);
         if copy == Some(true) {
             self.tap_metrics.copied_connections.inc();
         }
         copy.is_some()
     }
 
+    /// A connection's SYN sent again: its copy may carry its new timestamp.
+    fn resent(&mut self, key: (End, End), seg: &Segment<'_>, at: Instant) {
+        if let Some(copies) = &mut self.copies {
+            copies.resent(key, copies::Ids::of(seg.seq, seg), at);
+        }
+    }
+
     /// A new connection that could not be followed: its copy, if any, is not a copy.
     fn refused(&mut self, key: (End, End), isn: u32, seg: &Segment<'_>) {
         if let Some(copies) = &mut self.copies {
-            copies.refused(key, copies::Id::of(isn, seg));
+            copies.refused(key, copies::Ids::of(isn, seg));
         }
     }
 
@@ -1275,13 +1284,34 @@ mod tests {
         flags: u8,
         payload: &[u8],
     ) -> Vec<u8> {
+        stamped4(sip, dip, src, dst, seq, flags, payload, None)
+    }
+
+    /// [`packet4`] with a timestamp option (TSval) where `ts` is given.
+    #[allow(clippy::too_many_arguments)]
+    fn stamped4(
+        sip: [u8; 4],
+        dip: [u8; 4],
+        src: u16,
+        dst: u16,
+        seq: u32,
+        flags: u8,
+        payload: &[u8],
+        ts: Option<u32>,
+    ) -> Vec<u8> {
         let mut p = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0];
         p.extend_from_slice(&sip);
         p.extend_from_slice(&dip);
         p.extend_from_slice(&src.to_be_bytes());
         p.extend_from_slice(&dst.to_be_bytes());
         p.extend_from_slice(&seq.to_be_bytes());
-        p.extend_from_slice(&[0, 0, 0, 0, 5 << 4, flags, 0xff, 0xff, 0, 0, 0, 0]);
+        let words = if ts.is_some() { 8 } else { 5 };
+        p.extend_from_slice(&[0, 0, 0, 0, words << 4, flags, 0xff, 0xff, 0, 0, 0, 0]);
+        if let Some(ts) = ts {
+            p.extend_from_slice(&[1, 1, 8, 10]);
+            p.extend_from_slice(&ts.to_be_bytes());
+            p.extend_from_slice(&[0; 4]);
+        }
         p.extend_from_slice(payload);
         let len = p.len() as u16;
         p[2..4].copy_from_slice(&len.to_be_bytes());
@@ -1569,6 +1599,40 @@ mod tests {
             "{r:?}"
         );
         assert_eq!(copied(&w), 1);
+    }
+
+    #[test]
+    fn on_every_interface_a_syn_sent_again_finds_its_masqueraded_copy_by_its_new_timestamp() {
+        // The first SYN dropped on its way through (NAT out of ports), the second translated
+        // to the container with the router's address and another port.
+        let mut w = on_every_interface("translated-resent");
+        let syn = |w: &mut Wire, ts| {
+            w.raw(&stamped4(
+                ELSEWHERE,
+                HERE,
+                40001,
+                PORT,
+                10,
+                SYN,
+                b"",
+                Some(ts),
+            ));
+        };
+        syn(&mut w, 1000);
+        syn(&mut w, 2000);
+        let router = [198, 51, 100, 254];
+        w.raw(&stamped4(
+            router,
+            CONTAINER,
+            50001,
+            PORT,
+            10,
+            SYN,
+            b"",
+            Some(2000),
+        ));
+        assert_eq!(copied(&w), 1);
+        assert_eq!(w.conns.map.len(), 1);
     }
 
     #[test]
