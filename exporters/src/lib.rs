@@ -3,7 +3,6 @@
 //! the passive tap that measures the same requests with no hop in between.
 pub mod listen;
 pub mod metrics;
-pub mod own_addresses;
 pub mod proxy;
 pub mod report;
 pub mod server;

@@ -512,14 +512,11 @@ pub struct RunArgs {
     /// counted in tap_copied_connections_total and said once (a connection begun before the
     /// tap too, from the request it is joined at). A client that sends no TCP timestamps
     /// (Windows' default) is known by its port alone: where NAT changed that too, its copy is
-    /// measured twice. A relay on this machine listening on the port (docker-proxy, for
-    /// clients here) opens a connection of its own for each client's: `lo` sees the client's
-    /// alone; `any` sees both, and does not measure the relay's leg where `/proc` shows its
-    /// socket, while it is open, held by a process listening on the port (counted in
-    /// tap_relayed_connections_total and said once; one over in a few milliseconds, or a relay
-    /// in another PID namespace or another user's without root, is measured too). A run whose
-    /// tap read nothing there (not even our own readiness request) says so in its warnings and
-    /// report; so does one whose server's access log shows a generation request the tap did not see (on `lo`, from a client
+    /// measured twice. A relay's onward leg
+    /// (docker-proxy's, for clients on this machine) is a connection of its own: `any`
+    /// measures both legs, `lo` the client's alone. A run whose tap read nothing there (not
+    /// even our own readiness request) says so in its warnings and report; so does one whose server's
+    /// access log shows a generation request the tap did not see (on `lo`, from a client
     /// elsewhere; on a named interface, from this machine's own addresses, loopback included
     /// once the server is ready, as for --proxy-addr: their requests cross lo), and at its end
     /// how many such requests went unmeasured.

@@ -14,7 +14,7 @@ pub mod lifecycle;
 pub mod listen_addr;
 pub mod logs;
 pub mod metrics_addr;
-pub use sglang_exporters::own_addresses;
+pub mod own_addresses;
 pub mod port_holder;
 pub mod proctree;
 pub mod profile;

@@ -12,8 +12,8 @@
 //! the tap is known by the request it is joined at: both copies carry it at the same sequence
 //! number and timestamp, which stand for the first. That identity is exact (random 32-bit
 //! numbers, within seconds), so nothing else is taken for a copy: a relay's onward leg
-//! (docker-proxy's, for clients on this machine) is a connection of its own, told by its owner
-//! (`relays.rs`) and then skipped here as a copy is. The SYNs followed are shared by every
+//! (docker-proxy's, for clients on this machine) is a connection of its own, measured as one
+//! on `any` (the tap on `lo` sees only the client's). The SYNs followed are shared by every
 //! reader: a copy may be hashed to another reader than its original.
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -174,23 +174,11 @@ impl Copies {
                 }
             }
         };
-        if !self.skip(key, isn, at) {
-            return None;
-        }
-        if !told {
-            self.untold.get_or_insert((key, first));
-        }
-        Some(true)
-    }
-
-    /// Skips the connection on `key`'s ends begun at `isn` (a copy, a relay's onward leg):
-    /// false where the list is full of copies that carry requests.
-    pub fn skip(&mut self, key: Ends, isn: u32, at: Instant) -> bool {
         if self.skipped.len() >= MAX_KEPT {
             // a flood of handshakes alone gives way to the copies that carry requests
             self.skipped.retain(|_, s| s.used);
             if self.skipped.len() >= MAX_KEPT {
-                return false;
+                return None;
             }
         }
         let s = Skipped {
@@ -201,7 +189,10 @@ impl Copies {
             server_closed: false,
         };
         self.skipped.insert(key, s);
-        true
+        if !told {
+            self.untold.get_or_insert((key, first));
+        }
+        Some(true)
     }
 
     /// A connection's SYN sent again (the first dropped on its way through, or waiting on a

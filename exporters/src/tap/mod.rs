@@ -14,7 +14,6 @@
 mod boost;
 mod copies;
 pub mod http;
-mod relays;
 pub mod ring;
 pub mod tcp;
 
@@ -96,8 +95,6 @@ pub struct TapMetrics {
     pub unread_connections: Counter,
     /// Translated copies of connections followed (on every interface): not followed.
     pub copied_connections: Counter,
-    /// Relays' onward legs (on every interface): not followed.
-    pub relayed_connections: Counter,
 }
 
 impl TapMetrics {
@@ -117,11 +114,6 @@ impl TapMetrics {
             "tap_copied_connections",
             "Connections to the server's port not measured because, with --tap-interface any, they were the address-translated (DNAT, SNAT, masquerade) copies of connections measured: the same first sequence number with the same TCP timestamp or client port, another client or server address",
             m.copied_connections.clone(),
-        );
-        registry.register(
-            "tap_relayed_connections",
-            "Connections to the server's port not measured because, with --tap-interface any, they were the onward legs of a relay on this machine (a process listening on the port, such as docker-proxy, connecting on to another host): its clients' connections are measured",
-            m.relayed_connections.clone(),
         );
         Arc::new(m)
     }
@@ -296,7 +288,6 @@ pub fn start(cfg: TapConfig) -> Result<TapHandle, TapError> {
         );
         if interface == Interface::Any {
             conns.copies = Some(Copies::sharing(&followed));
-            conns.relays = Some(relays::Relays::new(port));
         }
         conns.share(members, &all_buffered);
         let reader = Reader {
@@ -595,10 +586,8 @@ struct Connections {
     all_buffered: Arc<AtomicUsize>,
     published: usize,
     drops: RingDrops,
-    /// With the tap on every interface: the connections a copy would repeat ([`copies`]), and
-    /// what tells a relay's onward leg ([`relays`]).
+    /// With the tap on every interface: the connections a copy would repeat ([`copies`]).
     copies: Option<Copies>,
-    relays: Option<relays::Relays>,
 }
 
 impl Connections {
@@ -621,7 +610,6 @@ impl Connections {
             published: 0,
             drops,
             copies: None,
-            relays: None,
         }
     }
 
@@ -677,9 +665,6 @@ impl Connections {
         if let Some(line) = self.copies.as_mut().and_then(|c| c.tell(self.port)) {
             tracing::warn!("{line}");
         }
-        if let Some(line) = self.relays.as_mut().and_then(|r| r.tell()) {
-            tracing::warn!("{line}");
-        }
         let n = std::mem::take(&mut self.refused);
         if n > 0 {
             tracing::warn!(
@@ -715,9 +700,9 @@ impl Connections {
             if again {
                 self.resent(key, &seg, at.at);
             } else {
-                if self.copy(key, seg.seq, &seg, at.at) || self.relayed(key, seg.seq, at.at) {
+                if self.copy(key, seg.seq, &seg, at.at) {
                     // a connection on its ends whose close went unseen is over: not fed the
-                    // skipped one's bytes
+                    // copy's bytes
                     self.replaced(&key);
                     return;
                 }
@@ -745,7 +730,7 @@ impl Connections {
                 // Joined on every interface, a translated copy carries the same request at the
                 // same sequence number: known as the SYN's would be.
                 let isn = seg.seq.wrapping_sub(1);
-                if !self.copy(key, isn, &seg, at.at) && !self.relayed(key, isn, at.at) {
+                if !self.copy(key, isn, &seg, at.at) {
                     if self.joined(key, &seg, at.at) {
                         self.read_segment(p, now_wall, now);
                     } else {
@@ -872,19 +857,6 @@ impl Connections {
             self.tap_metrics.copied_connections.inc();
         }
         copy.is_some()
-    }
-
-    /// Whether a new connection is a relay's onward leg (on every interface): skipped as a
-    /// copy is, and counted.
-    fn relayed(&mut self, key: (End, End), isn: u32, at: Instant) -> bool {
-        let (Some(relays), Some(copies)) = (&mut self.relays, &mut self.copies) else {
-            return false;
-        };
-        if relays.onward(key, at).is_none() || !copies.skip(key, isn, at) {
-            return false;
-        }
-        self.tap_metrics.relayed_connections.inc();
-        true
     }
 
     /// A connection's SYN sent again: its copy may carry its new timestamp.

@@ -1,6 +1,5 @@
 //! This machine's own addresses, as read from its interfaces: what tells a client on this
-//! machine from one elsewhere (the run's count of requests it could not measure; the tap's
-//! relays, on every interface).
+//! machine from one elsewhere (the run's count of requests it could not measure).
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
