@@ -1284,35 +1284,26 @@ mod tests {
         flags: u8,
         payload: &[u8],
     ) -> Vec<u8> {
-        stamped4(sip, dip, src, dst, seq, flags, payload, None)
-    }
-
-    /// [`packet4`] with a timestamp option (TSval) where `ts` is given.
-    #[allow(clippy::too_many_arguments)]
-    fn stamped4(
-        sip: [u8; 4],
-        dip: [u8; 4],
-        src: u16,
-        dst: u16,
-        seq: u32,
-        flags: u8,
-        payload: &[u8],
-        ts: Option<u32>,
-    ) -> Vec<u8> {
         let mut p = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0];
         p.extend_from_slice(&sip);
         p.extend_from_slice(&dip);
         p.extend_from_slice(&src.to_be_bytes());
         p.extend_from_slice(&dst.to_be_bytes());
         p.extend_from_slice(&seq.to_be_bytes());
-        let words = if ts.is_some() { 8 } else { 5 };
-        p.extend_from_slice(&[0, 0, 0, 0, words << 4, flags, 0xff, 0xff, 0, 0, 0, 0]);
-        if let Some(ts) = ts {
-            p.extend_from_slice(&[1, 1, 8, 10]);
-            p.extend_from_slice(&ts.to_be_bytes());
-            p.extend_from_slice(&[0; 4]);
-        }
+        p.extend_from_slice(&[0, 0, 0, 0, 5 << 4, flags, 0xff, 0xff, 0, 0, 0, 0]);
         p.extend_from_slice(payload);
+        let len = p.len() as u16;
+        p[2..4].copy_from_slice(&len.to_be_bytes());
+        p
+    }
+
+    /// A [`packet4`] given a timestamp option (TSval `ts`), as Linux sends.
+    fn stamped(mut p: Vec<u8>, ts: u32) -> Vec<u8> {
+        let mut options = vec![1, 1, 8, 10];
+        options.extend_from_slice(&ts.to_be_bytes());
+        options.extend_from_slice(&[0; 4]);
+        p[32] = 8 << 4;
+        p.splice(40..40, options);
         let len = p.len() as u16;
         p[2..4].copy_from_slice(&len.to_be_bytes());
         p
@@ -1607,29 +1598,17 @@ mod tests {
         // to the container with the router's address and another port.
         let mut w = on_every_interface("translated-resent");
         let syn = |w: &mut Wire, ts| {
-            w.raw(&stamped4(
-                ELSEWHERE,
-                HERE,
-                40001,
-                PORT,
-                10,
-                SYN,
-                b"",
-                Some(ts),
+            w.raw(&stamped(
+                packet4(ELSEWHERE, HERE, 40001, PORT, 10, SYN, b""),
+                ts,
             ));
         };
         syn(&mut w, 1000);
         syn(&mut w, 2000);
         let router = [198, 51, 100, 254];
-        w.raw(&stamped4(
-            router,
-            CONTAINER,
-            50001,
-            PORT,
-            10,
-            SYN,
-            b"",
-            Some(2000),
+        w.raw(&stamped(
+            packet4(router, CONTAINER, 50001, PORT, 10, SYN, b""),
+            2000,
         ));
         assert_eq!(copied(&w), 1);
         assert_eq!(w.conns.map.len(), 1);
