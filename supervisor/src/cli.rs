@@ -512,14 +512,13 @@ pub struct RunArgs {
     /// counted in tap_copied_connections_total and said once (a connection begun before the
     /// tap too, from the request it is joined at). A client that sends no TCP timestamps
     /// (Windows' default) is known by its port alone: where NAT changed that too, its copy is
-    /// measured twice. A relay's onward leg
-    /// (docker-proxy's, for clients on this machine) is a connection of its own: `any`
-    /// measures both legs, `lo` the client's alone. A run whose tap read nothing there (not
-    /// even our own readiness request) says so in its warnings and report; so does one whose server's
-    /// access log shows a generation request the tap did not see (on `lo`, from a client
-    /// elsewhere; on a named interface, from this machine's own addresses, loopback included
-    /// once the server is ready, as for --proxy-addr: their requests cross lo), and at its end
-    /// how many such requests went unmeasured.
+    /// measured twice. A relay's onward leg (docker-proxy's, for clients on this machine) is a
+    /// connection of its own: `any` measures both legs, `lo` the client's alone. A run whose
+    /// tap read nothing there (not even our own readiness request) says so in its warnings and
+    /// report; so does one whose server's access log shows a generation request the tap did not see
+    /// (on `lo`, from a client elsewhere; on a named interface, from this machine's own addresses,
+    /// loopback included once the server is ready, as for --proxy-addr: their requests cross lo),
+    /// and at its end how many such requests went unmeasured.
     #[arg(
         long,
         env = "SGLANG_SUPERVISOR_TAP_INTERFACE",
