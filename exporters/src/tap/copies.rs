@@ -205,7 +205,14 @@ impl Copies {
         if ids.each().any(taken) {
             return;
         }
-        followed.insert(ids, key, at);
+        // only what is new: the same SYN seen again (a bridge, then its port) adds nothing
+        let followed = &mut *followed;
+        for id in ids.each() {
+            if let std::collections::hash_map::Entry::Vacant(e) = followed.syns.entry(id) {
+                e.insert((key, at));
+                followed.order.push_back((id, at));
+            }
+        }
     }
 
     /// A connection [`Copies::at_syn`] found new that could not be followed (no room on its
@@ -398,6 +405,11 @@ mod tests {
         c.resent(other, ids(other, 30, Some(1000)), t);
         let f = c.followed.lock().unwrap();
         assert_eq!(f.syns[&Id(30, Tag::Stamp(1000))].0, first);
+        // a resend's ids already kept are not queued again
+        let queued = f.order.len();
+        drop(f);
+        c.resent(first, ids(first, 30, Some(1000)), t);
+        assert_eq!(c.followed.lock().unwrap().order.len(), queued);
     }
 
     #[test]
