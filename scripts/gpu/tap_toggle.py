@@ -1,9 +1,11 @@
 """Keys a running tap on and off without restarting it: its packet sockets' filter is swapped
 between its own program and one that takes nothing (scripts/gpu/proxy_acceptance.sh, SIDES=keyedtog).
 
-  usage: tap_toggle.py PID STOPFILE KEYS KEY_MS
+  usage: tap_toggle.py PID[,PID...] STOPFILE KEYS KEY_MS
 
-PID is a `sglang-supervisor run --tap` already watching. Its packet sockets are duplicated into
+PID is a `sglang-supervisor run --tap` already watching; several, comma-separated, are keyed
+together (TOG_TAPS=N in proxy_acceptance.sh: N taps of one port, each copying every segment, so
+that what one tap costs is read N times over, above the host's noise). Its packet sockets are duplicated into
 this process (pidfd_getfd, Linux 5.6+, needs the right to ptrace PID: root), their filter read
 (SO_GET_FILTER), and then, until STOPFILE exists: off for a turn (a filter that returns 0: the
 kernel copies nothing into the ring, and the tap's reader has nothing to read), on for a turn
@@ -98,14 +100,20 @@ NOTHING = (0x06).to_bytes(2, "little") + b"\0\0" + (0).to_bytes(4, "little")  # 
 def main(argv):
     if len(argv) != 4:
         sys.exit(__doc__)
-    pid, stop, keys, key_ms = int(argv[0]), argv[1], argv[2], int(argv[3])
-    fds = packet_socket_fds(pid)
-    if not fds:
-        sys.exit(f"tap_toggle: process {pid} has no packet socket (is it running with --tap?)")
-    socks = grab(pid, fds)
+    try:
+        pids = [int(p) for p in argv[0].split(",")]
+    except ValueError:
+        sys.exit(f"tap_toggle: PID {argv[0]!r}: expected process ids, comma-separated")
+    stop, keys, key_ms = argv[1], argv[2], int(argv[3])
+    socks = []
+    for pid in pids:
+        fds = packet_socket_fds(pid)
+        if not fds:
+            sys.exit(f"tap_toggle: process {pid} has no packet socket (is it running with --tap?)")
+        socks += grab(pid, fds)
     own = [get_filter(s) for s in socks]
     if NOTHING in own:
-        sys.exit(f"tap_toggle: process {pid}'s tap takes nothing already (left so by a killed run of this"
+        sys.exit(f"tap_toggle: a tap of {argv[0]} takes nothing already (left so by a killed run of this"
                  " script?): restart it")
     nothing = [NOTHING] * len(socks)
 
@@ -123,7 +131,7 @@ def main(argv):
     try:
         attach_all(socks, nothing)
         # said once the first off-turn has begun (a caller may wait for this line)
-        print(f"tap_toggle: {len(socks)} packet socket(s) of {pid}, filter of {len(own[0]) // 8} instructions; off", flush=True)
+        print(f"tap_toggle: {len(socks)} packet socket(s) of {argv[0]}, filter of {len(own[0]) // 8} instructions; off", flush=True)
         while not os.path.exists(stop):
             turn()
             if os.path.exists(stop):

@@ -1666,6 +1666,85 @@ fn the_acceptance_toggle_swaps_the_taps_filter_off_and_on_and_leaves_it_on() {
     tap.stop();
 }
 
+/// `TOG_TAPS=N` in the acceptance: several taps of one port keyed together by one
+/// `tap_toggle.py`, so that what one tap costs is read N times over. While off, neither measures
+/// a request; each measures the requests of an on-turn, every one of them once; at the
+/// script's exit both measure again.
+#[test]
+fn the_acceptance_toggle_keys_several_taps_of_one_port_together() {
+    if !can_tap("the_acceptance_toggle_keys_several_taps...") {
+        return;
+    }
+    let first = start_tapped("toggle-two-a", &[], &[]);
+    let upstream = format!("http://{}", first.server);
+    let second = start_tapped(
+        "toggle-two-b",
+        &["--upstream", &upstream, "--health-url", &upstream],
+        &[],
+    );
+    let dir = temp_dir("toggle-two-keys");
+    let (stop, keys) = (dir.join("stop"), dir.join("keys"));
+    let pids = format!("{},{}", first.run.child.id(), second.run.child.id());
+    let Some((mut toggle, out)) = start_toggle_of(&pids, &stop, &keys, "2 packet socket") else {
+        first.stop();
+        second.stop();
+        return;
+    };
+    let body = r#"{"text":"a b c d","sampling_params":{"max_new_tokens":10},"stream":true}"#;
+    let send = || {
+        assert!(post(&first.server, "/generate", body)
+            .status
+            .contains("200"))
+    };
+    send();
+    std::thread::sleep(Duration::from_millis(300));
+    for tap in [&first, &second] {
+        assert!(
+            records(&tap.log).is_empty(),
+            "a request sent while both are off is measured by neither: {:?}",
+            records(&tap.log)
+        );
+    }
+    let end = Instant::now() + Duration::from_secs(10);
+    while records(&first.log).is_empty() && Instant::now() < end {
+        send();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(&stop, "").unwrap();
+    assert!(toggle.wait().unwrap().success(), "tap_toggle.py failed");
+    drop(out);
+    // both were on in the same turns: each measured the same requests
+    std::thread::sleep(Duration::from_millis(200));
+    let starts = |tap: &Tapped| -> Vec<u64> {
+        records(&tap.log)
+            .iter()
+            .map(|r| (r["start_unix"].as_f64().unwrap() * 100.0).round() as u64)
+            .collect()
+    };
+    let measured = starts(&first);
+    assert!(!measured.is_empty(), "no request measured in an on-turn");
+    assert_eq!(
+        measured.len(),
+        starts(&second).len(),
+        "both taps measured each request of the on-turns"
+    );
+    let before = (records(&first.log).len(), records(&second.log).len());
+    send();
+    assert_eq!(
+        wait_records(&first.log, before.0 + 1).len(),
+        before.0 + 1,
+        "the first measures again"
+    );
+    assert_eq!(
+        wait_records(&second.log, before.1 + 1).len(),
+        before.1 + 1,
+        "the second measures again"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    first.stop();
+    second.stop();
+}
+
 /// `scripts/gpu/tap_toggle.py` keying the tap of process `pid` (turns of 1.5–2.25 s), once its
 /// line says the first off-turn has begun, with its output (kept open till it exits); None
 /// (said) where this process may not take another's descriptors (pidfd_getfd needs the right to
@@ -1679,11 +1758,25 @@ fn start_toggle(
     std::process::Child,
     std::io::BufReader<std::process::ChildStdout>,
 )> {
+    start_toggle_of(&pid.to_string(), stop, keys, "1 packet socket")
+}
+
+/// [`start_toggle`] of `pids` (comma-separated), whose line begins by naming `sockets`.
+#[allow(clippy::disallowed_methods)] // runs the script itself, as the acceptance does
+fn start_toggle_of(
+    pids: &str,
+    stop: &Path,
+    keys: &Path,
+    sockets: &str,
+) -> Option<(
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+)> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/tap_toggle.py");
     let _ = std::fs::remove_file(stop);
     let mut toggle = std::process::Command::new("python3")
         .arg(&script)
-        .arg(pid.to_string())
+        .arg(pids)
         .args([stop, keys])
         .arg("1500")
         .stdout(std::process::Stdio::piped())
@@ -1709,7 +1802,7 @@ fn start_toggle(
         panic!("tap_toggle.py said nothing: {err}");
     }
     assert!(
-        said.starts_with("tap_toggle: 1 packet socket") && said.trim_end().ends_with("; off"),
+        said.starts_with(&format!("tap_toggle: {sockets}")) && said.trim_end().ends_with("; off"),
         "the script's line: {said:?}"
     );
     Some((toggle, out))
