@@ -11,6 +11,10 @@
 # gives each event a walk of an N KiB working set in the writer (tcp_op_cost's WORK_KB), and
 # compares its user time an event instead: what the tap costs the writer's own code, whose caches
 # the kernel's copy into the ring (SGLANG_SUPERVISOR_TAP_RING_MB, default 32) runs through.
+# PY_WRITER=1 runs benches/py_event_writer.py instead (a Python writer building OpenAI chat chunks)
+# and compares its user time an event, as WORK_KB does, the system time's median beside it.
+# SHOW_RUNS=1 prints each run's own line. TAPS=N attaches N supervisors to the port for the tapped runs, each copying every segment into
+# its own ring: N times one tap's cost, to tell it from the host's noise.
 #   usage: benches/tap_writer_cost.sh [ROUNDS=5] [COUNT=200000] [EVENT_BYTES=200]
 #   (repo root, after cargo build --release; TAP_SUP=PATH runs another build of the supervisor)
 set -euo pipefail
@@ -25,31 +29,48 @@ writer_port "$W"
 one() {  # one run: prints send + recv µs per event (the mean over the writers)
   local k=2 cpu pids=()
   for cpu in ${WRITER_CPUS:-$WRITER_CPU}; do
-    taskset -c "$cpu" "$W/tcp_op_cost" "$COUNT" "$BYTES" "$PORT" "$k" ${WORK_KB:-} > "$W/one-$k" &
+    if [ -n "${PY_WRITER:-}" ]; then
+      taskset -c "$cpu" python3 benches/py_event_writer.py "$COUNT" "$BYTES" "$PORT" "$k" > "$W/one-$k" &
+    else
+      taskset -c "$cpu" "$W/tcp_op_cost" "$COUNT" "$BYTES" "$PORT" "$k" ${WORK_KB:-} > "$W/one-$k" &
+    fi
     pids+=($!)
     k=$((k + 1))
   done
   wait "${pids[@]}"
-  local figure='s/.*send \+ recv ([0-9.]+) us.*/\1/'
-  [ -n "${WORK_KB:-}" ] && figure='s/.*user ([0-9.]+) us.*/\1/'
-  cat "$W"/one-* | tee -a "$W/runs" | sed -E "$figure" |
-    awk '{s += $1; n++} END {printf "%.3f\n", s / n}'
+  # the figure (send + recv, or user time with WORK_KB or PY_WRITER), and the system time an event
+  # where the line has it (else 0)
+  local figure="send [+] recv"; [ -n "${WORK_KB:-}${PY_WRITER:-}" ] && figure="user"
+  cat "$W"/one-* | tee -a "$W/runs" | awk -v f="$figure" '
+    function after(re,   t) { if (!match($0, re " [0-9.]+ us")) return 0; t = substr($0, RSTART, RLENGTH); sub(/ us$/, "", t); sub(/.* /, "", t); return t + 0 }
+    { s += after(f); y += after("system"); n++ } END {printf "%.3f %.3f\n", s / n, y / n}'
+  [ -n "${SHOW_RUNS:-}" ] && cat "$W"/one-* >&2
   rm -f "$W"/one-*
 }
-tapped() {
-  tap_attach "$PORT" "$W"
-  grep -q '"event":"ready"' "$W/tap-ev.jsonl" || { echo "tap_writer_cost: the tap did not get ready: $(tail -3 "$W/tap.err")" >&2; exit 1; }
-  taskset -a -p -c "$TAP_CPU" "$tap" >/dev/null
+tapped() {  # TAPS=N supervisors tapping the port at once, each with its own ring
+  local k taps=()
+  for k in $(seq "${TAPS:-1}"); do
+    mkdir -p "$W/tap$k"
+    tap_attach "$PORT" "$W/tap$k"
+    grep -q '"event":"ready"' "$W/tap$k/tap-ev.jsonl" || { echo "tap_writer_cost: the tap did not get ready: $(tail -3 "$W/tap$k/tap.err")" >&2; exit 1; }
+    taskset -a -p -c "$TAP_CPU" "$tap" >/dev/null
+    taps+=("$tap")
+  done
+  tap="${taps[*]}"
   one
-  kill -INT "$tap"; wait "$tap" || true; tap=
+  kill -INT "${taps[@]}"; wait "${taps[@]}" || true; tap=
 }
-diffs=()
+diffs=() sysdiffs=()
 for r in $(seq "$ROUNDS"); do
-  if (( r % 2 )); then b=$(one); t=$(tapped); else t=$(tapped); b=$(one); fi
+  if (( r % 2 )); then bare=$(one); tap_=$(tapped); else tap_=$(tapped); bare=$(one); fi
+  read -r b bs <<< "$bare"; read -r t ts <<< "$tap_"
   d=$(awk -v t="$t" -v b="$b" 'BEGIN{printf "%.3f", t - b}')
-  diffs+=("$d")
-  echo "round $r: bare $b us, tapped $t us per event of $BYTES bytes${WORK_KB:+ (user time, $WORK_KB KiB walk)}: tap adds $d us"
+  diffs+=("$d"); sysdiffs+=("$(awk -v t="$ts" -v b="$bs" 'BEGIN{printf "%.3f", t - b}')")
+  echo "round $r: bare $b us, tapped${TAPS:+ by $TAPS} $t us per event of $BYTES bytes${WORK_KB:+ (user time, $WORK_KB KiB walk)}${PY_WRITER:+ (user time, Python)}: tap adds $d us${PY_WRITER:+ (system $bs -> $ts us)}"
 done
+median() { printf '%s\n' "$@" | sort -g | awk -v n="$#" '{a[NR]=$1} END{m=(n%2)?a[(n+1)/2]:(a[n/2]+a[n/2+1])/2; printf "%.3f us per event", m; printf " (range %.3f to %.3f, %d pairs)", a[1], a[n], n}'; }
 what="send + recv in the writer"; [ -n "${WORK_KB:-}" ] && what="the writer's user time, $WORK_KB KiB walk"
-printf '%s\n' "${diffs[@]}" | sort -g | awk -v n="$ROUNDS" -v what="$what" '{a[NR]=$1} END{m=(n%2)?a[(n+1)/2]:(a[n/2]+a[n/2+1])/2;
-  printf "tap_writer_cost: median added %.3f us per event (%s), range %.3f to %.3f, %d pairs\n", m, what, a[1], a[n], n}'
+[ -n "${PY_WRITER:-}" ] && what="the Python writer's user time"
+echo "tap_writer_cost: ${TAPS:-1} tap(s) add $(median "${diffs[@]}") to $what"
+[ -n "${WORK_KB:-}${PY_WRITER:-}" ] && echo "tap_writer_cost: and $(median "${sysdiffs[@]}") to its system time"
+exit 0

@@ -58,7 +58,9 @@
 #        no /health or /server_info at a turn's start, the turns measured from the swap; the tap's
 #        own cost alone, and several times the turns of a run.
 #        TOG_TAPS=N keys N taps of the port at once (default 1), each copying every segment into
-#        its own ring: N times one tap's cost, to read it above the host's noise.
+#        its own ring: N times one tap's cost, to read it above the host's noise. TOG_DRAIN=drain
+#        keys N rings of benches/ring_drain.c instead (the tap's copy, no reader's work), =touch
+#        the same with every byte read: what part of the cost is the copy in the server's send.
 #        TAP_PROMPTS=N: the tap arm's runs have N prompts whatever RUN_S makes the others'.
 #        KEY_RANGE=0.5 gives the keyed arms' runs input and output lengths from 128 to 256 (bench_serving's
 #        --random-range-ratio; default 1.0, all 256), so that their requests leave lockstep.
@@ -96,7 +98,7 @@ uname -r; nproc; lscpu | grep -iE "numa|model name|^cpu\(s\)|mhz|thread|core|soc
 which perf strace py-spy gdb 2>/dev/null; python3 -c 'import importlib.util as u; print("uvloop", bool(u.find_spec("uvloop")), "httptools", bool(u.find_spec("httptools")), "h11", bool(u.find_spec("h11")))'
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -2
 # the knobs this run was given, so that a summary says what it measured
-env | grep -E '^(SIDES|CONCS|RUN_S|KEY_MS|KEY_RANGE|KEYED_BACKEND|S_BACKEND|EXTRA_BODY|TOG_TAPS|PIN|ISOLATE|WARM_FULL|PROMPTS|DEADLINE_S|SGLANG_SUPERVISOR_[A-Z_]*)=' | sort | tr '\n' ' '; echo
+env | grep -E '^(SIDES|CONCS|RUN_S|KEY_MS|KEY_RANGE|KEYED_BACKEND|S_BACKEND|EXTRA_BODY|TOG_TAPS|TOG_DRAIN|PIN|ISOLATE|WARM_FULL|PROMPTS|DEADLINE_S|SGLANG_SUPERVISOR_[A-Z_]*)=' | sort | tr '\n' ' '; echo
 
 case ${SPLIT_VIA:-proxy} in proxy|relay|x[0-9]) ;; *) echo "SPLIT_VIA=$SPLIT_VIA: expected proxy, relay or x1..x9" >&2; exit 2 ;; esac
 
@@ -423,10 +425,18 @@ print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
             case $side in keyed) how=--tap ;; keyedmix) how=--mix ;; *) how= ;; esac
             if [ "$side" = keyedtog ]; then
               # one tap for the whole run, its filter swapped off and on in turns (tap_toggle.py)
-              # TOG_TAPS=N: N such taps of the port, keyed together (each copies every segment)
-              togsups=(); for t in $(seq "${TOG_TAPS:-1}"); do
-                tap_start "tap-$side-c$conc-$i-tog$t" --tap || break; togsups+=("$TAPSUP"); done
-              if [ "${#togsups[@]}" != "${TOG_TAPS:-1}" ]; then kill -TERM "${togsups[@]}" 2>/dev/null; wait "${togsups[@]}" 2>/dev/null; continue; fi
+              # TOG_TAPS=N: N such taps of the port, keyed together (each copies every segment);
+              # TOG_DRAIN=drain|touch: N rings of benches/ring_drain.c instead, the copy without the tap
+              togsups=()
+              if [ -n "${TOG_DRAIN:-}" ]; then
+                cc -O2 -o "$O/ring_drain" "$HERE/benches/ring_drain.c" &&
+                  { "${SUP_PREFIX[@]}" "$O/ring_drain" "$PORT" "${TOG_TAPS:-1}" "$TOG_DRAIN" 2>> "$P/ring_drain.err" & togsups+=($!); sleep 1; }
+                kill -0 "${togsups[@]}" 2>/dev/null || { say "ring_drain did not start: $(tail -2 "$P/ring_drain.err")"; continue; }
+              else
+                for t in $(seq "${TOG_TAPS:-1}"); do
+                  tap_start "tap-$side-c$conc-$i-tog$t" --tap || break; togsups+=("$TAPSUP"); done
+                if [ "${#togsups[@]}" != "${TOG_TAPS:-1}" ]; then kill -TERM "${togsups[@]}" 2>/dev/null; wait "${togsups[@]}" 2>/dev/null; continue; fi
+              fi
               togsup=$(IFS=,; echo "${togsups[*]}")
               "${SUP_PREFIX[@]}" python3 "$HERE/scripts/gpu/tap_toggle.py" "$togsup" "$stopf" "$P/tap-$side-c$conc-$i.keys" "${KEY_MS:-4000}" & keyer_pid=$!
             else
@@ -442,7 +452,7 @@ print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
             # (with fixed lengths they end in waves, and a turn's rate depends on where its edges fall)
             EXTRA_BODY=${EXTRA_BODY:-$usage} CHUNKS=1 DATASET=random-ids bench "$PORT" "${KEYED_BACKEND:-sglang}" "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl" "${KEY_RANGE:-1.0}"
             touch "$stopf"; wait "$keyer_pid" "$cpu_pid"
-            [ "$side" = keyedtog ] && { kill -TERM "${togsups[@]}"; wait "${togsups[@]}"; }
+            [ "$side" = keyedtog ] && { kill -TERM "${togsups[@]}"; wait "${togsups[@]}"; [ -n "${TOG_DRAIN:-}" ] && tail -1 "$P/ring_drain.err"; }
             python3 "$HERE/scripts/gpu/keyed.py" "$conc" "$P/c$conc-$side-$i.jsonl" "$P/tap-$side-c$conc-$i.keys"
             # what the tap recorded over its turns (requests cut by a turn's edge end as errors)
             [ "$side" != keyedctl ] && cat "$P"/tap-"$side"-c"$conc"-"$i"-*-requests.jsonl 2>/dev/null | TAPS=$([ "$side" = keyedtog ] && echo "${TOG_TAPS:-1}" || echo 1) python3 -c '
