@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# What taps cost a saturated Python streaming server (benches/py_sse_server.py, asyncio, on
+# SERVER_CPU), its streams read by stream-load (STREAMS of 256 tokens) on OTHER_CPU, where the
+# taps run too, keyed on and off in turns of 2–3 s by scripts/gpu/tap_toggle.py, as the
+# acceptance keys a real SGLang's (SIDES=keyedtog). Each 0.25 s slice of the server's own
+# samples that lies wholly within an on-turn or an off-turn counts for it: its events a second,
+# and its user and system time an event. Arms, each run for SECS in every round:
+#   supN    N supervisors tapping the port (`run --tap --upstream`), their requests logged
+#   drainN  N rings of benches/ring_drain.c: the tap's filter and ring, no reader's work
+#   touchN  the same, every byte read
+# Prints each run, then per arm the median of its rounds: events/s on/off, and on − off of the
+# user and the system time an event.
+#   usage: benches/tap_server_cost.sh [ARMS="sup8 drain8"] [ROUNDS=3] [SECS=40] [STREAMS=32]
+#   (repo root, after cargo build --release --workspace --bins; needs CAP_NET_RAW and, for
+#   tap_toggle.py's pidfd_getfd, the right to ptrace the taps: root)
+set -euo pipefail
+ARMS=${1:-sup8 drain8} ROUNDS=${2:-3} SECS=${3:-40} STREAMS=${4:-32}
+SERVER_CPU=${SERVER_CPU:-0} OTHER_CPU=${OTHER_CPU:-1}
+cd "$(dirname "$0")/.."
+for a in $ARMS; do
+  [[ $a =~ ^(sup|drain|touch)[1-9][0-9]?$ ]] || { echo "tap_server_cost: arm '$a': expected supN, drainN or touchN (N 1..64)" >&2; exit 2; }
+done
+for b in sglang-supervisor stream-load; do
+  [ -x "target/release/$b" ] || { echo "tap_server_cost: target/release/$b is missing: cargo build --release --workspace --bins" >&2; exit 2; }
+done
+W=$(mktemp -d)
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$W"' EXIT
+cc -O2 -o "$W/ring_drain" benches/ring_drain.c
+. benches/free_port.sh
+
+one() {  # one ARM: prints "events/s-ratio user-diff system-diff" and says the run on stderr
+  local arm=$1 n=${1//[a-z]/} port k taps=()
+  port=$(free_port)
+  rm -f "$W/stop" "$W/keys" "$W/samples"
+  taskset -c "$SERVER_CPU" python3 benches/py_sse_server.py "$port" "$W/samples" & pids=("$!")
+  for _ in $(seq 100); do [ -s "$W/samples" ] && break; sleep 0.05; done
+  case $arm in
+    sup*)
+      for k in $(seq "$n"); do
+        rm -f "$W/ev$k.jsonl"
+        taskset -c "$OTHER_CPU" target/release/sglang-supervisor run --upstream "http://127.0.0.1:$port" --ready-on http \
+          --tap --metrics-addr none --gpu-backend none --no-preflight --no-tee --events "$W/ev$k.jsonl" \
+          --requests-log "$W/req$k.jsonl" -- sleep 100000 2> "$W/sup$k.err" &
+        taps+=("$!")
+      done
+      for k in $(seq "$n"); do
+        for _ in $(seq 200); do grep -q '"event":"ready"' "$W/ev$k.jsonl" 2>/dev/null && break; sleep 0.05; done
+        grep -q '"event":"ready"' "$W/ev$k.jsonl" || { echo "tap_server_cost: tap $k not ready: $(tail -2 "$W/sup$k.err")" >&2; exit 1; }
+      done ;;
+    drain*|touch*)
+      taskset -c "$OTHER_CPU" "$W/ring_drain" "$port" "$n" "${arm%%[0-9]*}" 2> "$W/drain.err" & taps+=("$!")
+      sleep 0.3 ;;
+  esac
+  pids+=("${taps[@]}")
+  taskset -c "$OTHER_CPU" python3 scripts/gpu/tap_toggle.py "$(IFS=,; echo "${taps[*]}")" "$W/stop" "$W/keys" 2000 > /dev/null &
+  local toggle=$!
+  taskset -c "$OTHER_CPU" target/release/stream-load "127.0.0.1:$port" "$STREAMS" 256 "$SECS" > /dev/null
+  touch "$W/stop"; wait "$toggle"
+  kill -INT "${taps[@]}"; wait "${taps[@]}" 2>/dev/null || true
+  kill "${pids[0]}"; wait "${pids[0]}" 2>/dev/null || true
+  pids=()
+  python3 - "$W/samples" "$W/keys" "$arm" <<'PY'
+import sys
+samples = [list(map(float, l.split())) for l in open(sys.argv[1])]
+keys = [list(map(float, l.split()[:3])) for l in open(sys.argv[2])]
+def state(a, b):
+    if any(on <= a and b <= off for _, on, off in keys):
+        return "on"
+    if any(k[2] <= a and b <= n[1] for k, n in zip(keys, keys[1:])):
+        return "off"
+    return None
+sums = {"on": [0.0] * 4, "off": [0.0] * 4}  # events, user, system, seconds
+for a, b, events, user, system in samples:
+    s = state(a, b)
+    if s:
+        for i, v in enumerate((events, user, system, b - a)):
+            sums[s][i] += v
+(e1, u1, s1, t1), (e0, u0, s0, t0) = sums["on"], sums["off"]
+if not (e1 and e0):
+    sys.exit(f"tap_server_cost: {sys.argv[3]}: no slice wholly on or off")
+ratio, du, ds = (e1 / t1) / (e0 / t0), (u1 / e1 - u0 / e0) * 1e6, (s1 / e1 - s0 / e0) * 1e6
+print(f"{sys.argv[3]}: events/s on/off {ratio:.3f} ({e1 / t1:.0f} / {e0 / t0:.0f}), user {u0 / e0 * 1e6:.2f} us an event off, "
+      f"{du:+.2f} on; system {s0 / e0 * 1e6:.2f} off, {ds:+.2f} on; busy {(u0 + s0) / t0 * 100:.0f} % off", file=sys.stderr)
+print(f"{ratio:.4f} {du:.3f} {ds:.3f}")
+PY
+}
+
+declare -A got
+for r in $(seq "$ROUNDS"); do
+  for a in $ARMS; do got[$a]+="$(one "$a")"$'\n'; done
+done
+for a in $ARMS; do
+  printf '%s' "${got[$a]}" | python3 -c '
+import statistics, sys
+rows = [list(map(float, l.split())) for l in sys.stdin if l.strip()]
+med = [statistics.median(c) for c in zip(*rows)]
+print(f"tap_server_cost: {sys.argv[1]}, median of {len(rows)} runs: events/s on/off {med[0]:.3f}, user {med[1]:+.2f} us an event, system {med[2]:+.2f} us")' "$a"
+done
