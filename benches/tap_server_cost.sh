@@ -31,6 +31,8 @@ cc -O2 -o "$W/ring_drain" benches/ring_drain.c
 
 one() {  # one ARM: prints "events/s-ratio user-diff system-diff" and says the run on stderr
   local arm=$1 n=${1//[a-z]/} port k taps=()
+  # run in $(...), a subshell: its own trap takes its server and taps down if it is stopped
+  trap 'kill "${pids[@]}" 2>/dev/null' EXIT
   port=$(free_port)
   rm -f "$W/stop" "$W/keys" "$W/samples"
   taskset -c "$SERVER_CPU" python3 benches/py_sse_server.py "$port" "$W/samples" & pids=("$!")

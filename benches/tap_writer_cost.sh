@@ -23,7 +23,7 @@ WRITER_CPU=${WRITER_CPU:-0} TAP_CPU=${TAP_CPU:-1}
 cd "$(dirname "$0")/.."
 . benches/tap_attach.sh
 W=$(mktemp -d)
-trap 'kill ${http:-} ${tap:-} 2>/dev/null; rm -rf "$W"' EXIT
+trap 'kill ${http:-} 2>/dev/null; rm -rf "$W"' EXIT
 writer_port "$W"
 
 one() {  # one run: prints send + recv µs per event (the mean over the writers)
@@ -49,16 +49,17 @@ one() {  # one run: prints send + recv µs per event (the mean over the writers)
 }
 tapped() {  # TAPS=N supervisors tapping the port at once, each with its own ring
   local k taps=()
+  # run in $(...), a subshell: its own trap takes its taps down, whatever stops it
+  trap 'kill "${taps[@]}" 2>/dev/null' EXIT
   for k in $(seq "${TAPS:-1}"); do
     mkdir -p "$W/tap$k"
     tap_attach "$PORT" "$W/tap$k"
+    taps+=("$tap")
     grep -q '"event":"ready"' "$W/tap$k/tap-ev.jsonl" || { echo "tap_writer_cost: the tap did not get ready: $(tail -3 "$W/tap$k/tap.err")" >&2; exit 1; }
     taskset -a -p -c "$TAP_CPU" "$tap" >/dev/null
-    taps+=("$tap")
   done
-  tap="${taps[*]}"
   one
-  kill -INT "${taps[@]}"; wait "${taps[@]}" || true; tap=
+  kill -INT "${taps[@]}"; wait "${taps[@]}" || true; taps=()
 }
 diffs=() sysdiffs=()
 for r in $(seq "$ROUNDS"); do
