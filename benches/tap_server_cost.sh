@@ -25,17 +25,19 @@ for b in sglang-supervisor stream-load; do
 done
 W=$(mktemp -d)
 pids=()
-trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$W"' EXIT
+# (under set -e a trap stops at its first failing command: a kill with nothing to kill)
+trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$W"' EXIT
 cc -O2 -o "$W/ring_drain" benches/ring_drain.c
 . benches/free_port.sh
 
 one() {  # one ARM: prints "events/s-ratio user-diff system-diff" and says the run on stderr
   local arm=$1 n=${1//[a-z]/} port k taps=()
   # run in $(...), a subshell: its own trap takes its server and taps down if it is stopped
-  trap 'kill "${pids[@]}" 2>/dev/null' EXIT
+  trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
   port=$(free_port)
   rm -f "$W/stop" "$W/keys" "$W/samples"
-  taskset -c "$SERVER_CPU" python3 benches/py_sse_server.py "$port" "$W/samples" & pids=("$!")
+  # what is started here writes nothing to the $(...) pipe, which would wait for it to exit
+  taskset -c "$SERVER_CPU" python3 benches/py_sse_server.py "$port" "$W/samples" > /dev/null & pids=("$!")
   for _ in $(seq 100); do [ -s "$W/samples" ] && break; sleep 0.05; done
   case $arm in
     sup*)
@@ -43,7 +45,7 @@ one() {  # one ARM: prints "events/s-ratio user-diff system-diff" and says the r
         rm -f "$W/ev$k.jsonl"
         taskset -c "$OTHER_CPU" target/release/sglang-supervisor run --upstream "http://127.0.0.1:$port" --ready-on http \
           --tap --metrics-addr none --gpu-backend none --no-preflight --no-tee --events "$W/ev$k.jsonl" \
-          --requests-log "$W/req$k.jsonl" -- sleep 100000 2> "$W/sup$k.err" &
+          --requests-log "$W/req$k.jsonl" -- sleep 100000 > /dev/null 2> "$W/sup$k.err" &
         taps+=("$!")
       done
       for k in $(seq "$n"); do
@@ -51,7 +53,7 @@ one() {  # one ARM: prints "events/s-ratio user-diff system-diff" and says the r
         grep -q '"event":"ready"' "$W/ev$k.jsonl" || { echo "tap_server_cost: tap $k not ready: $(tail -2 "$W/sup$k.err")" >&2; exit 1; }
       done ;;
     drain*|touch*)
-      taskset -c "$OTHER_CPU" "$W/ring_drain" "$port" "$n" "${arm%%[0-9]*}" 2> "$W/drain.err" & taps+=("$!")
+      taskset -c "$OTHER_CPU" "$W/ring_drain" "$port" "$n" "${arm%%[0-9]*}" > /dev/null 2> "$W/drain.err" & taps+=("$!")
       sleep 0.3 ;;
   esac
   pids+=("${taps[@]}")
@@ -80,7 +82,8 @@ for a, b, events, user, system in samples:
             sums[s][i] += v
 (e1, u1, s1, t1), (e0, u0, s0, t0) = sums["on"], sums["off"]
 if not (e1 and e0):
-    sys.exit(f"tap_server_cost: {sys.argv[3]}: no slice wholly on or off")
+    sys.exit(f"tap_server_cost: {sys.argv[3]}: no slice wholly on or off ({len(samples)} samples, {len(keys)} on-turns):"
+             " a longer SECS gives more turns")
 ratio, du, ds = (e1 / t1) / (e0 / t0), (u1 / e1 - u0 / e0) * 1e6, (s1 / e1 - s0 / e0) * 1e6
 print(f"{sys.argv[3]}: events/s on/off {ratio:.3f} ({e1 / t1:.0f} / {e0 / t0:.0f}), user {u0 / e0 * 1e6:.2f} us an event off, "
       f"{du:+.2f} on; system {s0 / e0 * 1e6:.2f} off, {ds:+.2f} on; busy {(u0 + s0) / t0 * 100:.0f} % off", file=sys.stderr)

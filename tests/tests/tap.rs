@@ -1878,3 +1878,98 @@ fn a_client_elsewhere_is_named_and_its_requests_counted_when_the_tap_on_lo_misse
         }
     }
 }
+
+/// The benches that tell a tap's cost apart (BENCHMARKS.md, thirty-fourth session) run end to
+/// end, short: `tap_server_cost.sh` keys supervisors and `ring_drain` rings beside the Python
+/// streaming server and prints a median line per arm, `tap_writer_cost.sh` with two taps on the
+/// Python writer prints the user and the system time they add; both leave nothing running.
+#[test]
+fn the_tap_cost_benches_run_and_leave_no_tap_or_server_behind() {
+    if !can_tap("the_tap_cost_benches_run...") {
+        return;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        eprintln!("SKIPPED the_tap_cost_benches_run...: they pin the server and the taps apart, on CPUs 0 and 1");
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    // their temp folders under one of ours, so that what they leave running can be found by it
+    let tmp = temp_dir("tap-cost-benches");
+    let bench = |script: &str, args: &[&str], env: &[(&str, &str)]| -> String {
+        #[allow(clippy::disallowed_methods)] // runs the bench as a person does
+        let out = std::process::Command::new("bash")
+            .arg(root.join(script))
+            .args(args)
+            .envs(env.iter().copied())
+            .env("TMPDIR", &tmp)
+            .current_dir(&root)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{script}: {text}");
+        text
+    };
+    let figure = |line: &str, after: &str| -> f64 {
+        let rest = &line[line
+            .find(after)
+            .unwrap_or_else(|| panic!("{after:?} in {line}"))
+            + after.len()..];
+        rest.split_whitespace()
+            .next()
+            .unwrap()
+            .trim_end_matches(',')
+            .parse()
+            .unwrap()
+    };
+    // 12 s an arm: turns of 2–3 s, two on-turns with an off-turn between them at the least
+    let served = bench(
+        "benches/tap_server_cost.sh",
+        &["sup2 touch1", "1", "12", "8"],
+        &[],
+    );
+    for arm in ["sup2", "touch1"] {
+        let line = served
+            .lines()
+            .find(|l| l.starts_with(&format!("tap_server_cost: {arm}, median of 1 runs:")))
+            .unwrap_or_else(|| panic!("no median line for {arm}: {served}"));
+        let ratio = figure(line, "events/s on/off");
+        assert!(ratio > 0.3 && ratio < 3.0, "{line}");
+        assert!(figure(line, "system").is_finite(), "{line}");
+    }
+    let written = bench(
+        "benches/tap_writer_cost.sh",
+        &["1", "20000"],
+        &[("PY_WRITER", "1"), ("TAPS", "2")],
+    );
+    assert!(
+        written.contains("tap_writer_cost: 2 tap(s) add ")
+            && written.contains("to the Python writer's user time"),
+        "{written}"
+    );
+    let system = written
+        .lines()
+        .find(|l| l.starts_with("tap_writer_cost: and "))
+        .unwrap_or_else(|| panic!("no system time line: {written}"));
+    assert!(figure(system, "and").is_finite(), "{system}");
+    std::thread::sleep(Duration::from_millis(300));
+    #[allow(clippy::disallowed_methods)]
+    let left = std::process::Command::new("pgrep")
+        .args(["-fa", tmp.to_str().unwrap()])
+        .output()
+        .unwrap();
+    if !left.stdout.is_empty() {
+        // taken down before the failure is said: other tests' taps must not share the host with them
+        #[allow(clippy::disallowed_methods)]
+        let _ = std::process::Command::new("pkill")
+            .args(["-f", tmp.to_str().unwrap()])
+            .status();
+    }
+    assert!(
+        left.stdout.is_empty(),
+        "left running: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
