@@ -18,7 +18,7 @@ ARMS=${1:-sup8 drain8} ROUNDS=${2:-3} SECS=${3:-40} STREAMS=${4:-32}
 SERVER_CPU=${SERVER_CPU:-0} OTHER_CPU=${OTHER_CPU:-1}
 cd "$(dirname "$0")/.."
 for a in $ARMS; do
-  [[ $a =~ ^(sup|drain|touch)[1-9][0-9]?$ ]] || { echo "tap_server_cost: arm '$a': expected supN, drainN or touchN (N 1..64)" >&2; exit 2; }
+  [[ $a =~ ^(sup|drain|touch)([1-9]|[1-5][0-9]|6[0-4])$ ]] || { echo "tap_server_cost: arm '$a': expected supN, drainN or touchN (N 1..64)" >&2; exit 2; }
 done
 for b in sglang-supervisor stream-load; do
   [ -x "target/release/$b" ] || { echo "tap_server_cost: target/release/$b is missing: cargo build --release --workspace --bins" >&2; exit 2; }
@@ -46,19 +46,18 @@ one() {  # one ARM: prints "events/s-ratio user-diff system-diff" and says the r
         taskset -c "$OTHER_CPU" target/release/sglang-supervisor run --upstream "http://127.0.0.1:$port" --ready-on http \
           --tap --metrics-addr none --gpu-backend none --no-preflight --no-tee --events "$W/ev$k.jsonl" \
           --requests-log "$W/req$k.jsonl" -- sleep 100000 > /dev/null 2> "$W/sup$k.err" &
-        taps+=("$!")
+        taps+=("$!"); pids+=("$!")  # in pids at once: a tap that is not ready exits the run
       done
       for k in $(seq "$n"); do
         for _ in $(seq 200); do grep -q '"event":"ready"' "$W/ev$k.jsonl" 2>/dev/null && break; sleep 0.05; done
         grep -q '"event":"ready"' "$W/ev$k.jsonl" || { echo "tap_server_cost: tap $k not ready: $(tail -2 "$W/sup$k.err")" >&2; exit 1; }
       done ;;
     drain*|touch*)
-      taskset -c "$OTHER_CPU" "$W/ring_drain" "$port" "$n" "${arm%%[0-9]*}" > /dev/null 2> "$W/drain.err" & taps+=("$!")
+      taskset -c "$OTHER_CPU" "$W/ring_drain" "$port" "$n" "${arm%%[0-9]*}" > /dev/null 2> "$W/drain.err" & taps+=("$!"); pids+=("$!")
       sleep 0.3 ;;
   esac
-  pids+=("${taps[@]}")
   taskset -c "$OTHER_CPU" python3 scripts/gpu/tap_toggle.py "$(IFS=,; echo "${taps[*]}")" "$W/stop" "$W/keys" 2000 > /dev/null &
-  local toggle=$!
+  local toggle=$!; pids+=("$toggle")
   taskset -c "$OTHER_CPU" target/release/stream-load "127.0.0.1:$port" "$STREAMS" 256 "$SECS" > /dev/null
   touch "$W/stop"; wait "$toggle"
   kill -INT "${taps[@]}"; wait "${taps[@]}" 2>/dev/null || true

@@ -37,13 +37,16 @@ one() {  # one run: prints send + recv µs per event (the mean over the writers)
     pids+=($!)
     k=$((k + 1))
   done
-  wait "${pids[@]}"
+  # (errexit is off in $(...): a writer that failed, or printed no figure, is said here)
+  wait "${pids[@]}" || { echo "tap_writer_cost: a writer failed: $(cat "$W"/one-* 2>/dev/null)" >&2; exit 1; }
   # the figure (send + recv, or user time with WORK_KB or PY_WRITER), and the system time an event
   # where the line has it (else 0)
   local figure="send [+] recv"; [ -n "${WORK_KB:-}${PY_WRITER:-}" ] && figure="user"
   cat "$W"/one-* | tee -a "$W/runs" | awk -v f="$figure" '
     function after(re,   t) { if (!match($0, re " [0-9.]+ us")) return 0; t = substr($0, RSTART, RLENGTH); sub(/ us$/, "", t); sub(/.* /, "", t); return t + 0 }
-    { s += after(f); y += after("system"); n++ } END {printf "%.3f %.3f\n", s / n, y / n}'
+    { s += after(f); y += after("system"); n++ }
+    END { if (!n || !s) { print "tap_writer_cost: no figure in a writer'"'"'s line" > "/dev/stderr"; exit 1 }
+          printf "%.3f %.3f\n", s / n, y / n }' || exit 1
   [ -n "${SHOW_RUNS:-}" ] && cat "$W"/one-* >&2
   rm -f "$W"/one-*
 }
@@ -58,16 +61,17 @@ tapped() {  # TAPS=N supervisors tapping the port at once, each with its own rin
     grep -q '"event":"ready"' "$W/tap$k/tap-ev.jsonl" || { echo "tap_writer_cost: the tap did not get ready: $(tail -3 "$W/tap$k/tap.err")" >&2; exit 1; }
     taskset -a -p -c "$TAP_CPU" "$tap" >/dev/null
   done
-  one
+  one || exit 1
   kill -INT "${taps[@]}"; wait "${taps[@]}" || true; taps=()
 }
+event="$BYTES bytes"; [ -n "${PY_WRITER:-}" ] && event="a chat chunk, about 290 bytes"
 diffs=() sysdiffs=()
 for r in $(seq "$ROUNDS"); do
   if (( r % 2 )); then bare=$(one); tap_=$(tapped); else tap_=$(tapped); bare=$(one); fi
   read -r b bs <<< "$bare"; read -r t ts <<< "$tap_"
   d=$(awk -v t="$t" -v b="$b" 'BEGIN{printf "%.3f", t - b}')
   diffs+=("$d"); sysdiffs+=("$(awk -v t="$ts" -v b="$bs" 'BEGIN{printf "%.3f", t - b}')")
-  echo "round $r: bare $b us, tapped${TAPS:+ by $TAPS} $t us per event of $BYTES bytes${WORK_KB:+ (user time, $WORK_KB KiB walk)}${PY_WRITER:+ (user time, Python)}: tap adds $d us${PY_WRITER:+ (system $bs -> $ts us)}"
+  echo "round $r: bare $b us, tapped${TAPS:+ by $TAPS} $t us per event of $event${WORK_KB:+ (user time, $WORK_KB KiB walk)}${PY_WRITER:+ (user time, Python)}: tap adds $d us${PY_WRITER:+ (system $bs -> $ts us)}"
 done
 median() { printf '%s\n' "$@" | sort -g | awk -v n="$#" '{a[NR]=$1} END{m=(n%2)?a[(n+1)/2]:(a[n/2]+a[n/2+1])/2; printf "%.3f us per event", m; printf " (range %.3f to %.3f, %d pairs)", a[1], a[n], n}'; }
 what="send + recv in the writer"; [ -n "${WORK_KB:-}" ] && what="the writer's user time, $WORK_KB KiB walk"

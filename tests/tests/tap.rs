@@ -1705,28 +1705,47 @@ fn the_acceptance_toggle_keys_several_taps_of_one_port_together() {
             records(&tap.log)
         );
     }
-    let end = Instant::now() + Duration::from_secs(10);
-    while records(&first.log).is_empty() && Instant::now() < end {
+    // requests one after another through two whole on-turns (a keys line ends each)
+    let on_turns = || std::fs::read_to_string(&keys).map_or(0, |k| k.lines().count());
+    let end = Instant::now() + Duration::from_secs(15);
+    while on_turns() < 2 && Instant::now() < end {
         send();
         std::thread::sleep(Duration::from_millis(50));
     }
+    assert!(on_turns() >= 2, "two on-turns in 15 s");
     std::fs::write(&stop, "").unwrap();
     assert!(toggle.wait().unwrap().success(), "tap_toggle.py failed");
     drop(out);
-    // both were on in the same turns: each measured the same requests
+    // both were on in the same turns: each measured the same requests, at the same times
     std::thread::sleep(Duration::from_millis(200));
-    let starts = |tap: &Tapped| -> Vec<u64> {
-        records(&tap.log)
+    let starts = |tap: &Tapped| -> Vec<f64> {
+        let mut at: Vec<f64> = records(&tap.log)
             .iter()
-            .map(|r| (r["start_unix"].as_f64().unwrap() * 100.0).round() as u64)
-            .collect()
+            .map(|r| r["start_unix"].as_f64().unwrap())
+            .collect();
+        at.sort_by(f64::total_cmp);
+        at
     };
-    let measured = starts(&first);
+    let (measured, by_second) = (starts(&first), starts(&second));
     assert!(!measured.is_empty(), "no request measured in an on-turn");
     assert_eq!(
         measured.len(),
-        starts(&second).len(),
-        "both taps measured each request of the on-turns"
+        by_second.len(),
+        "both taps measured each request of the on-turns: {measured:?} {by_second:?}"
+    );
+    for (a, b) in measured.iter().zip(&by_second) {
+        assert!((a - b).abs() < SLACK, "the same request: {a} and {b}");
+    }
+    let turns = std::fs::read_to_string(&keys).unwrap();
+    let in_second_turn = |at: &f64| {
+        turns.lines().nth(1).is_some_and(|l| {
+            let t: Vec<f64> = l.split(' ').take(3).map(|f| f.parse().unwrap()).collect();
+            t[1] - SLACK <= *at && *at <= t[2] + SLACK
+        })
+    };
+    assert!(
+        measured.iter().any(in_second_turn),
+        "measured in the second on-turn too: {measured:?}\n{turns}"
     );
     let before = (records(&first.log).len(), records(&second.log).len());
     send();
