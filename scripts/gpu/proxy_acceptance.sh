@@ -98,7 +98,7 @@ uname -r; nproc; lscpu | grep -iE "numa|model name|^cpu\(s\)|mhz|thread|core|soc
 which perf strace py-spy gdb 2>/dev/null; python3 -c 'import importlib.util as u; print("uvloop", bool(u.find_spec("uvloop")), "httptools", bool(u.find_spec("httptools")), "h11", bool(u.find_spec("h11")))'
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -2
 # the knobs this run was given, so that a summary says what it measured
-env | grep -E '^(SIDES|CONCS|RUN_S|KEY_MS|KEY_RANGE|KEYED_BACKEND|S_BACKEND|EXTRA_BODY|TOG_TAPS|TOG_DRAIN|PIN|ISOLATE|WARM_FULL|PROMPTS|DEADLINE_S|SGLANG_SUPERVISOR_[A-Z_]*)=' | sort | tr '\n' ' '; echo
+env | grep -E '^(SIDES|CONCS|PAIRS|RUN_S|KEY_MS|KEY_RANGE|KEYED_BACKEND|S_BACKEND|EXTRA_BODY|TOG_TAPS|TOG_DRAIN|PIN|PIN_[A-Z]+|ISOLATE|WARM_FULL|WARM_PROMPTS|PROMPTS|TAP_PROMPTS|GRAPH_BS|BENCH_TIMEOUT|DEADLINE_S|SPLIT_VIA|SX_VIA|X[0-9]_ENV|SERVER_EXTRA|SERVER_ENV|CPU_TRACE_[A-Z_]+|PYSAMPLE[A-Z_]*|VCPU|SGLANG_SUPERVISOR_[A-Z_]*)=' | sort | tr '\n' ' '; echo
 
 case ${SPLIT_VIA:-proxy} in proxy|relay|x[0-9]) ;; *) echo "SPLIT_VIA=$SPLIT_VIA: expected proxy, relay or x1..x9" >&2; exit 2 ;; esac
 
@@ -429,7 +429,7 @@ print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
               # TOG_DRAIN=drain|touch: N rings of benches/ring_drain.c instead, the copy without the tap
               togsups=()
               if [ -n "${TOG_DRAIN:-}" ]; then
-                cc -O2 -o "$O/ring_drain" "$HERE/benches/ring_drain.c" &&
+                cc -O2 -o "$O/ring_drain" "$HERE/benches/ring_drain.c" 2>> "$P/ring_drain.err" &&
                   { "${SUP_PREFIX[@]}" "$O/ring_drain" "$PORT" "${TOG_TAPS:-1}" "$TOG_DRAIN" 2>> "$P/ring_drain.err" & togsups+=($!); sleep 1; }
                 kill -0 "${togsups[@]}" 2>/dev/null || { say "ring_drain did not start: $(tail -2 "$P/ring_drain.err")"; continue; }
               else
@@ -455,7 +455,7 @@ print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
             [ "$side" = keyedtog ] && { kill -TERM "${togsups[@]}"; wait "${togsups[@]}"; [ -n "${TOG_DRAIN:-}" ] && tail -1 "$P/ring_drain.err"; }
             python3 "$HERE/scripts/gpu/keyed.py" "$conc" "$P/c$conc-$side-$i.jsonl" "$P/tap-$side-c$conc-$i.keys"
             # what the tap recorded over its turns (requests cut by a turn's edge end as errors)
-            [ "$side" != keyedctl ] && cat "$P"/tap-"$side"-c"$conc"-"$i"-*-requests.jsonl 2>/dev/null | TAPS=$([ "$side" = keyedtog ] && echo "${TOG_TAPS:-1}" || echo 1) python3 -c '
+            [ "$side" != keyedctl ] && [ -z "${TOG_DRAIN:-}" ] && cat "$P"/tap-"$side"-c"$conc"-"$i"-*-requests.jsonl 2>/dev/null | TAPS=$([ "$side" = keyedtog ] && echo "${TOG_TAPS:-1}" || echo 1) python3 -c '
 import json, os, sys
 r = [json.loads(l) for l in sys.stdin]
 ok = [x for x in r if not x.get("error")]
