@@ -455,7 +455,7 @@ print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
             [ "$side" = keyedtog ] && { kill -TERM "${togsups[@]}"; wait "${togsups[@]}"; [ -n "${TOG_DRAIN:-}" ] && tail -1 "$P/ring_drain.err"; }
             python3 "$HERE/scripts/gpu/keyed.py" "$conc" "$P/c$conc-$side-$i.jsonl" "$P/tap-$side-c$conc-$i.keys"
             # what the tap recorded over its turns (requests cut by a turn's edge end as errors)
-            [ "$side" != keyedctl ] && [ -z "${TOG_DRAIN:-}" ] && cat "$P"/tap-"$side"-c"$conc"-"$i"-*-requests.jsonl 2>/dev/null | TAPS=$([ "$side" = keyedtog ] && echo "${TOG_TAPS:-1}" || echo 1) python3 -c '
+            [ "$side" != keyedctl ] && { [ "$side" != keyedtog ] || [ -z "${TOG_DRAIN:-}" ]; } && cat "$P"/tap-"$side"-c"$conc"-"$i"-*-requests.jsonl 2>/dev/null | TAPS=$([ "$side" = keyedtog ] && echo "${TOG_TAPS:-1}" || echo 1) python3 -c '
 import json, os, sys
 r = [json.loads(l) for l in sys.stdin]
 ok = [x for x in r if not x.get("error")]
