@@ -58,9 +58,10 @@
 #        no /health or /server_info at a turn's start, the turns measured from the swap; the tap's
 #        own cost alone, and several times the turns of a run.
 #        TOG_TAPS=N keys N taps of the port at once (default 1), each copying every segment into
-#        its own ring: N times one tap's cost, to read it above the host's noise. TOG_DRAIN=drain
-#        keys N rings of benches/ring_drain.c instead (the tap's copy, no reader's work), =touch
-#        the same with every byte read: what part of the cost is the copy in the server's send.
+#        its own ring: what each tap pays again, N times over, above the host's noise.
+#        TOG_DRAIN=drain keys N rings of benches/ring_drain.c instead (the tap's filter and ring,
+#        no reader's work; a little dearer than the tap's own copy on the dev VM: BENCHMARKS.md),
+#        =touch the same with every byte read: what part of the cost is the copy in the send.
 #        TAP_PROMPTS=N: the tap arm's runs have N prompts whatever RUN_S makes the others'.
 #        KEY_RANGE=0.5 gives the keyed arms' runs input and output lengths from 128 to 256 (bench_serving's
 #        --random-range-ratio; default 1.0, all 256), so that their requests leave lockstep.

@@ -5,9 +5,9 @@ between its own program and one that takes nothing (scripts/gpu/proxy_acceptance
 
 PID is a `sglang-supervisor run --tap` already watching; several, comma-separated, are keyed
 together (TOG_TAPS=N in proxy_acceptance.sh: N taps of one port, each copying every segment, so
-that what one tap costs is read N times over, above the host's noise). Its packet sockets are duplicated into
-this process (pidfd_getfd, Linux 5.6+, needs the right to ptrace PID: root), their filter read
-(SO_GET_FILTER), and then, until STOPFILE exists: off for a turn (a filter that returns 0: the
+that what each tap pays again is read N times over, above the host's noise). Their packet
+sockets are duplicated into this process (pidfd_getfd, Linux 5.6+, needs the right to ptrace
+PID: root), their filter read (SO_GET_FILTER), and then, until STOPFILE exists: off for a turn (a filter that returns 0: the
 kernel copies nothing into the ring, and the tap's reader has nothing to read), on for a turn
 (the tap's own filter back: every segment of the port copied again). A turn lasts KEY_MS to
 1.5 x KEY_MS at random. Each on-turn goes to KEYS as "ON ON OFF tog" (Unix seconds): the swap
