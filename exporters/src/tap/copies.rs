@@ -110,6 +110,17 @@ impl Followed {
         }
     }
 
+    /// [`Followed::insert`] of the ids not kept yet: the same SYN seen again (a bridge, then its
+    /// port) adds nothing.
+    fn insert_new(&mut self, ids: Ids, key: Ends, at: Instant) {
+        for id in ids.each() {
+            if let std::collections::hash_map::Entry::Vacant(e) = self.syns.entry(id) {
+                e.insert((key, at));
+                self.order.push_back((id, at));
+            }
+        }
+    }
+
     fn expire(&mut self, now: Instant) {
         while let Some(&(k, t)) = self.order.front() {
             if now.saturating_duration_since(t) < SYN_KEPT && self.order.len() <= MAX_KEPT {
@@ -205,14 +216,7 @@ impl Copies {
         if ids.each().any(taken) {
             return;
         }
-        // only what is new: the same SYN seen again (a bridge, then its port) adds nothing
-        let followed = &mut *followed;
-        for id in ids.each() {
-            if let std::collections::hash_map::Entry::Vacant(e) = followed.syns.entry(id) {
-                e.insert((key, at));
-                followed.order.push_back((id, at));
-            }
-        }
+        followed.insert_new(ids, key, at);
     }
 
     /// A connection [`Copies::at_syn`] found new that could not be followed (no room on its
