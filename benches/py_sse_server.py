@@ -11,18 +11,15 @@ import resource
 import sys
 import time
 
-WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
-HEAD = {"id": "chatcmpl-0123456789abcdef", "object": "chat.completion.chunk", "created": 1733600000, "model": "tiny"}
+from py_event_writer import chunk as event  # the same chat chunk (benches/ is on the path)
+
 written = 0
 
 
 def chunk(i):
-    d = dict(HEAD)
-    delta = {"role": None, "content": " " + WORDS[i % 6] * (1 + i % 3), "reasoning_content": None, "tool_calls": None}
-    d["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None, "matched_stop": None}]
-    d["usage"] = None
-    event = f"data: {json.dumps(d, separators=(',', ':'))}\n\n".encode()
-    return b"%x\r\n%s\r\n" % (len(event), event)
+    """Event `i` in HTTP/1.1 chunked framing."""
+    e = event(i)
+    return b"%x\r\n%s\r\n" % (len(e), e)
 
 
 async def answer(reader, writer):
