@@ -29,6 +29,7 @@ pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$W"' EXIT
 cc -O2 -o "$W/ring_drain" benches/ring_drain.c
 . benches/free_port.sh
+. benches/tap_attach.sh
 
 one() {  # one ARM: prints "events/s-ratio user-diff system-diff" and says the run on stderr
   local arm=$1 n=${1//[a-z]/} port k taps=()
@@ -42,15 +43,11 @@ one() {  # one ARM: prints "events/s-ratio user-diff system-diff" and says the r
   case $arm in
     sup*)
       for k in $(seq "$n"); do
-        rm -f "$W/ev$k.jsonl"
-        taskset -c "$OTHER_CPU" target/release/sglang-supervisor run --upstream "http://127.0.0.1:$port" --ready-on http \
-          --tap --metrics-addr none --gpu-backend none --no-preflight --no-tee --events "$W/ev$k.jsonl" \
-          --requests-log "$W/req$k.jsonl" -- sleep 100000 > /dev/null 2> "$W/sup$k.err" &
-        taps+=("$!"); pids+=("$!")  # in pids at once: a tap that is not ready exits the run
-      done
-      for k in $(seq "$n"); do
-        for _ in $(seq 200); do grep -q '"event":"ready"' "$W/ev$k.jsonl" 2>/dev/null && break; sleep 0.05; done
-        grep -q '"event":"ready"' "$W/ev$k.jsonl" || { echo "tap_server_cost: tap $k not ready: $(tail -2 "$W/sup$k.err")" >&2; exit 1; }
+        mkdir -p "$W/tap$k"
+        tap_attach "$port" "$W/tap$k"
+        taps+=("$tap"); pids+=("$tap")  # in pids at once: a tap that is not ready exits the run
+        grep -q '"event":"ready"' "$W/tap$k/tap-ev.jsonl" || { echo "tap_server_cost: tap $k not ready: $(tail -2 "$W/tap$k/tap.err")" >&2; exit 1; }
+        taskset -a -p -c "$OTHER_CPU" "$tap" > /dev/null
       done ;;
     drain*|touch*)
       taskset -c "$OTHER_CPU" "$W/ring_drain" "$port" "$n" "${arm%%[0-9]*}" > /dev/null 2> "$W/drain.err" & taps+=("$!"); pids+=("$!")
