@@ -7,19 +7,33 @@
  * sender); "touch" reads every byte of every packet (a sum), as a reader that parses does, pulling
  * the lines the sender's CPU wrote. Keyed on and off by scripts/gpu/tap_toggle.py like a tap
  * (proxy_acceptance.sh, TOG_DRAIN=MODE): what part of a tap's cost is the copy, what the reading.
- *   cc -O2 -o ring_drain benches/ring_drain.c && ./ring_drain PORT [SOCKETS=1] [MODE=drain]
- * Needs CAP_NET_RAW. Prints its counts at SIGTERM or SIGINT. */
+ * KIND "bpf" asks what another way of copying would cost the sender: instead of packet sockets,
+ * SOCKETS eBPF programs on the cgroup-v2 root's egress hook (every socket's sends, in the
+ * sender's path as the packet socket's copy is), each keeping the same bytes (the same test, on
+ * the same header bytes; a segment not yet cut to loopback's MTU there is one record where the
+ * packet socket sees two or more) in a BPF ring buffer of 32 MiB: a record a segment, its size the
+ * smallest of a few classes that holds it, its time (CLOCK_MONOTONIC) and the segment from the IP
+ * header on, copied once, with no wake-up (the reader looks every 4 ms). Not keyed by
+ * tap_toggle.py; the programs go when this exits (links, not attachments). "touch" also counts
+ * the TCP payload's bytes kept, which both kinds must agree on (tests/tests/tap.rs).
+ *   cc -O2 -o ring_drain benches/ring_drain.c && ./ring_drain PORT [SOCKETS=1] [MODE=drain] [KIND=packet|bpf]
+ * Needs CAP_NET_RAW (packet), CAP_BPF and CAP_NET_ADMIN (bpf). Prints its counts at SIGTERM or SIGINT. */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/bpf.h>
 #include <linux/filter.h>
 #include <linux/if_ether.h>
 #include <linux/if_packet.h>
 #include <net/if.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,6 +48,12 @@ struct ring {
     int fd;
     unsigned char *map;
     unsigned next;
+    /* KIND bpf: the ring buffer's map, its consumer position (ours to write), its producer
+     * page, and its data (mapped twice over, so that a record across the end reads whole) */
+    int link, drops;
+    unsigned long *consumer;
+    const unsigned long *producer;
+    const unsigned char *data;
 };
 
 static int open_ring(struct ring *r, long port, unsigned lo) {
@@ -87,6 +107,274 @@ static int open_ring(struct ring *r, long port, unsigned lo) {
     return r->map == MAP_FAILED ? -1 : 0;
 }
 
+/* ---- KIND bpf ---- */
+#define BPF_RING_BYTES (32u << 20)
+/* the largest segment kept whole: at the egress hook a segment is not cut to the MTU yet, and
+ * loopback takes up to its tso_max_size (524 280 bytes) at once, in segments of more than 64 KiB
+ * (an IPv4 total length then reads 0) that the packet socket sees cut in two or more */
+#define BPF_CAP (512 << 10)
+#define MAX_INSNS 256
+
+static long sys_bpf(int cmd, union bpf_attr *attr) { return syscall(__NR_bpf, cmd, attr, sizeof *attr); }
+
+/* A program being written, with forward jumps to labels patched at the end. */
+struct prog {
+    struct bpf_insn insn[MAX_INSNS];
+    int n;
+    struct { int at, label; } jumps[64];
+    int njumps;
+    int labels[16];
+};
+static void emit(struct prog *p, __u8 code, __u8 dst, __u8 src, __s16 off, __s32 imm) {
+    if (p->n < MAX_INSNS)
+        p->insn[p->n] = (struct bpf_insn){.code = code, .dst_reg = dst, .src_reg = src, .off = off, .imm = imm};
+    p->n++;
+}
+/* a jump (op on dst against imm, or against src with BPF_X in op) to `label` */
+static void jump_to(struct prog *p, __u8 op, __u8 dst, __u8 src, __s32 imm, int label) {
+    if (p->njumps < 64) p->jumps[p->njumps++] = (typeof(p->jumps[0])){p->n, label};
+    emit(p, BPF_JMP | op, dst, src, 0, imm);
+}
+static void jump(struct prog *p, __u8 op, __u8 dst, __s32 imm, int label) { jump_to(p, op | BPF_K, dst, 0, imm, label); }
+static void label(struct prog *p, int label) { p->labels[label] = p->n; }
+#define MOV_IMM(d, i) emit(pp, BPF_ALU64 | BPF_MOV | BPF_K, d, 0, 0, i)
+#define MOV_REG(d, s) emit(pp, BPF_ALU64 | BPF_MOV | BPF_X, d, s, 0, 0)
+#define ALU_IMM(op, d, i) emit(pp, BPF_ALU64 | (op) | BPF_K, d, 0, 0, i)
+#define SUB_REG(d, s) emit(pp, BPF_ALU64 | BPF_SUB | BPF_X, d, s, 0, 0)
+#define LOAD(size, d, s, off) emit(pp, BPF_LDX | BPF_MEM | (size), d, s, off, 0)
+#define STORE(size, d, off, s) emit(pp, BPF_STX | BPF_MEM | (size), d, s, off, 0)
+#define CALL(f) emit(pp, BPF_JMP | BPF_CALL, 0, 0, 0, f)
+
+enum { PASS, COPIED, OURS_IN_PLACE, OURS_COPIED, KEEP, SIZED, FULL };
+/* The tap's test on the headers at `base` + `off` (IP at off, TCP at off + 20): to KEEP with the
+ * segment's length in r8, or to PASS. `ours`: a label of its own for each place it is written. */
+static void test_headers(struct prog *pp, __u8 base, __s16 off, __u16 be_port, int ours) {
+    LOAD(BPF_B, BPF_REG_5, base, off);
+    jump(pp, BPF_JNE, BPF_REG_5, 0x45, PASS);
+    LOAD(BPF_B, BPF_REG_5, base, off + 9);
+    jump(pp, BPF_JNE, BPF_REG_5, 6, PASS);
+    LOAD(BPF_H, BPF_REG_5, base, off + 6);
+    jump(pp, BPF_JSET, BPF_REG_5, htons(0x3fff), PASS);
+    LOAD(BPF_H, BPF_REG_5, base, off + 20);
+    jump(pp, BPF_JEQ, BPF_REG_5, be_port, ours);
+    LOAD(BPF_H, BPF_REG_5, base, off + 22);
+    jump(pp, BPF_JNE, BPF_REG_5, be_port, PASS);
+    label(pp, ours);
+    LOAD(BPF_W, BPF_REG_8, BPF_REG_6, offsetof(struct __sk_buff, len));
+    LOAD(BPF_B, BPF_REG_5, base, off + 32);
+    ALU_IMM(BPF_RSH, BPF_REG_5, 2);
+    ALU_IMM(BPF_AND, BPF_REG_5, 0x3c);
+    ALU_IMM(BPF_ADD, BPF_REG_5, 20);
+    MOV_REG(BPF_REG_0, BPF_REG_8);
+    SUB_REG(BPF_REG_0, BPF_REG_5);
+    jump(pp, BPF_JSGT, BPF_REG_0, 0, KEEP);
+    LOAD(BPF_B, BPF_REG_5, base, off + 33);
+    jump(pp, BPF_JSET, BPF_REG_5, 0x07, KEEP);
+    jump(pp, BPF_JA, 0, 0, PASS);
+}
+
+/* The egress program: the tap's test (IPv4 TCP without IP options, not a fragment, PORT at
+ * either end, bytes past the headers or SYN, FIN or RST) on the first 40 bytes, then a record of
+ * the smallest class that holds the segment: [u64 time][u32 length][u32 0][the segment]; where
+ * the ring has no room, a drop counted in `drops`. */
+static int bpf_program(int map, int drops, long port) {
+    enum { NEXT0 = FULL + 1 };
+    static const unsigned classes[] = {512, 1024, 2048, 4096, 16384, 65536 + 16, BPF_CAP + 16};
+    enum { NCLASSES = sizeof classes / sizeof classes[0] };
+    _Static_assert(NEXT0 + NCLASSES <= 16, "labels");
+    struct prog prog = {0}, *pp = &prog;
+    __u16 be_port = htons((unsigned short)port); /* as a 16-bit load of the header reads it */
+    MOV_REG(BPF_REG_6, BPF_REG_1);
+    /* the headers read in place where they are in the skb's linear part (every TCP segment this
+     * machine sends), else copied to the stack first */
+    LOAD(BPF_W, BPF_REG_2, BPF_REG_6, offsetof(struct __sk_buff, data));
+    LOAD(BPF_W, BPF_REG_3, BPF_REG_6, offsetof(struct __sk_buff, data_end));
+    MOV_REG(BPF_REG_4, BPF_REG_2);
+    ALU_IMM(BPF_ADD, BPF_REG_4, 40);
+    jump_to(pp, BPF_JGT | BPF_X, BPF_REG_4, BPF_REG_3, 0, COPIED);
+    test_headers(pp, BPF_REG_2, 0, be_port, OURS_IN_PLACE);
+    label(pp, COPIED);
+    MOV_REG(BPF_REG_1, BPF_REG_6);
+    MOV_IMM(BPF_REG_2, 0);
+    MOV_REG(BPF_REG_3, BPF_REG_10);
+    ALU_IMM(BPF_ADD, BPF_REG_3, -40);
+    MOV_IMM(BPF_REG_4, 40);
+    CALL(BPF_FUNC_skb_load_bytes);
+    jump(pp, BPF_JNE, BPF_REG_0, 0, PASS);
+    test_headers(pp, BPF_REG_10, -40, be_port, OURS_COPIED);
+    label(pp, KEEP);
+    jump(pp, BPF_JLE, BPF_REG_8, BPF_CAP, SIZED);
+    MOV_IMM(BPF_REG_8, BPF_CAP);
+    label(pp, SIZED);
+    jump(pp, BPF_JLT, BPF_REG_8, 1, PASS);
+    for (int c = 0; c < NCLASSES; c++) {
+        if (c + 1 < NCLASSES) jump(pp, BPF_JGT, BPF_REG_8, (int)classes[c] - 16, NEXT0 + c);
+        emit(pp, BPF_LD | BPF_DW | BPF_IMM, BPF_REG_1, BPF_PSEUDO_MAP_FD, 0, map);
+        emit(pp, 0, 0, 0, 0, 0);
+        MOV_IMM(BPF_REG_2, (int)classes[c]);
+        MOV_IMM(BPF_REG_3, 0);
+        CALL(BPF_FUNC_ringbuf_reserve);
+        jump(pp, BPF_JEQ, BPF_REG_0, 0, FULL);
+        MOV_REG(BPF_REG_7, BPF_REG_0);
+        CALL(BPF_FUNC_ktime_get_ns);
+        STORE(BPF_DW, BPF_REG_7, 0, BPF_REG_0);
+        STORE(BPF_W, BPF_REG_7, 8, BPF_REG_8);
+        MOV_REG(BPF_REG_1, BPF_REG_6);
+        MOV_IMM(BPF_REG_2, 0);
+        MOV_REG(BPF_REG_3, BPF_REG_7);
+        ALU_IMM(BPF_ADD, BPF_REG_3, 16);
+        MOV_REG(BPF_REG_4, BPF_REG_8);
+        CALL(BPF_FUNC_skb_load_bytes);
+        MOV_REG(BPF_REG_1, BPF_REG_7);
+        MOV_IMM(BPF_REG_2, BPF_RB_NO_WAKEUP);
+        CALL(BPF_FUNC_ringbuf_submit);
+        jump(pp, BPF_JA, 0, 0, PASS);
+        if (c + 1 < NCLASSES) label(pp, NEXT0 + c);
+    }
+    /* no room in the ring: counted in the drops map's one u64 */
+    label(pp, FULL);
+    emit(pp, BPF_ST | BPF_MEM | BPF_W, BPF_REG_10, 0, -4, 0);
+    emit(pp, BPF_LD | BPF_DW | BPF_IMM, BPF_REG_1, BPF_PSEUDO_MAP_FD, 0, drops);
+    emit(pp, 0, 0, 0, 0, 0);
+    MOV_REG(BPF_REG_2, BPF_REG_10);
+    ALU_IMM(BPF_ADD, BPF_REG_2, -4);
+    CALL(BPF_FUNC_map_lookup_elem);
+    jump(pp, BPF_JEQ, BPF_REG_0, 0, PASS);
+    MOV_IMM(BPF_REG_1, 1);
+    emit(pp, BPF_STX | BPF_ATOMIC | BPF_DW, BPF_REG_0, BPF_REG_1, 0, BPF_ADD);
+    label(pp, PASS);
+    MOV_IMM(BPF_REG_0, 1); /* cgroup egress: let the segment go */
+    emit(pp, BPF_JMP | BPF_EXIT, 0, 0, 0, 0);
+    if (pp->n > MAX_INSNS || pp->njumps > 64) { fprintf(stderr, "ring_drain: program too long\n"); errno = E2BIG; return -1; }
+    for (int j = 0; j < pp->njumps; j++)
+        pp->insn[pp->jumps[j].at].off = (__s16)(pp->labels[pp->jumps[j].label] - pp->jumps[j].at - 1);
+    static char log[1 << 16];
+    union bpf_attr a = {0};
+    a.prog_type = BPF_PROG_TYPE_CGROUP_SKB;
+    a.expected_attach_type = BPF_CGROUP_INET_EGRESS;
+    a.insns = (unsigned long)pp->insn;
+    a.insn_cnt = (unsigned)pp->n;
+    a.license = (unsigned long)"GPL";
+    a.log_buf = (unsigned long)log;
+    a.log_size = sizeof log;
+    a.log_level = 1;
+    int fd = (int)sys_bpf(BPF_PROG_LOAD, &a);
+    if (fd < 0) fprintf(stderr, "ring_drain: the verifier said:\n%s\n", log);
+    return fd;
+}
+
+/* the cgroup-v2 hierarchy's root, as mounted here */
+static int cgroup2_root(void) {
+    FILE *f = fopen("/proc/self/mounts", "r");
+    char dev[256], dir[4096], type[64];
+    int fd = -1;
+    while (f && fd < 0 && fscanf(f, "%255s %4095s %63s %*[^\n]", dev, dir, type) == 3)
+        if (!strcmp(type, "cgroup2")) fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (f) fclose(f);
+    return fd;
+}
+
+static int open_bpf_ring(struct ring *r, long port, int cgroup) {
+    union bpf_attr a = {0};
+    a.map_type = BPF_MAP_TYPE_RINGBUF;
+    a.max_entries = BPF_RING_BYTES;
+    r->fd = (int)sys_bpf(BPF_MAP_CREATE, &a);
+    if (r->fd < 0) return -1;
+    long page = sysconf(_SC_PAGESIZE);
+    void *cons = mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
+    void *prod = mmap(NULL, (size_t)page + 2 * BPF_RING_BYTES, PROT_READ, MAP_SHARED, r->fd, page);
+    if (cons == MAP_FAILED || prod == MAP_FAILED) return -1;
+    r->consumer = cons;
+    r->producer = prod;
+    r->data = (const unsigned char *)prod + page;
+    memset(&a, 0, sizeof a);
+    a.map_type = BPF_MAP_TYPE_ARRAY;
+    a.key_size = 4;
+    a.value_size = 8;
+    a.max_entries = 1;
+    r->drops = (int)sys_bpf(BPF_MAP_CREATE, &a);
+    if (r->drops < 0) return -1;
+    int prog = bpf_program(r->fd, r->drops, port);
+    if (prog < 0) return -1;
+    memset(&a, 0, sizeof a);
+    a.link_create.prog_fd = (unsigned)prog;
+    a.link_create.target_fd = (unsigned)cgroup;
+    a.link_create.attach_type = BPF_CGROUP_INET_EGRESS;
+    r->link = (int)sys_bpf(BPF_LINK_CREATE, &a);
+    return r->link < 0 ? -1 : 0;
+}
+
+/* The TCP payload's length in a segment of `len` bytes from its IPv4 header on. */
+static unsigned tcp_payload(const unsigned char *ip, unsigned len) {
+    unsigned headers = (ip[0] & 0x0f) * 4u + ((ip[(ip[0] & 0x0f) * 4 + 12] >> 4) * 4u);
+    return len > headers ? len - headers : 0;
+}
+
+/* Reads what the program wrote since the last look; returns the records, adding the bytes' sum
+ * to *sum and the TCP payload's bytes to *payload when touching. */
+static unsigned long long drain_bpf_ring(struct ring *r, int touch, unsigned long long *sum,
+                                         unsigned long long *payload) {
+    unsigned long cons = *r->consumer, n = 0;
+    unsigned long prod = __atomic_load_n(r->producer, __ATOMIC_ACQUIRE);
+    while (cons < prod) {
+        const unsigned char *rec = r->data + (cons & (BPF_RING_BYTES - 1));
+        unsigned len = __atomic_load_n((const unsigned *)rec, __ATOMIC_ACQUIRE);
+        if (len & BPF_RINGBUF_BUSY_BIT) break;
+        if (touch && !(len & BPF_RINGBUF_DISCARD_BIT)) {
+            /* the record as the program wrote it: [u64 time][u32 length][u32][the segment] */
+            const unsigned char *own = rec + BPF_RINGBUF_HDR_SZ;
+            unsigned seg = *(const unsigned *)(own + 8);
+            for (unsigned j = 0; j < seg; j++) *sum += own[16 + j];
+            *payload += tcp_payload(own + 16, seg);
+        }
+        cons += ((len & ~(BPF_RINGBUF_BUSY_BIT | BPF_RINGBUF_DISCARD_BIT)) + BPF_RINGBUF_HDR_SZ + 7) & ~7u;
+        n++;
+    }
+    __atomic_store_n(r->consumer, cons, __ATOMIC_RELEASE);
+    return n;
+}
+
+static unsigned long long bpf_ring_drops(const struct ring *r) {
+    __u32 key = 0;
+    __u64 value = 0;
+    union bpf_attr a = {0};
+    a.map_fd = (unsigned)r->drops;
+    a.key = (unsigned long)&key;
+    a.value = (unsigned long)&value;
+    return sys_bpf(BPF_MAP_LOOKUP_ELEM, &a) ? 0 : value;
+}
+
+static unsigned long long packet_ring_drops(const struct ring *r) {
+    struct tpacket_stats_v3 s = {0};
+    socklen_t len = sizeof s;
+    getsockopt(r->fd, SOL_PACKET, PACKET_STATISTICS, &s, &len);
+    return s.tp_drops;
+}
+
+/* KIND packet: hands back every block the kernel has handed over; returns the packets. */
+static unsigned long long drain_packet_ring(struct ring *r, int touch, unsigned long long *sum,
+                                            unsigned long long *payload, unsigned long long *blocks) {
+    unsigned long long packets = 0;
+    for (;;) {
+        struct tpacket_block_desc *b = (void *)(r->map + (size_t)r->next * BLOCK_SIZE);
+        if (!(__atomic_load_n(&b->hdr.bh1.block_status, __ATOMIC_ACQUIRE) & TP_STATUS_USER)) break;
+        packets += b->hdr.bh1.num_pkts;
+        if (touch) {
+            struct tpacket3_hdr *h = (void *)((unsigned char *)b + b->hdr.bh1.offset_to_first_pkt);
+            for (unsigned k = 0; k < b->hdr.bh1.num_pkts; k++) {
+                const unsigned char *p = (unsigned char *)h + h->tp_mac;
+                for (unsigned j = 0; j < h->tp_snaplen; j++) *sum += p[j];
+                *payload += tcp_payload(p, h->tp_snaplen);
+                h = (void *)((unsigned char *)h + h->tp_next_offset);
+            }
+        }
+        __atomic_store_n(&b->hdr.bh1.block_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
+        r->next = (r->next + 1) % BLOCKS;
+        (*blocks)++;
+    }
+    return packets;
+}
+
 int main(int argc, char **argv) {
     char *end = "";
     long port = argc > 1 ? strtol(argv[1], &end, 10) : 0;
@@ -94,10 +382,11 @@ int main(int argc, char **argv) {
     long n = argc > 2 ? strtol(argv[2], &end, 10) : 1;
     bad |= *end != '\0';
     const char *mode = argc > 3 ? argv[3] : "drain";
-    int touch = !strcmp(mode, "touch");
-    if (bad || argc < 2 || argc > 4 || port <= 0 || port > 65535 || n < 1 || n > MAX_SOCKETS ||
-        (!touch && strcmp(mode, "drain"))) {
-        fprintf(stderr, "usage: ring_drain PORT (1..65535) [SOCKETS=1 (1..%d)] [MODE=drain|touch]\n", MAX_SOCKETS);
+    const char *kind = argc > 4 ? argv[4] : "packet";
+    int touch = !strcmp(mode, "touch"), bpf = !strcmp(kind, "bpf");
+    if (bad || argc < 2 || argc > 5 || port <= 0 || port > 65535 || n < 1 || n > MAX_SOCKETS ||
+        (!touch && strcmp(mode, "drain")) || (!bpf && strcmp(kind, "packet"))) {
+        fprintf(stderr, "usage: ring_drain PORT (1..65535) [SOCKETS=1 (1..%d)] [MODE=drain|touch] [KIND=packet|bpf]\n", MAX_SOCKETS);
         return 2;
     }
     unsigned lo = if_nametoindex("lo"); /* 0 would bind every interface */
@@ -105,47 +394,32 @@ int main(int argc, char **argv) {
         perror("ring_drain: the loopback interface");
         return 1;
     }
+    int cgroup = bpf ? cgroup2_root() : -1;
+    if (bpf && cgroup < 0) {
+        fprintf(stderr, "ring_drain: no cgroup2 hierarchy mounted (/proc/self/mounts): KIND bpf needs one\n");
+        return 1;
+    }
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     static struct ring rings[MAX_SOCKETS];
     for (int i = 0; i < n; i++)
-        if (open_ring(&rings[i], port, lo)) {
-            perror("ring_drain: a packet socket's ring on lo (needs CAP_NET_RAW)");
+        if (bpf ? open_bpf_ring(&rings[i], port, cgroup) : open_ring(&rings[i], port, lo)) {
+            perror(bpf ? "ring_drain: an eBPF ring buffer and its egress program (needs CAP_BPF and CAP_NET_ADMIN)"
+                       : "ring_drain: a packet socket's ring on lo (needs CAP_NET_RAW)");
             return 1;
         }
-    fprintf(stderr, "ring_drain: %ld ring(s) on port %ld, %s\n", n, port, mode);
-    unsigned long long blocks = 0, packets = 0, sum = 0;
+    fprintf(stderr, "ring_drain: %ld ring(s) on port %ld, %s, %s\n", n, port, mode, kind);
+    unsigned long long blocks = 0, packets = 0, sum = 0, payload = 0;
     struct timespec nap = {0, 4000000};
     while (!stop) {
-        for (int i = 0; i < n; i++) {
-            struct ring *r = &rings[i];
-            for (;;) {
-                struct tpacket_block_desc *b = (void *)(r->map + (size_t)r->next * BLOCK_SIZE);
-                if (!(__atomic_load_n(&b->hdr.bh1.block_status, __ATOMIC_ACQUIRE) & TP_STATUS_USER)) break;
-                packets += b->hdr.bh1.num_pkts;
-                if (touch) {
-                    struct tpacket3_hdr *h = (void *)((unsigned char *)b + b->hdr.bh1.offset_to_first_pkt);
-                    for (unsigned k = 0; k < b->hdr.bh1.num_pkts; k++) {
-                        const unsigned char *p = (unsigned char *)h + h->tp_mac;
-                        for (unsigned j = 0; j < h->tp_snaplen; j++) sum += p[j];
-                        h = (void *)((unsigned char *)h + h->tp_next_offset);
-                    }
-                }
-                __atomic_store_n(&b->hdr.bh1.block_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
-                r->next = (r->next + 1) % BLOCKS;
-                blocks++;
-            }
-        }
+        for (int i = 0; i < n; i++)
+            packets += bpf ? drain_bpf_ring(&rings[i], touch, &sum, &payload)
+                           : drain_packet_ring(&rings[i], touch, &sum, &payload, &blocks);
         nanosleep(&nap, NULL);
     }
-    unsigned drops = 0;
-    for (int i = 0; i < n; i++) {
-        struct tpacket_stats_v3 s = {0};
-        socklen_t len = sizeof s;
-        getsockopt(rings[i].fd, SOL_PACKET, PACKET_STATISTICS, &s, &len);
-        drops += s.tp_drops;
-    }
-    fprintf(stderr, "ring_drain: %llu blocks, %llu packets over %ld ring(s) (%s; sum %llu), %u dropped\n",
-            blocks, packets, n, mode, sum, drops);
+    unsigned long long drops = 0;
+    for (int i = 0; i < n; i++) drops += bpf ? bpf_ring_drops(&rings[i]) : packet_ring_drops(&rings[i]);
+    fprintf(stderr, "ring_drain: %llu blocks, %llu packets over %ld ring(s) (%s, %s; sum %llu, %llu payload bytes), %llu dropped\n",
+            blocks, packets, n, mode, kind, sum, payload, drops);
     return 0;
 }

@@ -14,7 +14,10 @@
 # PY_WRITER=1 runs benches/py_event_writer.py instead (a Python writer building OpenAI chat chunks)
 # and compares its user time an event, as WORK_KB does, the system time's median beside it.
 # SHOW_RUNS=1 prints each run's own line. TAPS=N attaches N supervisors to the port for the tapped runs, each copying every segment into
-# its own ring: N times one tap's cost, to tell it from the host's noise.
+# its own ring: N times one tap's cost, to tell it from the host's noise. DRAIN=packet|bpf copies
+# without a tap: TAPS rings of benches/ring_drain.c of that kind (packet: the tap's packet rings,
+# nothing read; bpf: eBPF programs on the cgroup egress hook, each keeping the same segments in a
+# BPF ring buffer), so that the two ways of copying are compared on the same writer.
 #   usage: benches/tap_writer_cost.sh [ROUNDS=5] [COUNT=200000] [EVENT_BYTES=200]
 #   (repo root, after cargo build --release; TAP_SUP=PATH runs another build of the supervisor)
 set -euo pipefail
@@ -54,16 +57,24 @@ tapped() {  # TAPS=N supervisors tapping the port at once, each with its own rin
   local k taps=()
   # run in $(...), a subshell: its own trap takes its taps down, whatever stops it
   trap 'kill "${taps[@]}" 2>/dev/null' EXIT
-  for k in $(seq "${TAPS:-1}"); do
-    mkdir -p "$W/tap$k"
-    tap_attach "$PORT" "$W/tap$k"
-    taps+=("$tap")
-    grep -q '"event":"ready"' "$W/tap$k/tap-ev.jsonl" || { echo "tap_writer_cost: the tap did not get ready: $(tail -3 "$W/tap$k/tap.err")" >&2; exit 1; }
-    taskset -a -p -c "$TAP_CPU" "$tap" >/dev/null
-  done
+  if [ -n "${DRAIN:-}" ]; then
+    taskset -c "$TAP_CPU" "$W/ring_drain" "$PORT" "${TAPS:-1}" drain "$DRAIN" 2> "$W/drain.err" &
+    taps+=($!)
+    for _ in $(seq 100); do grep -q 'ring(s) on port' "$W/drain.err" && break; kill -0 "${taps[0]}" 2>/dev/null || break; sleep 0.02; done
+    grep -q 'ring(s) on port' "$W/drain.err" || { echo "tap_writer_cost: ring_drain did not start: $(tail -3 "$W/drain.err")" >&2; exit 1; }
+  else
+    for k in $(seq "${TAPS:-1}"); do
+      mkdir -p "$W/tap$k"
+      tap_attach "$PORT" "$W/tap$k"
+      taps+=("$tap")
+      grep -q '"event":"ready"' "$W/tap$k/tap-ev.jsonl" || { echo "tap_writer_cost: the tap did not get ready: $(tail -3 "$W/tap$k/tap.err")" >&2; exit 1; }
+      taskset -a -p -c "$TAP_CPU" "$tap" >/dev/null
+    done
+  fi
   one || exit 1
   kill -INT "${taps[@]}"; wait "${taps[@]}" || true; taps=()
 }
+[ -n "${DRAIN:-}" ] && cc -O2 -o "$W/ring_drain" benches/ring_drain.c
 event="$BYTES bytes"; [ -n "${PY_WRITER:-}" ] && event="a chat chunk, about 290 bytes"
 diffs=() sysdiffs=()
 for r in $(seq "$ROUNDS"); do

@@ -1992,3 +1992,111 @@ fn the_tap_cost_benches_run_and_leave_no_tap_or_server_behind() {
     );
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// `benches/ring_drain.c`'s eBPF kind (a program on the cgroup egress hook keeping the tap's
+/// segments in a BPF ring buffer; BENCHMARKS.md, "Another way to copy") keeps what its packet
+/// kind keeps: every TCP payload byte to and from the port, and nothing of a connection to
+/// another port, read whole from its records, none dropped.
+#[test]
+fn ring_drains_bpf_kind_keeps_every_payload_byte_its_packet_kind_keeps() {
+    if !can_tap("ring_drains_bpf_kind_keeps...") {
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let tmp = temp_dir("ring-drain-bpf");
+    let bin = tmp.join("ring_drain");
+    #[allow(clippy::disallowed_methods)] // the bench's own build line
+    let built = std::process::Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(root.join("benches/ring_drain.c"))
+        .status()
+        .unwrap();
+    assert!(built.success());
+    let (port, other) = (free_port(), free_port());
+    let start = |kind: &str| {
+        let err = tmp.join(format!("{kind}.err"));
+        #[allow(clippy::disallowed_methods)] // the bench as a person runs it
+        let child = std::process::Command::new(&bin)
+            .args([&port.to_string(), "1", "touch", kind])
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap();
+        (child, err)
+    };
+    let (mut bpf, bpf_err) = start("bpf");
+    let (mut packet, packet_err) = start("packet");
+    let ready = |err: &Path| {
+        let t = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(err).unwrap_or_default();
+            if text.contains("ring(s) on port") || t.elapsed() > Duration::from_secs(5) {
+                return text;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let said = ready(&bpf_err);
+    if said.contains("needs CAP_BPF") {
+        let _ = packet.kill();
+        eprintln!("SKIPPED ring_drains_bpf_kind_keeps...: {}", said.trim());
+        return;
+    }
+    assert!(said.contains("ring(s) on port"), "{said}");
+    assert!(ready(&packet_err).contains("ring(s) on port"));
+    // events of many sizes, one answer of 300 KB in a single write (segments past 64 KiB at the
+    // egress hook), and the same to another port, which neither may keep
+    let exchange = |port: u16| -> u64 {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().unwrap();
+            let mut head = [0u8; 64];
+            let n = c.read(&mut head).unwrap();
+            let mut sent = 0;
+            for i in 0..3000usize {
+                let event = format!("data: {i} {}\n\n", "x".repeat(i % 1500));
+                c.write_all(event.as_bytes()).unwrap();
+                sent += event.len();
+            }
+            let big = vec![b'y'; 300_000];
+            c.write_all(&big).unwrap();
+            (n + sent + big.len()) as u64
+        });
+        let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        client.write_all(b"GET /stream HTTP/1.1\r\n\r\n").unwrap();
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).unwrap();
+        server.join().unwrap()
+    };
+    let expected = exchange(port);
+    exchange(other);
+    std::thread::sleep(Duration::from_millis(100));
+    let counts = |child: &mut std::process::Child, err: &Path| -> (u64, u64) {
+        // SAFETY: a signal to our own child, still unreaped
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        assert!(child.wait().unwrap().success());
+        let text = std::fs::read_to_string(err).unwrap();
+        let last = text.lines().last().unwrap_or_default().to_string();
+        let before = |what: &str| -> u64 {
+            let at = last
+                .find(what)
+                .unwrap_or_else(|| panic!("{what:?} in {last}"));
+            last[..at]
+                .split_whitespace()
+                .last()
+                .unwrap()
+                .trim_start_matches('(')
+                .parse()
+                .unwrap()
+        };
+        (before(" payload bytes"), before(" dropped"))
+    };
+    let (bpf_bytes, bpf_dropped) = counts(&mut bpf, &bpf_err);
+    let (packet_bytes, packet_dropped) = counts(&mut packet, &packet_err);
+    assert_eq!(
+        (packet_bytes, packet_dropped),
+        (expected, 0),
+        "the packet kind"
+    );
+    assert_eq!((bpf_bytes, bpf_dropped), (expected, 0), "the bpf kind");
+}
