@@ -14,7 +14,8 @@
  * packet socket sees two or more) in a BPF ring buffer of 32 MiB: a record a segment, its size the
  * smallest of a few classes that holds it, its time (CLOCK_MONOTONIC) and the segment from the IP
  * header on, copied once, with no wake-up (the reader looks every 4 ms). Not keyed by
- * tap_toggle.py; the programs go when this exits (links, not attachments). "touch" also counts
+ * tap_toggle.py, but by signals: SIGUSR2 detaches the programs, SIGUSR1 attaches them again
+ * (benches/tap_server_cost.sh, arm bpfN); they go when this exits (links). "touch" also counts
  * the TCP payload's bytes kept, which both kinds must agree on (tests/tests/tap.rs).
  *   cc -O2 -o ring_drain benches/ring_drain.c && ./ring_drain PORT [SOCKETS=1] [MODE=drain] [KIND=packet|bpf]
  * Needs CAP_NET_RAW (packet), CAP_BPF and CAP_NET_ADMIN (bpf). Prints its counts at SIGTERM or SIGINT. */
@@ -41,8 +42,10 @@
 #define BLOCKS 256
 #define MAX_SOCKETS 64
 
-static volatile sig_atomic_t stop;
+static volatile sig_atomic_t stop, keyed = -1;
 static void on_signal(int sig) { (void)sig; stop = 1; }
+/* KIND bpf, keyed from outside: SIGUSR1 attaches the programs, SIGUSR2 detaches them */
+static void on_key(int sig) { keyed = sig == SIGUSR1; }
 
 struct ring {
     int fd;
@@ -50,7 +53,7 @@ struct ring {
     unsigned next;
     /* KIND bpf: the ring buffer's map, its consumer position (ours to write), its producer
      * page, and its data (mapped twice over, so that a record across the end reads whole) */
-    int link, drops;
+    int prog, link, drops;
     unsigned long *consumer;
     const unsigned long *producer;
     const unsigned char *data;
@@ -274,6 +277,8 @@ static int cgroup2_root(void) {
     return fd;
 }
 
+static int attach_bpf(struct ring *r, int cgroup);
+
 static int open_bpf_ring(struct ring *r, long port, int cgroup) {
     union bpf_attr a = {0};
     a.map_type = BPF_MAP_TYPE_RINGBUF;
@@ -294,10 +299,16 @@ static int open_bpf_ring(struct ring *r, long port, int cgroup) {
     a.max_entries = 1;
     r->drops = (int)sys_bpf(BPF_MAP_CREATE, &a);
     if (r->drops < 0) return -1;
-    int prog = bpf_program(r->fd, r->drops, port);
-    if (prog < 0) return -1;
-    memset(&a, 0, sizeof a);
-    a.link_create.prog_fd = (unsigned)prog;
+    r->prog = bpf_program(r->fd, r->drops, port);
+    r->link = -1;
+    return r->prog < 0 ? -1 : attach_bpf(r, cgroup);
+}
+
+/* Attaches the ring's program by a link: detached when the link's descriptor is closed, at the
+ * latest when this process ends however it ends. */
+static int attach_bpf(struct ring *r, int cgroup) {
+    union bpf_attr a = {0};
+    a.link_create.prog_fd = (unsigned)r->prog;
     a.link_create.target_fd = (unsigned)cgroup;
     a.link_create.attach_type = BPF_CGROUP_INET_EGRESS;
     r->link = (int)sys_bpf(BPF_LINK_CREATE, &a);
@@ -401,6 +412,10 @@ int main(int argc, char **argv) {
     }
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
+    if (bpf) {
+        signal(SIGUSR1, on_key);
+        signal(SIGUSR2, on_key);
+    }
     static struct ring rings[MAX_SOCKETS];
     for (int i = 0; i < n; i++)
         if (bpf ? open_bpf_ring(&rings[i], port, cgroup) : open_ring(&rings[i], port, lo)) {
@@ -412,6 +427,18 @@ int main(int argc, char **argv) {
     unsigned long long blocks = 0, packets = 0, sum = 0, payload = 0;
     struct timespec nap = {0, 4000000};
     while (!stop) {
+        int key = keyed;
+        if (key >= 0) {
+            keyed = -1;
+            for (int i = 0; i < n; i++) {
+                if (rings[i].link >= 0) close(rings[i].link);
+                rings[i].link = -1;
+                if (key && attach_bpf(&rings[i], cgroup)) {
+                    perror("ring_drain: attaching an egress program again");
+                    return 1;
+                }
+            }
+        }
         for (int i = 0; i < n; i++)
             packets += bpf ? drain_bpf_ring(&rings[i], touch, &sum, &payload)
                            : drain_packet_ring(&rings[i], touch, &sum, &payload, &blocks);

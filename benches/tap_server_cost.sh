@@ -8,6 +8,8 @@
 #   supN    N supervisors tapping the port (`run --tap --upstream`), their requests logged
 #   drainN  N rings of benches/ring_drain.c: the tap's filter and ring, no reader's work
 #   touchN  the same, every byte read
+#   bpfN    N eBPF programs of benches/ring_drain.c (KIND bpf: the cgroup egress hook, a BPF ring
+#           buffer each), keyed by ring_drain's own signals rather than by tap_toggle.py
 # Prints each run, then per arm the median of its rounds: events/s on/off, and on − off of the
 # user and the system time an event.
 #   usage: benches/tap_server_cost.sh [ARMS="sup8 drain8"] [ROUNDS=3] [SECS=40] [STREAMS=32]
@@ -18,7 +20,7 @@ ARMS=${1:-sup8 drain8} ROUNDS=${2:-3} SECS=${3:-40} STREAMS=${4:-32}
 SERVER_CPU=${SERVER_CPU:-0} OTHER_CPU=${OTHER_CPU:-1}
 cd "$(dirname "$0")/.."
 for a in $ARMS; do
-  [[ $a =~ ^(sup|drain|touch)([1-9]|[1-5][0-9]|6[0-4])$ ]] || { echo "tap_server_cost: arm '$a': expected supN, drainN or touchN (N 1..64)" >&2; exit 2; }
+  [[ $a =~ ^(sup|drain|touch|bpf)([1-9]|[1-5][0-9]|6[0-4])$ ]] || { echo "tap_server_cost: arm '$a': expected supN, drainN, touchN or bpfN (N 1..64)" >&2; exit 2; }
 done
 for b in sglang-supervisor stream-load; do
   [ -x "target/release/$b" ] || { echo "tap_server_cost: target/release/$b is missing: cargo build --release --workspace --bins" >&2; exit 2; }
@@ -30,6 +32,21 @@ trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$
 cc -O2 -o "$W/ring_drain" benches/ring_drain.c
 . benches/free_port.sh
 . benches/tap_attach.sh
+
+key_by_signals() {  # PID STOP KEYS MS: ring_drain's programs off, then on and off in turns of
+  # MS to 1.5 x MS until STOP exists, each on-turn's "ON ON OFF tog" in KEYS (tap_toggle.py's lines)
+  local on turn
+  kill -USR2 "$1"
+  turn() { local end=$(( $(date +%s%3N) + $4 + RANDOM % ($4 / 2) )); while [ "$(date +%s%3N)" -lt "$end" ] && [ ! -e "$2" ]; do sleep 0.05; done; }
+  while [ ! -e "$2" ]; do
+    turn "$@"
+    [ -e "$2" ] && break
+    on=$(date +%s.%N); kill -USR1 "$1"
+    turn "$@"
+    kill -USR2 "$1"; echo "$on $on $(date +%s.%N) tog" >> "$3"
+  done
+  kill -USR1 "$1"
+}
 
 one() {  # one ARM: prints "events/s-ratio user-diff system-diff" and says the run on stderr
   local arm=$1 n=${1//[a-z]/} port k taps=()
@@ -49,11 +66,18 @@ one() {  # one ARM: prints "events/s-ratio user-diff system-diff" and says the r
         grep -q '"event":"ready"' "$W/tap$k/tap-ev.jsonl" || { echo "tap_server_cost: tap $k not ready: $(tail -2 "$W/tap$k/tap.err")" >&2; exit 1; }
         taskset -a -p -c "$OTHER_CPU" "$tap" > /dev/null
       done ;;
-    drain*|touch*)
-      taskset -c "$OTHER_CPU" "$W/ring_drain" "$port" "$n" "${arm%%[0-9]*}" > /dev/null 2> "$W/drain.err" & taps+=("$!"); pids+=("$!")
-      sleep 0.3 ;;
+    drain*|touch*|bpf*)
+      local mode=${arm%%[0-9]*} kind=packet
+      [ "$mode" = bpf ] && { mode=drain; kind=bpf; }
+      taskset -c "$OTHER_CPU" "$W/ring_drain" "$port" "$n" "$mode" "$kind" > /dev/null 2> "$W/drain.err" & taps+=("$!"); pids+=("$!")
+      sleep 0.3
+      kill -0 "${taps[0]}" 2>/dev/null || { echo "tap_server_cost: ring_drain did not start: $(tail -2 "$W/drain.err")" >&2; exit 1; } ;;
   esac
-  taskset -c "$OTHER_CPU" python3 scripts/gpu/tap_toggle.py "$(IFS=,; echo "${taps[*]}")" "$W/stop" "$W/keys" 2000 > /dev/null &
+  if [[ $arm == bpf* ]]; then
+    (taskset -p -c "$OTHER_CPU" "$BASHPID" > /dev/null; key_by_signals "${taps[0]}" "$W/stop" "$W/keys" 2000) &
+  else
+    taskset -c "$OTHER_CPU" python3 scripts/gpu/tap_toggle.py "$(IFS=,; echo "${taps[*]}")" "$W/stop" "$W/keys" 2000 > /dev/null &
+  fi
   local toggle=$!; pids+=("$toggle")
   taskset -c "$OTHER_CPU" target/release/stream-load "127.0.0.1:$port" "$STREAMS" 256 "$SECS" > /dev/null
   touch "$W/stop"; wait "$toggle"

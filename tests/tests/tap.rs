@@ -1899,7 +1899,7 @@ fn a_client_elsewhere_is_named_and_its_requests_counted_when_the_tap_on_lo_misse
 }
 
 /// The benches that tell a tap's cost apart (BENCHMARKS.md, thirty-fourth session) run end to
-/// end, short: `tap_server_cost.sh` keys supervisors and `ring_drain` rings beside the Python
+/// end, short: `tap_server_cost.sh` keys supervisors and `ring_drain` rings (of both kinds) beside the Python
 /// streaming server and prints a median line per arm, `tap_writer_cost.sh` with two taps on the
 /// Python writer prints the user and the system time they add; both leave nothing running.
 #[test]
@@ -1945,10 +1945,10 @@ fn the_tap_cost_benches_run_and_leave_no_tap_or_server_behind() {
     // 12 s an arm: turns of 2–3 s, two on-turns with an off-turn between them at the least
     let served = bench(
         "benches/tap_server_cost.sh",
-        &["sup2 touch1", "1", "12", "8"],
+        &["sup2 touch1 bpf1", "1", "12", "8"],
         &[],
     );
-    for arm in ["sup2", "touch1"] {
+    for arm in ["sup2", "touch1", "bpf1"] {
         let line = served
             .lines()
             .find(|l| l.starts_with(&format!("tap_server_cost: {arm}, median of 1 runs:")))
@@ -1996,7 +1996,7 @@ fn the_tap_cost_benches_run_and_leave_no_tap_or_server_behind() {
 /// `benches/ring_drain.c`'s eBPF kind (a program on the cgroup egress hook keeping the tap's
 /// segments in a BPF ring buffer; BENCHMARKS.md, "Another way to copy") keeps what its packet
 /// kind keeps: every TCP payload byte to and from the port, and nothing of a connection to
-/// another port, read whole from its records, none dropped.
+/// another port, read whole from its records, none dropped; nothing while keyed off.
 #[test]
 fn ring_drains_bpf_kind_keeps_every_payload_byte_its_packet_kind_keeps() {
     if !can_tap("ring_drains_bpf_kind_keeps...") {
@@ -2070,6 +2070,17 @@ fn ring_drains_bpf_kind_keeps_every_payload_byte_its_packet_kind_keeps() {
     };
     let expected = exchange(port);
     exchange(other);
+    // keyed off by its signal, the bpf kind keeps nothing of the next exchange; keyed on, the
+    // one after (tap_server_cost.sh's bpfN arm keys it so)
+    let key = |child: &std::process::Child, sig: libc::c_int| {
+        // SAFETY: a signal to our own child, still unreaped
+        unsafe { libc::kill(child.id() as i32, sig) };
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    key(&bpf, libc::SIGUSR2);
+    assert_eq!(exchange(port), expected);
+    key(&bpf, libc::SIGUSR1);
+    assert_eq!(exchange(port), expected);
     std::thread::sleep(Duration::from_millis(100));
     let counts = |child: &mut std::process::Child, err: &Path| -> (u64, u64) {
         // SAFETY: a signal to our own child, still unreaped
@@ -2095,8 +2106,8 @@ fn ring_drains_bpf_kind_keeps_every_payload_byte_its_packet_kind_keeps() {
     let (packet_bytes, packet_dropped) = counts(&mut packet, &packet_err);
     assert_eq!(
         (packet_bytes, packet_dropped),
-        (expected, 0),
+        (3 * expected, 0),
         "the packet kind"
     );
-    assert_eq!((bpf_bytes, bpf_dropped), (expected, 0), "the bpf kind");
+    assert_eq!((bpf_bytes, bpf_dropped), (2 * expected, 0), "the bpf kind");
 }
