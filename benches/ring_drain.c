@@ -13,9 +13,9 @@
  * the same header bytes; a segment not yet cut to loopback's MTU there is one record where the
  * packet socket sees two or more) in a BPF ring buffer of 32 MiB: a record a segment, its size the
  * smallest of a few classes that holds it, its time (CLOCK_MONOTONIC) and the segment from the IP
- * header on, copied once, with no wake-up (the reader looks every 4 ms). Not keyed by
- * tap_toggle.py, but by signals: SIGUSR2 detaches the programs, SIGUSR1 attaches them again
- * (benches/tap_server_cost.sh, arm bpfN); they go when this exits (links). "touch" also counts
+ * header on, copied once, with no wake-up (the reader looks every 4 ms). Keyed by signals:
+ * SIGUSR2 detaches the programs, SIGUSR1 attaches them again (tap_toggle.py --signals; TOG_DRAIN=bpf,
+ * tap_server_cost.sh's arm bpfN); they go when this exits (links). "touch" also counts
  * the TCP payload's bytes kept, which both kinds must agree on (tests/tests/tap.rs).
  *   cc -O2 -o ring_drain benches/ring_drain.c && ./ring_drain PORT [SOCKETS=1] [MODE=drain] [KIND=packet|bpf]
  * Needs CAP_NET_RAW (packet), CAP_BPF and CAP_NET_ADMIN (bpf). Prints its counts at SIGTERM or SIGINT. */

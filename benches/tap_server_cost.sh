@@ -9,7 +9,7 @@
 #   drainN  N rings of benches/ring_drain.c: the tap's filter and ring, no reader's work
 #   touchN  the same, every byte read
 #   bpfN    N eBPF programs of benches/ring_drain.c (KIND bpf: the cgroup egress hook, a BPF ring
-#           buffer each), keyed by ring_drain's own signals rather than by tap_toggle.py
+#           buffer each), keyed by signals (tap_toggle.py --signals)
 # Prints each run, then per arm the median of its rounds: events/s on/off, and on − off of the
 # user and the system time an event.
 #   usage: benches/tap_server_cost.sh [ARMS="sup8 drain8"] [ROUNDS=3] [SECS=40] [STREAMS=32]
@@ -32,21 +32,6 @@ trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$
 cc -O2 -o "$W/ring_drain" benches/ring_drain.c
 . benches/free_port.sh
 . benches/tap_attach.sh
-
-key_by_signals() {  # PID STOP KEYS MS: ring_drain's programs off, then on and off in turns of
-  # MS to 1.5 x MS until STOP exists, each on-turn's "ON ON OFF tog" in KEYS (tap_toggle.py's lines)
-  local on turn
-  kill -USR2 "$1"
-  turn() { local end=$(( $(date +%s%3N) + $4 + RANDOM % ($4 / 2) )); while [ "$(date +%s%3N)" -lt "$end" ] && [ ! -e "$2" ]; do sleep 0.05; done; }
-  while [ ! -e "$2" ]; do
-    turn "$@"
-    [ -e "$2" ] && break
-    on=$(date +%s.%N); kill -USR1 "$1"
-    turn "$@"
-    kill -USR2 "$1"; echo "$on $on $(date +%s.%N) tog" >> "$3"
-  done
-  kill -USR1 "$1"
-}
 
 one() {  # one ARM: prints "events/s-ratio user-diff system-diff" and says the run on stderr
   local arm=$1 n=${1//[a-z]/} port k taps=()
@@ -73,11 +58,8 @@ one() {  # one ARM: prints "events/s-ratio user-diff system-diff" and says the r
       sleep 0.3
       kill -0 "${taps[0]}" 2>/dev/null || { echo "tap_server_cost: ring_drain did not start: $(tail -2 "$W/drain.err")" >&2; exit 1; } ;;
   esac
-  if [[ $arm == bpf* ]]; then
-    (taskset -p -c "$OTHER_CPU" "$BASHPID" > /dev/null; key_by_signals "${taps[0]}" "$W/stop" "$W/keys" 2000) &
-  else
-    taskset -c "$OTHER_CPU" python3 scripts/gpu/tap_toggle.py "$(IFS=,; echo "${taps[*]}")" "$W/stop" "$W/keys" 2000 > /dev/null &
-  fi
+  local by=(); [[ $arm == bpf* ]] && by=(--signals)
+  taskset -c "$OTHER_CPU" python3 scripts/gpu/tap_toggle.py "${by[@]}" "$(IFS=,; echo "${taps[*]}")" "$W/stop" "$W/keys" 2000 > /dev/null &
   local toggle=$!; pids+=("$toggle")
   taskset -c "$OTHER_CPU" target/release/stream-load "127.0.0.1:$port" "$STREAMS" 256 "$SECS" > /dev/null
   touch "$W/stop"; wait "$toggle"

@@ -61,7 +61,9 @@
 #        its own ring: what each tap pays again, N times over, above the host's noise.
 #        TOG_DRAIN=drain keys N rings of benches/ring_drain.c instead (the tap's filter and ring,
 #        no reader's work; a little dearer than the tap's own copy on the dev VM: BENCHMARKS.md),
-#        =touch the same with every byte read: what part of the cost is the copy in the send.
+#        =touch the same with every byte read: what part of the cost is the copy in the send;
+#        =bpf N eBPF programs on the cgroup egress hook instead of packet sockets, each keeping the
+#        same bytes in a BPF ring buffer, keyed by signals (another way to copy: BENCHMARKS.md).
 #        TAP_PROMPTS=N: the tap arm's runs have N prompts whatever RUN_S makes the others'.
 #        KEY_RANGE=0.5 gives the keyed arms' runs input and output lengths from 128 to 256 (bench_serving's
 #        --random-range-ratio; default 1.0, all 256), so that their requests leave lockstep.
@@ -427,11 +429,13 @@ print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
             if [ "$side" = keyedtog ]; then
               # one tap for the whole run, its filter swapped off and on in turns (tap_toggle.py)
               # TOG_TAPS=N: N such taps of the port, keyed together (each copies every segment);
-              # TOG_DRAIN=drain|touch: N rings of benches/ring_drain.c instead, the copy without the tap
+              # TOG_DRAIN=drain|touch|bpf: N rings of benches/ring_drain.c instead, the copy without the tap
               togsups=()
               if [ -n "${TOG_DRAIN:-}" ]; then
+                # (=bpf: eBPF programs on the cgroup egress hook, keyed by signals)
+                drain_how=("$TOG_DRAIN" packet); [ "$TOG_DRAIN" = bpf ] && drain_how=(drain bpf)
                 cc -O2 -o "$O/ring_drain" "$HERE/benches/ring_drain.c" 2>> "$P/ring_drain.err" &&
-                  { "${SUP_PREFIX[@]}" "$O/ring_drain" "$PORT" "${TOG_TAPS:-1}" "$TOG_DRAIN" 2>> "$P/ring_drain.err" & togsups+=($!); sleep 1; }
+                  { "${SUP_PREFIX[@]}" "$O/ring_drain" "$PORT" "${TOG_TAPS:-1}" "${drain_how[@]}" 2>> "$P/ring_drain.err" & togsups+=($!); sleep 1; }
                 kill -0 "${togsups[@]}" 2>/dev/null || { say "ring_drain did not start: $(tail -2 "$P/ring_drain.err")"; continue; }
               else
                 for t in $(seq "${TOG_TAPS:-1}"); do
@@ -439,7 +443,8 @@ print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
                 if [ "${#togsups[@]}" != "${TOG_TAPS:-1}" ]; then kill -TERM "${togsups[@]}" 2>/dev/null; wait "${togsups[@]}" 2>/dev/null; continue; fi
               fi
               togsup=$(IFS=,; echo "${togsups[*]}")
-              "${SUP_PREFIX[@]}" python3 "$HERE/scripts/gpu/tap_toggle.py" "$togsup" "$stopf" "$P/tap-$side-c$conc-$i.keys" "${KEY_MS:-4000}" & keyer_pid=$!
+              by=(); [ "${TOG_DRAIN:-}" = bpf ] && by=(--signals)
+              "${SUP_PREFIX[@]}" python3 "$HERE/scripts/gpu/tap_toggle.py" "${by[@]}" "$togsup" "$stopf" "$P/tap-$side-c$conc-$i.keys" "${KEY_MS:-4000}" & keyer_pid=$!
             else
               keyer "tap-$side-c$conc-$i" "$stopf" $how & keyer_pid=$!
             fi

@@ -1,7 +1,7 @@
 """Keys a running tap on and off without restarting it: its packet sockets' filter is swapped
 between its own program and one that takes nothing (scripts/gpu/proxy_acceptance.sh, SIDES=keyedtog).
 
-  usage: tap_toggle.py PID[,PID...] STOPFILE KEYS KEY_MS
+  usage: tap_toggle.py [--signals] PID[,PID...] STOPFILE KEYS KEY_MS
 
 PID is a `sglang-supervisor run --tap` already watching; several, comma-separated, are keyed
 together (TOG_TAPS=N in proxy_acceptance.sh: N taps of one port, each copying every segment, so
@@ -19,6 +19,10 @@ left taking nothing is refused by the next run of this script, which would read 
 the tap's own). "Off" is not "no tap": the packet hook still runs the (one-instruction) filter for
 every packet, so on against off is the copy, the tap's own filter and its reader's work: what a
 tap costs less that hook.
+
+--signals keys processes that copy by other means, each told by a signal: SIGUSR2 off, SIGUSR1 on
+(benches/ring_drain.c's eBPF kind detaches and attaches its programs), with the same turns and
+the same KEYS lines, and on again at exit. Off there is no program at all on the hook.
 """
 import ctypes
 import os
@@ -97,14 +101,8 @@ def attach_all(socks, progs):
 NOTHING = (0x06).to_bytes(2, "little") + b"\0\0" + (0).to_bytes(4, "little")  # BPF_RET|BPF_K 0
 
 
-def main(argv):
-    if len(argv) != 4:
-        sys.exit(__doc__)
-    try:
-        pids = [int(p) for p in argv[0].split(",")]
-    except ValueError:
-        sys.exit(f"tap_toggle: PID {argv[0]!r}: expected process ids, comma-separated")
-    stop, keys, key_ms = argv[1], argv[2], int(argv[3])
+def by_filters(pids, named):
+    """(on, off, what) for taps keyed by their packet sockets' filters."""
     socks = []
     for pid in pids:
         fds = packet_socket_fds(pid)
@@ -113,9 +111,35 @@ def main(argv):
         socks += grab(pid, fds)
     own = [get_filter(s) for s in socks]
     if NOTHING in own:
-        sys.exit(f"tap_toggle: a tap of {argv[0]} takes nothing already (left so by a killed run of this"
+        sys.exit(f"tap_toggle: a tap of {named} takes nothing already (left so by a killed run of this"
                  " script?): restart it")
     nothing = [NOTHING] * len(socks)
+    what = f"{len(socks)} packet socket(s) of {named}, filter of {len(own[0]) // 8} instructions"
+    return (lambda: attach_all(socks, own)), (lambda: attach_all(socks, nothing)), what
+
+
+def by_signals(pids, named):
+    """(on, off, what) for processes keyed by SIGUSR1 (on) and SIGUSR2 (off)."""
+    def send(sig):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError as e:
+                sys.exit(f"tap_toggle: signalling process {pid}: {e.strerror}")
+    return (lambda: send(signal.SIGUSR1)), (lambda: send(signal.SIGUSR2)), f"process(es) {named}, by signals"
+
+
+def main(argv):
+    signals = argv[:1] == ["--signals"]
+    argv = argv[1:] if signals else argv
+    if len(argv) != 4:
+        sys.exit(__doc__)
+    try:
+        pids = [int(p) for p in argv[0].split(",")]
+    except ValueError:
+        sys.exit(f"tap_toggle: PID {argv[0]!r}: expected process ids, comma-separated")
+    stop, keys, key_ms = argv[1], argv[2], int(argv[3])
+    on_, off_, what = (by_signals if signals else by_filters)(pids, argv[0])
 
     def leave(signum, _frame):
         raise SystemExit(128 + signum)  # through the finally below: the tap's filter back
@@ -129,22 +153,22 @@ def main(argv):
             time.sleep(min(0.05, max(0.0, end - time.monotonic())))
 
     try:
-        attach_all(socks, nothing)
+        off_()
         # said once the first off-turn has begun (a caller may wait for this line)
-        print(f"tap_toggle: {len(socks)} packet socket(s) of {argv[0]}, filter of {len(own[0]) // 8} instructions; off", flush=True)
+        print(f"tap_toggle: {what}; off", flush=True)
         while not os.path.exists(stop):
             turn()
             if os.path.exists(stop):
                 break
             on = time.time()
-            attach_all(socks, own)
+            on_()
             turn()
             off = time.time()
-            attach_all(socks, nothing)
+            off_()
             with open(keys, "a") as f:
                 f.write(f"{on:.6f} {on:.6f} {off:.6f} tog\n")
     finally:
-        attach_all(socks, own)
+        on_()
 
 
 if __name__ == "__main__":

@@ -1993,121 +1993,224 @@ fn the_tap_cost_benches_run_and_leave_no_tap_or_server_behind() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
+/// `benches/ring_drain.c`, built into `tmp`.
+fn build_ring_drain(tmp: &Path) -> PathBuf {
+    let bin = tmp.join("ring_drain");
+    #[allow(clippy::disallowed_methods)] // the bench's own build line
+    let built = std::process::Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches/ring_drain.c"))
+        .status()
+        .unwrap();
+    assert!(built.success());
+    bin
+}
+
+/// A `ring_drain PORT 1 touch KIND` once its rings are set, with its stderr's path; `None`
+/// (said as SKIPPED by `test`) where the eBPF kind is not allowed here.
+fn start_ring_drain(
+    bin: &Path,
+    port: u16,
+    kind: &str,
+    test: &str,
+) -> Option<(std::process::Child, PathBuf)> {
+    let err = bin.with_file_name(format!("{kind}-{port}.err"));
+    #[allow(clippy::disallowed_methods)] // the bench as a person runs it
+    let mut child = std::process::Command::new(bin)
+        .args([&port.to_string(), "1", "touch", kind])
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let said = loop {
+        let text = std::fs::read_to_string(&err).unwrap_or_default();
+        if text.contains("ring(s) on port") || t.elapsed() > Duration::from_secs(5) {
+            break text;
+        }
+        if child.try_wait().unwrap().is_some() {
+            break std::fs::read_to_string(&err).unwrap_or_default();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if said.contains("needs CAP_BPF") {
+        let _ = child.kill();
+        let _ = child.wait();
+        eprintln!("SKIPPED {test}: {}", said.trim());
+        return None;
+    }
+    assert!(said.contains("ring(s) on port"), "{said}");
+    Some((child, err))
+}
+
+/// Ends a `ring_drain` with SIGINT: the TCP payload bytes it kept, and its drops.
+fn ring_drain_counts(mut child: std::process::Child, err: &Path) -> (u64, u64) {
+    // SAFETY: a signal to our own child, still unreaped
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    assert!(child.wait().unwrap().success());
+    let text = std::fs::read_to_string(err).unwrap();
+    let last = text.lines().last().unwrap_or_default().to_string();
+    let before = |what: &str| -> u64 {
+        let at = last
+            .find(what)
+            .unwrap_or_else(|| panic!("{what:?} in {last}"));
+        last[..at]
+            .split_whitespace()
+            .last()
+            .unwrap()
+            .trim_start_matches('(')
+            .parse()
+            .unwrap()
+    };
+    (before(" payload bytes"), before(" dropped"))
+}
+
+/// One connection to a fresh listener on `port`: a request, `events` events of many sizes and,
+/// with `big`, one answer of 300 KB in a single write (segments past 64 KiB at the egress hook).
+/// Returns the TCP payload bytes both ways.
+fn exchange(port: u16, events: usize, big: bool) -> u64 {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut c, _) = listener.accept().unwrap();
+        let mut head = [0u8; 64];
+        let mut bytes = c.read(&mut head).unwrap();
+        for i in 0..events {
+            let event = format!("data: {i} {}\n\n", "x".repeat(i % 1500));
+            c.write_all(event.as_bytes()).unwrap();
+            bytes += event.len();
+        }
+        if big {
+            c.write_all(&[b'y'; 300_000]).unwrap();
+            bytes += 300_000;
+        }
+        bytes as u64
+    });
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    client.write_all(b"GET /stream HTTP/1.1\r\n\r\n").unwrap();
+    let mut got = Vec::new();
+    client.read_to_end(&mut got).unwrap();
+    server.join().unwrap()
+}
+
 /// `benches/ring_drain.c`'s eBPF kind (a program on the cgroup egress hook keeping the tap's
 /// segments in a BPF ring buffer; BENCHMARKS.md, "Another way to copy") keeps what its packet
 /// kind keeps: every TCP payload byte to and from the port, and nothing of a connection to
 /// another port, read whole from its records, none dropped; nothing while keyed off.
 #[test]
 fn ring_drains_bpf_kind_keeps_every_payload_byte_its_packet_kind_keeps() {
-    if !can_tap("ring_drains_bpf_kind_keeps...") {
+    const TEST: &str = "ring_drains_bpf_kind_keeps...";
+    if !can_tap(TEST) {
         return;
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let tmp = temp_dir("ring-drain-bpf");
-    let bin = tmp.join("ring_drain");
-    #[allow(clippy::disallowed_methods)] // the bench's own build line
-    let built = std::process::Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&bin)
-        .arg(root.join("benches/ring_drain.c"))
-        .status()
-        .unwrap();
-    assert!(built.success());
+    let bin = build_ring_drain(&temp_dir("ring-drain-bpf"));
     let (port, other) = (free_port(), free_port());
-    let start = |kind: &str| {
-        let err = tmp.join(format!("{kind}.err"));
-        #[allow(clippy::disallowed_methods)] // the bench as a person runs it
-        let child = std::process::Command::new(&bin)
-            .args([&port.to_string(), "1", "touch", kind])
-            .stderr(std::fs::File::create(&err).unwrap())
-            .spawn()
-            .unwrap();
-        (child, err)
-    };
-    let (mut bpf, bpf_err) = start("bpf");
-    let (mut packet, packet_err) = start("packet");
-    let ready = |err: &Path| {
-        let t = Instant::now();
-        loop {
-            let text = std::fs::read_to_string(err).unwrap_or_default();
-            if text.contains("ring(s) on port") || t.elapsed() > Duration::from_secs(5) {
-                return text;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
-    let said = ready(&bpf_err);
-    if said.contains("needs CAP_BPF") {
-        let _ = packet.kill();
-        eprintln!("SKIPPED ring_drains_bpf_kind_keeps...: {}", said.trim());
+    let Some((bpf, bpf_err)) = start_ring_drain(&bin, port, "bpf", TEST) else {
         return;
-    }
-    assert!(said.contains("ring(s) on port"), "{said}");
-    assert!(ready(&packet_err).contains("ring(s) on port"));
-    // events of many sizes, one answer of 300 KB in a single write (segments past 64 KiB at the
-    // egress hook), and the same to another port, which neither may keep
-    let exchange = |port: u16| -> u64 {
-        let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
-        let server = std::thread::spawn(move || {
-            let (mut c, _) = listener.accept().unwrap();
-            let mut head = [0u8; 64];
-            let n = c.read(&mut head).unwrap();
-            let mut sent = 0;
-            for i in 0..3000usize {
-                let event = format!("data: {i} {}\n\n", "x".repeat(i % 1500));
-                c.write_all(event.as_bytes()).unwrap();
-                sent += event.len();
-            }
-            let big = vec![b'y'; 300_000];
-            c.write_all(&big).unwrap();
-            (n + sent + big.len()) as u64
-        });
-        let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        client.write_all(b"GET /stream HTTP/1.1\r\n\r\n").unwrap();
-        let mut got = Vec::new();
-        client.read_to_end(&mut got).unwrap();
-        server.join().unwrap()
     };
-    let expected = exchange(port);
-    exchange(other);
+    let (packet, packet_err) = start_ring_drain(&bin, port, "packet", TEST).unwrap();
+    let expected = exchange(port, 3000, true);
+    exchange(other, 3000, true);
     // keyed off by its signal, the bpf kind keeps nothing of the next exchange; keyed on, the
-    // one after (tap_server_cost.sh's bpfN arm keys it so)
+    // one after (tap_toggle.py --signals keys it so)
     let key = |child: &std::process::Child, sig: libc::c_int| {
         // SAFETY: a signal to our own child, still unreaped
         unsafe { libc::kill(child.id() as i32, sig) };
         std::thread::sleep(Duration::from_millis(50));
     };
     key(&bpf, libc::SIGUSR2);
-    assert_eq!(exchange(port), expected);
+    assert_eq!(exchange(port, 3000, true), expected);
     key(&bpf, libc::SIGUSR1);
-    assert_eq!(exchange(port), expected);
+    assert_eq!(exchange(port, 3000, true), expected);
     std::thread::sleep(Duration::from_millis(100));
-    let counts = |child: &mut std::process::Child, err: &Path| -> (u64, u64) {
-        // SAFETY: a signal to our own child, still unreaped
-        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-        assert!(child.wait().unwrap().success());
-        let text = std::fs::read_to_string(err).unwrap();
-        let last = text.lines().last().unwrap_or_default().to_string();
-        let before = |what: &str| -> u64 {
-            let at = last
-                .find(what)
-                .unwrap_or_else(|| panic!("{what:?} in {last}"));
-            last[..at]
-                .split_whitespace()
-                .last()
-                .unwrap()
-                .trim_start_matches('(')
-                .parse()
-                .unwrap()
-        };
-        (before(" payload bytes"), before(" dropped"))
+    let bpf_counts = ring_drain_counts(bpf, &bpf_err);
+    let packet_counts = ring_drain_counts(packet, &packet_err);
+    assert_eq!(packet_counts, (3 * expected, 0), "the packet kind");
+    assert_eq!(bpf_counts, (2 * expected, 0), "the bpf kind");
+}
+
+/// `scripts/gpu/tap_toggle.py --signals` keys a copy that is not a packet socket's (ring_drain's
+/// eBPF kind) by its signals in the turns it writes down: what the copy kept holds every
+/// exchange wholly inside an on-turn and none wholly inside an off-turn.
+#[test]
+fn the_toggle_keys_an_ebpf_copy_by_signals_in_the_turns_it_writes() {
+    const TEST: &str = "the_toggle_keys_an_ebpf_copy...";
+    if !can_tap(TEST) {
+        return;
+    }
+    let tmp = temp_dir("toggle-signals");
+    let bin = build_ring_drain(&tmp);
+    let port = free_port();
+    let Some((drain, err)) = start_ring_drain(&bin, port, "bpf", TEST) else {
+        return;
     };
-    let (bpf_bytes, bpf_dropped) = counts(&mut bpf, &bpf_err);
-    let (packet_bytes, packet_dropped) = counts(&mut packet, &packet_err);
-    assert_eq!(
-        (packet_bytes, packet_dropped),
-        (3 * expected, 0),
-        "the packet kind"
+    let (stop, keys) = (tmp.join("stop"), tmp.join("keys"));
+    #[allow(clippy::disallowed_methods)] // the acceptance's keyer, as it runs there
+    let mut toggle = std::process::Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/tap_toggle.py"))
+        .args(["--signals", &drain.id().to_string()])
+        .args([&stop, &keys])
+        .arg("300")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // its first line comes once the first off-turn has begun
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(toggle.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    assert!(first.ends_with("by signals; off\n"), "{first}");
+    let unix = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let mut exchanges = Vec::new();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(4) {
+        let start = unix();
+        let bytes = exchange(port, 50, false);
+        exchanges.push((start, unix(), bytes));
+    }
+    std::fs::write(&stop, "").unwrap();
+    assert!(toggle.wait().unwrap().success());
+    std::thread::sleep(Duration::from_millis(100));
+    let (kept, dropped) = ring_drain_counts(drain, &err);
+    let turns: Vec<(f64, f64)> = std::fs::read_to_string(&keys)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let f: Vec<f64> = l
+                .split_whitespace()
+                .take(3)
+                .map(|x| x.parse().unwrap())
+                .collect();
+            (f[1], f[2])
+        })
+        .collect();
+    let within_on =
+        |&(a, b, _): &(f64, f64, u64)| turns.iter().any(|&(on, off)| on <= a && b <= off);
+    let touches_on =
+        |&(a, b, _): &(f64, f64, u64)| turns.iter().any(|&(on, off)| a <= off && on <= b);
+    let on: u64 = exchanges.iter().filter(|e| within_on(e)).map(|e| e.2).sum();
+    let off: u64 = exchanges
+        .iter()
+        .filter(|e| !touches_on(e))
+        .map(|e| e.2)
+        .sum();
+    let all: u64 = exchanges.iter().map(|e| e.2).sum();
+    assert!(
+        on > 0 && off > 0,
+        "{} turns, {} exchanges",
+        turns.len(),
+        exchanges.len()
     );
-    assert_eq!((bpf_bytes, bpf_dropped), (2 * expected, 0), "the bpf kind");
+    assert!(
+        on <= kept && kept <= all - off,
+        "kept {kept}: at least {on} (wholly on), at most {} (all less wholly off)",
+        all - off
+    );
+    assert_eq!(dropped, 0);
 }
