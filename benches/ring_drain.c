@@ -13,9 +13,11 @@
  * the same header bytes; a segment not yet cut to loopback's MTU there is one record where the
  * packet socket sees two or more) in a BPF ring buffer of 32 MiB: a record a segment, its size the
  * smallest of a few classes that holds it, its time (CLOCK_MONOTONIC) and the segment from the IP
- * header on, copied once, with no wake-up (the reader looks every 4 ms). Keyed by signals:
- * SIGUSR2 detaches the programs, SIGUSR1 attaches them again (tap_toggle.py --signals; TOG_DRAIN=bpf,
- * tap_server_cost.sh's arm bpfN); they go when this exits (links). "touch" also counts
+ * header on, copied once, with no wake-up (the reader looks every 4 ms). Either kind is keyed by
+ * signals: SIGUSR2 detaches the programs or closes the packet sockets, SIGUSR1 attaches or opens
+ * them again (tap_toggle.py --signals; TOG_DRAIN=bpf, tap_server_cost.sh's arms bpfN and packetN:
+ * the whole cost of each, where tap_toggle.py's filter swap keys a packet socket's copy alone);
+ * the programs go when this exits (links). "touch" also counts
  * the TCP payload's bytes kept, which both kinds must agree on (tests/tests/tap.rs).
  *   cc -O2 -o ring_drain benches/ring_drain.c && ./ring_drain PORT [SOCKETS=1] [MODE=drain] [KIND=packet|bpf]
  * Needs CAP_NET_RAW (packet), CAP_BPF and CAP_NET_ADMIN (bpf). Prints its counts at SIGTERM or SIGINT. */
@@ -44,7 +46,8 @@
 
 static volatile sig_atomic_t stop, keyed = -1;
 static void on_signal(int sig) { (void)sig; stop = 1; }
-/* KIND bpf, keyed from outside: SIGUSR1 attaches the programs, SIGUSR2 detaches them */
+/* keyed from outside: SIGUSR1 attaches the programs or opens the packet sockets, SIGUSR2 detaches
+ * or closes them */
 static void on_key(int sig) { keyed = sig == SIGUSR1; }
 
 struct ring {
@@ -54,6 +57,8 @@ struct ring {
     /* KIND bpf: the ring buffer's map, its consumer position (ours to write), its producer
      * page, and its data (mapped twice over, so that a record across the end reads whole) */
     int prog, link, drops;
+    /* KIND packet keyed off: the socket closed (fd -1), and what it had dropped until then */
+    unsigned long long dropped_before;
     unsigned long *consumer;
     const unsigned long *producer;
     const unsigned char *data;
@@ -358,8 +363,19 @@ static unsigned long long bpf_ring_drops(const struct ring *r) {
 static unsigned long long packet_ring_drops(const struct ring *r) {
     struct tpacket_stats_v3 s = {0};
     socklen_t len = sizeof s;
-    getsockopt(r->fd, SOL_PACKET, PACKET_STATISTICS, &s, &len);
-    return s.tp_drops;
+    if (r->fd >= 0) getsockopt(r->fd, SOL_PACKET, PACKET_STATISTICS, &s, &len);
+    return r->dropped_before + s.tp_drops;
+}
+
+/* Keyed off, a packet socket is closed, so that the kernel's packet hook has one socket fewer
+ * to hand each packet to, as for an eBPF program detached: on against off is then the whole
+ * cost of either kind (tap_toggle.py's filter swap leaves the hook, and keys the copy alone). */
+static void close_packet_ring(struct ring *r) {
+    if (r->fd < 0) return;
+    r->dropped_before = packet_ring_drops(r);
+    munmap(r->map, (size_t)BLOCK_SIZE * BLOCKS);
+    close(r->fd);
+    r->fd = -1;
 }
 
 /* KIND packet: hands back every block the kernel has handed over; returns the packets. */
@@ -412,10 +428,8 @@ int main(int argc, char **argv) {
     }
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
-    if (bpf) {
-        signal(SIGUSR1, on_key);
-        signal(SIGUSR2, on_key);
-    }
+    signal(SIGUSR1, on_key);
+    signal(SIGUSR2, on_key);
     static struct ring rings[MAX_SOCKETS];
     for (int i = 0; i < n; i++)
         if (bpf ? open_bpf_ring(&rings[i], port, cgroup) : open_ring(&rings[i], port, lo)) {
@@ -431,17 +445,19 @@ int main(int argc, char **argv) {
         if (key >= 0) {
             keyed = -1;
             for (int i = 0; i < n; i++) {
-                if (rings[i].link >= 0) close(rings[i].link);
-                rings[i].link = -1;
-                if (key && attach_bpf(&rings[i], cgroup)) {
-                    perror("ring_drain: attaching an egress program again");
+                struct ring *r = &rings[i];
+                if (bpf && r->link >= 0) close(r->link);
+                if (bpf) r->link = -1;
+                if (!bpf) close_packet_ring(r);
+                if (key && (bpf ? attach_bpf(r, cgroup) : open_ring(r, port, lo))) {
+                    perror(bpf ? "ring_drain: attaching an egress program again" : "ring_drain: opening a packet socket again");
                     return 1;
                 }
             }
         }
         for (int i = 0; i < n; i++)
             packets += bpf ? drain_bpf_ring(&rings[i], touch, &sum, &payload)
-                           : drain_packet_ring(&rings[i], touch, &sum, &payload, &blocks);
+                           : rings[i].fd < 0 ? 0 : drain_packet_ring(&rings[i], touch, &sum, &payload, &blocks);
         nanosleep(&nap, NULL);
     }
     unsigned long long drops = 0;

@@ -9,7 +9,10 @@
 #   drainN  N rings of benches/ring_drain.c: the tap's filter and ring, no reader's work
 #   touchN  the same, every byte read
 #   bpfN    N eBPF programs of benches/ring_drain.c (KIND bpf: the cgroup egress hook, a BPF ring
-#           buffer each), keyed by signals (tap_toggle.py --signals)
+#           buffer each), keyed by signals (tap_toggle.py --signals): off, no program at all
+#   packetN drainN keyed the same way: off, its packet sockets closed, so that on − off is the
+#           whole cost, the packet hook's own included, like for like with bpfN (drainN's filter
+#           swap keys the copy alone)
 # Prints each run, then per arm the median of its rounds: events/s on/off, and on − off of the
 # user and the system time an event.
 #   usage: benches/tap_server_cost.sh [ARMS="sup8 drain8"] [ROUNDS=3] [SECS=40] [STREAMS=32]
@@ -20,7 +23,7 @@ ARMS=${1:-sup8 drain8} ROUNDS=${2:-3} SECS=${3:-40} STREAMS=${4:-32}
 SERVER_CPU=${SERVER_CPU:-0} OTHER_CPU=${OTHER_CPU:-1}
 cd "$(dirname "$0")/.."
 for a in $ARMS; do
-  [[ $a =~ ^(sup|drain|touch|bpf)([1-9]|[1-5][0-9]|6[0-4])$ ]] || { echo "tap_server_cost: arm '$a': expected supN, drainN, touchN or bpfN (N 1..64)" >&2; exit 2; }
+  [[ $a =~ ^(sup|drain|touch|bpf|packet)([1-9]|[1-5][0-9]|6[0-4])$ ]] || { echo "tap_server_cost: arm '$a': expected supN, drainN, touchN, bpfN or packetN (N 1..64)" >&2; exit 2; }
 done
 for b in sglang-supervisor stream-load; do
   [ -x "target/release/$b" ] || { echo "tap_server_cost: target/release/$b is missing: cargo build --release --workspace --bins" >&2; exit 2; }
@@ -51,14 +54,14 @@ one() {  # one ARM: prints "events/s-ratio user-diff system-diff" and says the r
         grep -q '"event":"ready"' "$W/tap$k/tap-ev.jsonl" || { echo "tap_server_cost: tap $k not ready: $(tail -2 "$W/tap$k/tap.err")" >&2; exit 1; }
         taskset -a -p -c "$OTHER_CPU" "$tap" > /dev/null
       done ;;
-    drain*|touch*|bpf*)
+    drain*|touch*|bpf*|packet*)
       local mode=${arm%%[0-9]*} kind=packet
-      [ "$mode" = bpf ] && { mode=drain; kind=bpf; }
+      case $mode in bpf|packet) kind=$mode; mode=drain ;; esac
       taskset -c "$OTHER_CPU" "$W/ring_drain" "$port" "$n" "$mode" "$kind" > /dev/null 2> "$W/drain.err" & taps+=("$!"); pids+=("$!")
       sleep 0.3
       kill -0 "${taps[0]}" 2>/dev/null || { echo "tap_server_cost: ring_drain did not start: $(tail -2 "$W/drain.err")" >&2; exit 1; } ;;
   esac
-  local by=(); [[ $arm == bpf* ]] && by=(--signals)
+  local by=(); [[ $arm == bpf* || $arm == packet* ]] && by=(--signals)
   taskset -c "$OTHER_CPU" python3 scripts/gpu/tap_toggle.py "${by[@]}" "$(IFS=,; echo "${taps[*]}")" "$W/stop" "$W/keys" 2000 > /dev/null &
   local toggle=$!; pids+=("$toggle")
   taskset -c "$OTHER_CPU" target/release/stream-load "127.0.0.1:$port" "$STREAMS" 256 "$SECS" > /dev/null

@@ -2128,19 +2128,27 @@ fn ring_drains_bpf_kind_keeps_every_payload_byte_its_packet_kind_keeps() {
     assert_eq!(bpf_counts, (2 * expected, 0), "the bpf kind");
 }
 
-/// `scripts/gpu/tap_toggle.py --signals` keys a copy that is not a packet socket's (ring_drain's
-/// eBPF kind) by its signals in the turns it writes down: what the copy kept holds every
-/// exchange wholly inside an on-turn and none wholly inside an off-turn.
+/// `scripts/gpu/tap_toggle.py --signals` keys ring_drain's copies, of either kind (its eBPF
+/// programs detached, its packet sockets closed), by their signals in the turns it writes down:
+/// what a copy kept holds every exchange wholly inside an on-turn and none wholly inside an
+/// off-turn.
 #[test]
-fn the_toggle_keys_an_ebpf_copy_by_signals_in_the_turns_it_writes() {
-    const TEST: &str = "the_toggle_keys_an_ebpf_copy...";
+fn the_toggle_keys_a_copy_of_either_kind_by_signals_in_the_turns_it_writes() {
+    const TEST: &str = "the_toggle_keys_a_copy_of_either_kind...";
     if !can_tap(TEST) {
         return;
     }
     let tmp = temp_dir("toggle-signals");
     let bin = build_ring_drain(&tmp);
+    for kind in ["packet", "bpf"] {
+        keyed_by_signals(&bin, kind, &tmp.join(kind));
+    }
+}
+
+fn keyed_by_signals(bin: &Path, kind: &str, tmp: &Path) {
+    std::fs::create_dir_all(tmp).unwrap();
     let port = free_port();
-    let Some((drain, err)) = start_ring_drain(&bin, port, "bpf", TEST) else {
+    let Some((drain, err)) = start_ring_drain(bin, port, kind, "the_toggle_keys_...") else {
         return;
     };
     let (stop, keys) = (tmp.join("stop"), tmp.join("keys"));
@@ -2203,14 +2211,19 @@ fn the_toggle_keys_an_ebpf_copy_by_signals_in_the_turns_it_writes() {
     let all: u64 = exchanges.iter().map(|e| e.2).sum();
     assert!(
         on > 0 && off > 0,
-        "{} turns, {} exchanges",
+        "{kind}: {} turns, {} exchanges",
         turns.len(),
         exchanges.len()
     );
+    // a packet socket closed at an on-turn's end loses its block still being filled (up to 8 ms
+    // of segments), and one opened again maps its ring before it hears anything: most, not all,
+    // of the on-turns' exchanges; a program detached has handed over every record already
+    let least = if kind == "packet" { on * 4 / 5 } else { on };
     assert!(
-        on <= kept && kept <= all - off,
-        "kept {kept}: at least {on} (wholly on), at most {} (all less wholly off)",
+        least <= kept && kept <= all - off,
+        "{kind}: kept {kept}: at least {least} (of {on}, wholly on), at most {} (all less wholly \
+         off)",
         all - off
     );
-    assert_eq!(dropped, 0);
+    assert_eq!(dropped, 0, "{kind}");
 }
