@@ -9,7 +9,9 @@
  * (proxy_acceptance.sh, TOG_DRAIN=MODE): what part of a tap's cost is the copy, what the reading.
  * KIND "bpf" asks what another way of copying would cost the sender: instead of packet sockets,
  * SOCKETS eBPF programs on the cgroup-v2 root's egress hook (every socket's sends, in the
- * sender's path as the packet socket's copy is), each keeping the same bytes (the same test, on
+ * sender's path as the packet socket's copy is; while they run, every process's sends on the
+ * host pay the hook: run nothing else to be measured beside them), each keeping loopback's
+ * sends only and the same bytes (the same test, on
  * the same header bytes; a segment not yet cut to loopback's MTU there is one record where the
  * packet socket sees two or more) in a BPF ring buffer of 32 MiB: a record a segment, its size the
  * smallest of a few classes that holds it, its time (CLOCK_MONOTONIC) and the segment from the IP
@@ -18,7 +20,7 @@
  * them again (tap_toggle.py --signals; TOG_DRAIN=bpf, tap_server_cost.sh's arms bpfN and packetN:
  * the whole cost of each, where tap_toggle.py's filter swap keys a packet socket's copy alone);
  * the programs go when this exits (links). "touch" also counts
- * the TCP payload's bytes kept, which both kinds must agree on (tests/tests/tap.rs).
+ * the TCP payload's bytes kept and their sum, which both kinds must agree on (tests/tests/tap.rs).
  *   cc -O2 -o ring_drain benches/ring_drain.c && ./ring_drain PORT [SOCKETS=1] [MODE=drain] [KIND=packet|bpf]
  * Needs CAP_NET_RAW (packet), CAP_BPF and CAP_NET_ADMIN (bpf). Prints its counts at SIGTERM or SIGINT. */
 #include <arpa/inet.h>
@@ -35,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -121,7 +124,7 @@ static int open_ring(struct ring *r, long port, unsigned lo) {
  * loopback takes up to its tso_max_size (524 280 bytes) at once, in segments of more than 64 KiB
  * (an IPv4 total length then reads 0) that the packet socket sees cut in two or more */
 #define BPF_CAP (512 << 10)
-#define MAX_INSNS 256
+#define MAX_INSNS 320
 
 static long sys_bpf(int cmd, union bpf_attr *attr) { return syscall(__NR_bpf, cmd, attr, sizeof *attr); }
 
@@ -131,7 +134,7 @@ struct prog {
     int n;
     struct { int at, label; } jumps[64];
     int njumps;
-    int labels[16];
+    int labels[16]; /* -1: not placed */
 };
 static void emit(struct prog *p, __u8 code, __u8 dst, __u8 src, __s16 off, __s32 imm) {
     if (p->n < MAX_INSNS)
@@ -140,11 +143,12 @@ static void emit(struct prog *p, __u8 code, __u8 dst, __u8 src, __s16 off, __s32
 }
 /* a jump (op on dst against imm, or against src with BPF_X in op) to `label` */
 static void jump_to(struct prog *p, __u8 op, __u8 dst, __u8 src, __s32 imm, int label) {
-    if (p->njumps < 64) p->jumps[p->njumps++] = (typeof(p->jumps[0])){p->n, label};
+    if (p->njumps < 64) p->jumps[p->njumps] = (typeof(p->jumps[0])){p->n, label};
+    p->njumps++;
     emit(p, BPF_JMP | op, dst, src, 0, imm);
 }
 static void jump(struct prog *p, __u8 op, __u8 dst, __s32 imm, int label) { jump_to(p, op | BPF_K, dst, 0, imm, label); }
-static void label(struct prog *p, int label) { p->labels[label] = p->n; }
+static void label(struct prog *p, int label) { if (label >= 0 && label < 16) p->labels[label] = p->n; }
 #define MOV_IMM(d, i) emit(pp, BPF_ALU64 | BPF_MOV | BPF_K, d, 0, 0, i)
 #define MOV_REG(d, s) emit(pp, BPF_ALU64 | BPF_MOV | BPF_X, d, s, 0, 0)
 #define ALU_IMM(op, d, i) emit(pp, BPF_ALU64 | (op) | BPF_K, d, 0, 0, i)
@@ -185,14 +189,19 @@ static void test_headers(struct prog *pp, __u8 base, __s16 off, __u16 be_port, i
  * either end, bytes past the headers or SYN, FIN or RST) on the first 40 bytes, then a record of
  * the smallest class that holds the segment: [u64 time][u32 length][u32 0][the segment]; where
  * the ring has no room, a drop counted in `drops`. */
-static int bpf_program(int map, int drops, long port) {
+static int bpf_program(int map, int drops, long port, unsigned lo) {
     enum { NEXT0 = FULL + 1 };
-    static const unsigned classes[] = {512, 1024, 2048, 4096, 16384, 65536 + 16, BPF_CAP + 16};
+    static const unsigned classes[] = {512, 1024, 2048, 4096, 16384, 65536 + 16, (128 << 10) + 16,
+                                       (256 << 10) + 16, BPF_CAP + 16};
     enum { NCLASSES = sizeof classes / sizeof classes[0] };
     _Static_assert(NEXT0 + NCLASSES <= 16, "labels");
     struct prog prog = {0}, *pp = &prog;
+    memset(prog.labels, -1, sizeof prog.labels);
     __u16 be_port = htons((unsigned short)port); /* as a 16-bit load of the header reads it */
     MOV_REG(BPF_REG_6, BPF_REG_1);
+    /* loopback's sends only, as the packet kind's socket bound to lo hears */
+    LOAD(BPF_W, BPF_REG_5, BPF_REG_6, offsetof(struct __sk_buff, ifindex));
+    jump(pp, BPF_JNE, BPF_REG_5, (__s32)lo, PASS);
     /* the headers read in place where they are in the skb's linear part (every TCP segment this
      * machine sends), else copied to the stack first */
     LOAD(BPF_W, BPF_REG_2, BPF_REG_6, offsetof(struct __sk_buff, data));
@@ -227,6 +236,7 @@ static int bpf_program(int map, int drops, long port) {
         CALL(BPF_FUNC_ktime_get_ns);
         STORE(BPF_DW, BPF_REG_7, 0, BPF_REG_0);
         STORE(BPF_W, BPF_REG_7, 8, BPF_REG_8);
+        emit(pp, BPF_ST | BPF_MEM | BPF_W, BPF_REG_7, 0, 12, 0);
         MOV_REG(BPF_REG_1, BPF_REG_6);
         MOV_IMM(BPF_REG_2, 0);
         MOV_REG(BPF_REG_3, BPF_REG_7);
@@ -254,8 +264,11 @@ static int bpf_program(int map, int drops, long port) {
     MOV_IMM(BPF_REG_0, 1); /* cgroup egress: let the segment go */
     emit(pp, BPF_JMP | BPF_EXIT, 0, 0, 0, 0);
     if (pp->n > MAX_INSNS || pp->njumps > 64) { fprintf(stderr, "ring_drain: program too long\n"); errno = E2BIG; return -1; }
-    for (int j = 0; j < pp->njumps; j++)
-        pp->insn[pp->jumps[j].at].off = (__s16)(pp->labels[pp->jumps[j].label] - pp->jumps[j].at - 1);
+    for (int j = 0; j < pp->njumps; j++) {
+        int to = pp->jumps[j].label;
+        if (to < 0 || to >= 16 || pp->labels[to] < 0) { fprintf(stderr, "ring_drain: a jump to label %d, never placed\n", to); errno = EINVAL; return -1; }
+        pp->insn[pp->jumps[j].at].off = (__s16)(pp->labels[to] - pp->jumps[j].at - 1);
+    }
     static char log[1 << 16];
     union bpf_attr a = {0};
     a.prog_type = BPF_PROG_TYPE_CGROUP_SKB;
@@ -284,7 +297,7 @@ static int cgroup2_root(void) {
 
 static int attach_bpf(struct ring *r, int cgroup);
 
-static int open_bpf_ring(struct ring *r, long port, int cgroup) {
+static int open_bpf_ring(struct ring *r, long port, int cgroup, unsigned lo) {
     union bpf_attr a = {0};
     a.map_type = BPF_MAP_TYPE_RINGBUF;
     a.max_entries = BPF_RING_BYTES;
@@ -304,7 +317,7 @@ static int open_bpf_ring(struct ring *r, long port, int cgroup) {
     a.max_entries = 1;
     r->drops = (int)sys_bpf(BPF_MAP_CREATE, &a);
     if (r->drops < 0) return -1;
-    r->prog = bpf_program(r->fd, r->drops, port);
+    r->prog = bpf_program(r->fd, r->drops, port, lo);
     r->link = -1;
     return r->prog < 0 ? -1 : attach_bpf(r, cgroup);
 }
@@ -320,16 +333,22 @@ static int attach_bpf(struct ring *r, int cgroup) {
     return r->link < 0 ? -1 : 0;
 }
 
-/* The TCP payload's length in a segment of `len` bytes from its IPv4 header on. */
-static unsigned tcp_payload(const unsigned char *ip, unsigned len) {
+/* What "touch" reads: every byte's sum, and the TCP payload's bytes and their sum. */
+struct tally {
+    unsigned long long sum, payload, payload_sum;
+};
+
+/* Reads a segment of `len` bytes from its IPv4 header on into `t`. */
+static void touch_segment(const unsigned char *ip, unsigned len, struct tally *t) {
     unsigned headers = (ip[0] & 0x0f) * 4u + ((ip[(ip[0] & 0x0f) * 4 + 12] >> 4) * 4u);
-    return len > headers ? len - headers : 0;
+    for (unsigned j = 0; j < len; j++) t->sum += ip[j];
+    for (unsigned j = headers; j < len; j++) t->payload_sum += ip[j];
+    if (len > headers) t->payload += len - headers;
 }
 
 /* Reads what the program wrote since the last look; returns the records, adding the bytes' sum
  * to *sum and the TCP payload's bytes to *payload when touching. */
-static unsigned long long drain_bpf_ring(struct ring *r, int touch, unsigned long long *sum,
-                                         unsigned long long *payload) {
+static unsigned long long drain_bpf_ring(struct ring *r, int touch, struct tally *t) {
     unsigned long cons = *r->consumer, n = 0;
     unsigned long prod = __atomic_load_n(r->producer, __ATOMIC_ACQUIRE);
     while (cons < prod) {
@@ -339,9 +358,9 @@ static unsigned long long drain_bpf_ring(struct ring *r, int touch, unsigned lon
         if (touch && !(len & BPF_RINGBUF_DISCARD_BIT)) {
             /* the record as the program wrote it: [u64 time][u32 length][u32][the segment] */
             const unsigned char *own = rec + BPF_RINGBUF_HDR_SZ;
-            unsigned seg = *(const unsigned *)(own + 8);
-            for (unsigned j = 0; j < seg; j++) *sum += own[16 + j];
-            *payload += tcp_payload(own + 16, seg);
+            unsigned seg;
+            memcpy(&seg, own + 8, sizeof seg);
+            touch_segment(own + 16, seg, t);
         }
         cons += ((len & ~(BPF_RINGBUF_BUSY_BIT | BPF_RINGBUF_DISCARD_BIT)) + BPF_RINGBUF_HDR_SZ + 7) & ~7u;
         n++;
@@ -379,8 +398,8 @@ static void close_packet_ring(struct ring *r) {
 }
 
 /* KIND packet: hands back every block the kernel has handed over; returns the packets. */
-static unsigned long long drain_packet_ring(struct ring *r, int touch, unsigned long long *sum,
-                                            unsigned long long *payload, unsigned long long *blocks) {
+static unsigned long long drain_packet_ring(struct ring *r, int touch, struct tally *t,
+                                            unsigned long long *blocks) {
     unsigned long long packets = 0;
     for (;;) {
         struct tpacket_block_desc *b = (void *)(r->map + (size_t)r->next * BLOCK_SIZE);
@@ -389,9 +408,7 @@ static unsigned long long drain_packet_ring(struct ring *r, int touch, unsigned 
         if (touch) {
             struct tpacket3_hdr *h = (void *)((unsigned char *)b + b->hdr.bh1.offset_to_first_pkt);
             for (unsigned k = 0; k < b->hdr.bh1.num_pkts; k++) {
-                const unsigned char *p = (unsigned char *)h + h->tp_mac;
-                for (unsigned j = 0; j < h->tp_snaplen; j++) *sum += p[j];
-                *payload += tcp_payload(p, h->tp_snaplen);
+                touch_segment((unsigned char *)h + h->tp_mac, h->tp_snaplen, t);
                 h = (void *)((unsigned char *)h + h->tp_next_offset);
             }
         }
@@ -423,22 +440,29 @@ int main(int argc, char **argv) {
     }
     int cgroup = bpf ? cgroup2_root() : -1;
     if (bpf && cgroup < 0) {
-        fprintf(stderr, "ring_drain: no cgroup2 hierarchy mounted (/proc/self/mounts): KIND bpf needs one\n");
+        fprintf(stderr, "ring_drain: no cgroup2 hierarchy mounted (/proc/self/mounts): KIND bpf needs one (not allowed here)\n");
         return 1;
     }
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     signal(SIGUSR1, on_key);
     signal(SIGUSR2, on_key);
+    /* a caller killed outright takes this down too: its programs are on every send of the host */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
     static struct ring rings[MAX_SOCKETS];
     for (int i = 0; i < n; i++)
-        if (bpf ? open_bpf_ring(&rings[i], port, cgroup) : open_ring(&rings[i], port, lo)) {
-            perror(bpf ? "ring_drain: an eBPF ring buffer and its egress program (needs CAP_BPF and CAP_NET_ADMIN)"
-                       : "ring_drain: a packet socket's ring on lo (needs CAP_NET_RAW)");
+        if (bpf ? open_bpf_ring(&rings[i], port, cgroup, lo) : open_ring(&rings[i], port, lo)) {
+            /* "needs" only where the kernel said so: a program the verifier refused is EACCES */
+            int denied = errno == EPERM;
+            fprintf(stderr, "ring_drain: %s: %s%s\n",
+                    bpf ? "an eBPF ring buffer and its egress program" : "a packet socket's ring on lo",
+                    strerror(errno),
+                    !denied ? "" : bpf ? " (needs CAP_BPF and CAP_NET_ADMIN)" : " (needs CAP_NET_RAW)");
             return 1;
         }
     fprintf(stderr, "ring_drain: %ld ring(s) on port %ld, %s, %s\n", n, port, mode, kind);
-    unsigned long long blocks = 0, packets = 0, sum = 0, payload = 0;
+    unsigned long long blocks = 0, packets = 0;
+    struct tally t = {0};
     struct timespec nap = {0, 4000000};
     while (!stop) {
         int key = keyed;
@@ -456,13 +480,18 @@ int main(int argc, char **argv) {
             }
         }
         for (int i = 0; i < n; i++)
-            packets += bpf ? drain_bpf_ring(&rings[i], touch, &sum, &payload)
-                           : rings[i].fd < 0 ? 0 : drain_packet_ring(&rings[i], touch, &sum, &payload, &blocks);
+            packets += bpf ? drain_bpf_ring(&rings[i], touch, &t)
+                           : rings[i].fd < 0 ? 0 : drain_packet_ring(&rings[i], touch, &t, &blocks);
         nanosleep(&nap, NULL);
     }
+    /* what came since the last look: a packet ring's open block is handed over by its timer */
+    if (!bpf) nanosleep(&(struct timespec){0, 20000000}, NULL);
+    for (int i = 0; i < n; i++)
+        packets += bpf ? drain_bpf_ring(&rings[i], touch, &t)
+                       : rings[i].fd < 0 ? 0 : drain_packet_ring(&rings[i], touch, &t, &blocks);
     unsigned long long drops = 0;
     for (int i = 0; i < n; i++) drops += bpf ? bpf_ring_drops(&rings[i]) : packet_ring_drops(&rings[i]);
-    fprintf(stderr, "ring_drain: %llu blocks, %llu packets over %ld ring(s) (%s, %s; sum %llu, %llu payload bytes), %llu dropped\n",
-            blocks, packets, n, mode, kind, sum, payload, drops);
+    fprintf(stderr, "ring_drain: %llu blocks, %llu packets over %ld ring(s) (%s, %s; sum %llu, %llu payload bytes summing %llu), %llu dropped\n",
+            blocks, packets, n, mode, kind, t.sum, t.payload, t.payload_sum, drops);
     return 0;
 }

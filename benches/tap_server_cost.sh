@@ -67,6 +67,10 @@ one() {  # one ARM: prints "events/s-ratio user-diff system-diff" and says the r
   taskset -c "$OTHER_CPU" target/release/stream-load "127.0.0.1:$port" "$STREAMS" 256 "$SECS" > /dev/null
   touch "$W/stop"; wait "$toggle"
   kill -INT "${taps[@]}"; wait "${taps[@]}" 2>/dev/null || true
+  # a ring that overflowed copied less than the server sent: not a figure
+  if [[ $arm != sup* ]] && ! tail -1 "$W/drain.err" | grep -q ', 0 dropped$'; then
+    echo "tap_server_cost: $arm: ring_drain dropped what it could not hold: $(tail -1 "$W/drain.err")" >&2; exit 1
+  fi
   kill "${pids[0]}"; wait "${pids[0]}" 2>/dev/null || true
   pids=()
   python3 - "$W/samples" "$W/keys" "$arm" <<'PY'

@@ -22,6 +22,7 @@
 #   (repo root, after cargo build --release; TAP_SUP=PATH runs another build of the supervisor)
 set -euo pipefail
 ROUNDS=${1:-5} COUNT=${2:-200000} BYTES=${3:-200}
+case ${DRAIN:-} in ""|packet|bpf) ;; *) echo "tap_writer_cost: DRAIN=$DRAIN: expected packet or bpf" >&2; exit 2 ;; esac
 WRITER_CPU=${WRITER_CPU:-0} TAP_CPU=${TAP_CPU:-1}
 cd "$(dirname "$0")/.."
 . benches/tap_attach.sh
@@ -73,6 +74,10 @@ tapped() {  # TAPS=N supervisors tapping the port at once, each with its own rin
   fi
   one || exit 1
   kill -INT "${taps[@]}"; wait "${taps[@]}" || true; taps=()
+  # a ring that overflowed (its reader starved) copied less than the writer sent: not a figure
+  if [ -n "${DRAIN:-}" ] && ! tail -1 "$W/drain.err" | grep -q ', 0 dropped$'; then
+    echo "tap_writer_cost: ring_drain dropped what it could not hold: $(tail -1 "$W/drain.err")" >&2; exit 1
+  fi
 }
 [ -n "${DRAIN:-}" ] && cc -O2 -o "$W/ring_drain" benches/ring_drain.c
 event="$BYTES bytes"; [ -n "${PY_WRITER:-}" ] && event="a chat chunk, about 290 bytes"
@@ -87,6 +92,7 @@ done
 median() { printf '%s\n' "$@" | sort -g | awk -v n="$#" '{a[NR]=$1} END{m=(n%2)?a[(n+1)/2]:(a[n/2]+a[n/2+1])/2; printf "%.3f us per event", m; printf " (range %.3f to %.3f, %d pairs)", a[1], a[n], n}'; }
 what="send + recv in the writer"; [ -n "${WORK_KB:-}" ] && what="the writer's user time, $WORK_KB KiB walk"
 [ -n "${PY_WRITER:-}" ] && what="the Python writer's user time"
-echo "tap_writer_cost: ${TAPS:-1} tap(s) add $(median "${diffs[@]}") to $what"
+copies="tap(s)"; [ -n "${DRAIN:-}" ] && copies="$DRAIN copies of ring_drain"
+echo "tap_writer_cost: ${TAPS:-1} $copies add $(median "${diffs[@]}") to $what"
 [ -n "${WORK_KB:-}${PY_WRITER:-}" ] && echo "tap_writer_cost: and $(median "${sysdiffs[@]}") to its system time"
 exit 0
