@@ -346,8 +346,8 @@ static void touch_segment(const unsigned char *ip, unsigned len, struct tally *t
     if (len > headers) t->payload += len - headers;
 }
 
-/* Reads what the program wrote since the last look; returns the records, adding the bytes' sum
- * to *sum and the TCP payload's bytes to *payload when touching. */
+/* Reads what the program wrote since the last look; returns the records, each read into `t` when
+ * touching. */
 static unsigned long long drain_bpf_ring(struct ring *r, int touch, struct tally *t) {
     unsigned long cons = *r->consumer, n = 0;
     unsigned long prod = __atomic_load_n(r->producer, __ATOMIC_ACQUIRE);
@@ -419,6 +419,31 @@ static unsigned long long drain_packet_ring(struct ring *r, int touch, struct ta
     return packets;
 }
 
+/* Every ring read once; returns the packets or records. */
+static unsigned long long drain_all(struct ring *rings, long n, int bpf, int touch, struct tally *t,
+                                    unsigned long long *blocks) {
+    unsigned long long packets = 0;
+    for (int i = 0; i < n; i++)
+        packets += bpf ? drain_bpf_ring(&rings[i], touch, t)
+                       : rings[i].fd < 0 ? 0 : drain_packet_ring(&rings[i], touch, t, blocks);
+    return packets;
+}
+
+/* Keyed on (programs attached, sockets opened) or off (detached, closed); 0, or -1 said. */
+static int key_all(struct ring *rings, long n, int bpf, int on, long port, unsigned lo, int cgroup) {
+    for (int i = 0; i < n; i++) {
+        struct ring *r = &rings[i];
+        if (bpf && r->link >= 0) close(r->link);
+        if (bpf) r->link = -1;
+        if (!bpf) close_packet_ring(r);
+        if (on && (bpf ? attach_bpf(r, cgroup) : open_ring(r, port, lo))) {
+            perror(bpf ? "ring_drain: attaching an egress program again" : "ring_drain: opening a packet socket again");
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     char *end = "";
     long port = argc > 1 ? strtol(argv[1], &end, 10) : 0;
@@ -468,27 +493,14 @@ int main(int argc, char **argv) {
         int key = keyed;
         if (key >= 0) {
             keyed = -1;
-            for (int i = 0; i < n; i++) {
-                struct ring *r = &rings[i];
-                if (bpf && r->link >= 0) close(r->link);
-                if (bpf) r->link = -1;
-                if (!bpf) close_packet_ring(r);
-                if (key && (bpf ? attach_bpf(r, cgroup) : open_ring(r, port, lo))) {
-                    perror(bpf ? "ring_drain: attaching an egress program again" : "ring_drain: opening a packet socket again");
-                    return 1;
-                }
-            }
+            if (key_all(rings, n, bpf, key, port, lo, cgroup)) return 1;
         }
-        for (int i = 0; i < n; i++)
-            packets += bpf ? drain_bpf_ring(&rings[i], touch, &t)
-                           : rings[i].fd < 0 ? 0 : drain_packet_ring(&rings[i], touch, &t, &blocks);
+        packets += drain_all(rings, n, bpf, touch, &t, &blocks);
         nanosleep(&nap, NULL);
     }
     /* what came since the last look: a packet ring's open block is handed over by its timer */
     if (!bpf) nanosleep(&(struct timespec){0, 20000000}, NULL);
-    for (int i = 0; i < n; i++)
-        packets += bpf ? drain_bpf_ring(&rings[i], touch, &t)
-                       : rings[i].fd < 0 ? 0 : drain_packet_ring(&rings[i], touch, &t, &blocks);
+    packets += drain_all(rings, n, bpf, touch, &t, &blocks);
     unsigned long long drops = 0;
     for (int i = 0; i < n; i++) drops += bpf ? bpf_ring_drops(&rings[i]) : packet_ring_drops(&rings[i]);
     fprintf(stderr, "ring_drain: %llu blocks, %llu packets over %ld ring(s) (%s, %s; sum %llu, %llu payload bytes summing %llu), %llu dropped\n",
