@@ -16,7 +16,7 @@
 # SHOW_RUNS=1 prints each run's own line. TAPS=N attaches N supervisors to the port for the tapped runs, each copying every segment into
 # its own ring: N times one tap's cost, to tell it from the host's noise. DRAIN=packet|bpf copies
 # without a tap: TAPS rings of benches/ring_drain.c of that kind (packet: the tap's packet rings,
-# nothing read; bpf: eBPF programs on the cgroup egress hook, each keeping the same segments in a
+# nothing read; bpf: eBPF programs on the cgroup egress hook, each keeping the same bytes in a
 # BPF ring buffer), so that the two ways of copying are compared on the same writer.
 #   usage: benches/tap_writer_cost.sh [ROUNDS=5] [COUNT=200000] [EVENT_BYTES=200]
 #   (repo root, after cargo build --release; TAP_SUP=PATH runs another build of the supervisor)

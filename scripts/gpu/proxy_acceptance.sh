@@ -63,7 +63,8 @@
 #        no reader's work; a little dearer than the tap's own copy on the dev VM: BENCHMARKS.md),
 #        =touch the same with every byte read: what part of the cost is the copy in the send;
 #        =bpf N eBPF programs on the cgroup egress hook instead of packet sockets, each keeping the
-#        same bytes in a BPF ring buffer, keyed by signals (another way to copy: BENCHMARKS.md).
+#        same bytes in a BPF ring buffer, and =packet N packet rings, both keyed by signals
+#        (detached or closed while off: on − off their whole cost; another way to copy: BENCHMARKS.md).
 #        TAP_PROMPTS=N: the tap arm's runs have N prompts whatever RUN_S makes the others'.
 #        KEY_RANGE=0.5 gives the keyed arms' runs input and output lengths from 128 to 256 (bench_serving's
 #        --random-range-ratio; default 1.0, all 256), so that their requests leave lockstep.
@@ -429,11 +430,11 @@ print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
             if [ "$side" = keyedtog ]; then
               # one tap for the whole run, its filter swapped off and on in turns (tap_toggle.py)
               # TOG_TAPS=N: N such taps of the port, keyed together (each copies every segment);
-              # TOG_DRAIN=drain|touch|bpf: N rings of benches/ring_drain.c instead, the copy without the tap
+              # TOG_DRAIN=drain|touch|bpf|packet: N rings of benches/ring_drain.c instead, the copy without the tap
               togsups=()
               if [ -n "${TOG_DRAIN:-}" ]; then
-                # (=bpf: eBPF programs on the cgroup egress hook, keyed by signals)
-                drain_how=("$TOG_DRAIN" packet); [ "$TOG_DRAIN" = bpf ] && drain_how=(drain bpf)
+                # (=bpf, =packet: eBPF programs or packet rings keyed by signals, not by their filter)
+                case $TOG_DRAIN in bpf|packet) drain_how=(drain "$TOG_DRAIN") ;; *) drain_how=("$TOG_DRAIN" packet) ;; esac
                 cc -O2 -o "$O/ring_drain" "$HERE/benches/ring_drain.c" 2>> "$P/ring_drain.err" &&
                   { "${SUP_PREFIX[@]}" "$O/ring_drain" "$PORT" "${TOG_TAPS:-1}" "${drain_how[@]}" 2>> "$P/ring_drain.err" & togsups+=($!); sleep 1; }
                 kill -0 "${togsups[@]}" 2>/dev/null || { say "ring_drain did not start: $(tail -2 "$P/ring_drain.err")"; continue; }
@@ -443,7 +444,7 @@ print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
                 if [ "${#togsups[@]}" != "${TOG_TAPS:-1}" ]; then kill -TERM "${togsups[@]}" 2>/dev/null; wait "${togsups[@]}" 2>/dev/null; continue; fi
               fi
               togsup=$(IFS=,; echo "${togsups[*]}")
-              by=(); [ "${TOG_DRAIN:-}" = bpf ] && by=(--signals)
+              by=(); case ${TOG_DRAIN:-} in bpf|packet) by=(--signals) ;; esac
               "${SUP_PREFIX[@]}" python3 "$HERE/scripts/gpu/tap_toggle.py" "${by[@]}" "$togsup" "$stopf" "$P/tap-$side-c$conc-$i.keys" "${KEY_MS:-4000}" & keyer_pid=$!
             else
               keyer "tap-$side-c$conc-$i" "$stopf" $how & keyer_pid=$!

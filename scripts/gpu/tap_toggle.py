@@ -20,9 +20,10 @@ the tap's own). "Off" is not "no tap": the packet hook still runs the (one-instr
 every packet, so on against off is the copy, the tap's own filter and its reader's work: what a
 tap costs less that hook.
 
---signals keys processes that copy by other means, each told by a signal: SIGUSR2 off, SIGUSR1 on
-(benches/ring_drain.c's eBPF kind detaches and attaches its programs), with the same turns and
-the same KEYS lines, and on again at exit. Off there is no program at all on the hook.
+--signals keys processes told by a signal instead: SIGUSR2 off, SIGUSR1 on (benches/ring_drain.c
+detaches and attaches its eBPF programs, or closes and opens its packet sockets), with the same
+turns and the same KEYS lines, and on again at exit. Off, nothing of theirs is on any hook: on
+against off is their whole cost.
 """
 import ctypes
 import os
