@@ -16,8 +16,8 @@
  * packet socket sees two or more) in a BPF ring buffer of 32 MiB: a record a segment, its size the
  * smallest of a few classes that holds it, its time (CLOCK_MONOTONIC) and the segment from the IP
  * header on, copied once, with no wake-up (the reader looks every 4 ms). Either kind is keyed by
- * signals: SIGUSR2 detaches the programs or closes the packet sockets, SIGUSR1 attaches or opens
- * them again (tap_toggle.py --signals; TOG_DRAIN=bpf, tap_server_cost.sh's arms bpfN and packetN:
+ * signals: SIGUSR2 detaches the programs or binds the packet sockets to a protocol nothing carries
+ * (off the packet hook), SIGUSR1 attaches or binds them again (tap_toggle.py --signals; TOG_DRAIN=bpf, tap_server_cost.sh's arms bpfN and packetN:
  * the whole cost of each, where tap_toggle.py's filter swap keys a packet socket's copy alone);
  * the programs go when this exits (links). "touch" also counts
  * the TCP payload's bytes kept and their sum, which both kinds must agree on (tests/tests/tap.rs).
@@ -49,8 +49,8 @@
 
 static volatile sig_atomic_t stop, keyed = -1;
 static void on_signal(int sig) { (void)sig; stop = 1; }
-/* keyed from outside: SIGUSR1 attaches the programs or opens the packet sockets, SIGUSR2 detaches
- * or closes them */
+/* keyed from outside: SIGUSR1 attaches the programs or binds the packet sockets to every protocol,
+ * SIGUSR2 detaches them or binds the sockets to one that nothing carries */
 static void on_key(int sig) { keyed = sig == SIGUSR1; }
 
 struct ring {
@@ -60,8 +60,6 @@ struct ring {
     /* KIND bpf: the ring buffer's map, its consumer position (ours to write), its producer
      * page, and its data (mapped twice over, so that a record across the end reads whole) */
     int prog, link, drops;
-    /* KIND packet keyed off: the socket closed (fd -1), and what it had dropped until then */
-    unsigned long long dropped_before;
     unsigned long *consumer;
     const unsigned long *producer;
     const unsigned char *data;
@@ -382,19 +380,19 @@ static unsigned long long bpf_ring_drops(const struct ring *r) {
 static unsigned long long packet_ring_drops(const struct ring *r) {
     struct tpacket_stats_v3 s = {0};
     socklen_t len = sizeof s;
-    if (r->fd >= 0) getsockopt(r->fd, SOL_PACKET, PACKET_STATISTICS, &s, &len);
-    return r->dropped_before + s.tp_drops;
+    getsockopt(r->fd, SOL_PACKET, PACKET_STATISTICS, &s, &len);
+    return s.tp_drops;
 }
 
-/* Keyed off, a packet socket is closed, so that the kernel's packet hook has one socket fewer
- * to hand each packet to, as for an eBPF program detached: on against off is then the whole
- * cost of either kind (tap_toggle.py's filter swap leaves the hook, and keys the copy alone). */
-static void close_packet_ring(struct ring *r) {
-    if (r->fd < 0) return;
-    r->dropped_before = packet_ring_drops(r);
-    munmap(r->map, (size_t)BLOCK_SIZE * BLOCKS);
-    close(r->fd);
-    r->fd = -1;
+/* Keyed off, a packet socket is bound to a protocol no packet here carries (the local
+ * experimental ethertype; bind reads protocol 0 as "unchanged"), which takes it off the list every
+ * packet is handed to, as an eBPF program is detached: on against off is then the whole cost of
+ * either kind (tap_toggle.py's filter swap leaves the socket on that list, and keys the copy
+ * alone). Its ring stays, and its open block is handed over by the timer as ever. */
+static int bind_packet_ring(struct ring *r, int on, unsigned lo) {
+    struct sockaddr_ll ll = {.sll_family = AF_PACKET, .sll_protocol = htons(on ? ETH_P_ALL : ETH_P_802_EX1),
+                             .sll_ifindex = (int)lo};
+    return bind(r->fd, (struct sockaddr *)&ll, sizeof ll);
 }
 
 /* KIND packet: hands back every block the kernel has handed over; returns the packets. */
@@ -424,20 +422,25 @@ static unsigned long long drain_all(struct ring *rings, long n, int bpf, int tou
                                     unsigned long long *blocks) {
     unsigned long long packets = 0;
     for (int i = 0; i < n; i++)
-        packets += bpf ? drain_bpf_ring(&rings[i], touch, t)
-                       : rings[i].fd < 0 ? 0 : drain_packet_ring(&rings[i], touch, t, blocks);
+        packets += bpf ? drain_bpf_ring(&rings[i], touch, t) : drain_packet_ring(&rings[i], touch, t, blocks);
     return packets;
 }
 
-/* Keyed on (programs attached, sockets opened) or off (detached, closed); 0, or -1 said. */
-static int key_all(struct ring *rings, long n, int bpf, int on, long port, unsigned lo, int cgroup) {
+/* Keyed on (programs attached, sockets bound to every protocol) or off; 0, or -1 said. */
+static int key_all(struct ring *rings, long n, int bpf, int on, unsigned lo, int cgroup) {
     for (int i = 0; i < n; i++) {
         struct ring *r = &rings[i];
-        if (bpf && r->link >= 0) close(r->link);
-        if (bpf) r->link = -1;
-        if (!bpf) close_packet_ring(r);
-        if (on && (bpf ? attach_bpf(r, cgroup) : open_ring(r, port, lo))) {
-            perror(bpf ? "ring_drain: attaching an egress program again" : "ring_drain: opening a packet socket again");
+        if (!bpf) {
+            if (bind_packet_ring(r, on, lo)) {
+                perror("ring_drain: binding a packet socket to another protocol");
+                return -1;
+            }
+            continue;
+        }
+        if (r->link >= 0) close(r->link);
+        r->link = -1;
+        if (on && attach_bpf(r, cgroup)) {
+            perror("ring_drain: attaching an egress program again");
             return -1;
         }
     }
@@ -493,7 +496,7 @@ int main(int argc, char **argv) {
         int key = keyed;
         if (key >= 0) {
             keyed = -1;
-            if (key_all(rings, n, bpf, key, port, lo, cgroup)) return 1;
+            if (key_all(rings, n, bpf, key, lo, cgroup)) return 1;
         }
         packets += drain_all(rings, n, bpf, touch, &t, &blocks);
         nanosleep(&nap, NULL);

@@ -10,7 +10,7 @@
 #   touchN  the same, every byte read
 #   bpfN    N eBPF programs of benches/ring_drain.c (KIND bpf: the cgroup egress hook, a BPF ring
 #           buffer each), keyed by signals (tap_toggle.py --signals): off, no program at all
-#   packetN drainN keyed the same way: off, its packet sockets closed, so that on − off is the
+#   packetN drainN keyed the same way: off, its packet sockets off the packet hook, so on − off is the
 #           whole cost, the packet hook's own included, like for like with bpfN (drainN's filter
 #           swap keys the copy alone)
 # Prints each run, then per arm the median of its rounds: events/s on/off, and on − off of the

@@ -64,7 +64,7 @@
 #        =touch the same with every byte read: what part of the cost is the copy in the send;
 #        =bpf N eBPF programs on the cgroup egress hook instead of packet sockets, each keeping the
 #        same bytes in a BPF ring buffer, and =packet N packet rings, both keyed by signals
-#        (detached or closed while off: on − off their whole cost; another way to copy: BENCHMARKS.md).
+#        (detached or off the packet hook while off: on − off their whole cost; BENCHMARKS.md).
 #        TAP_PROMPTS=N: the tap arm's runs have N prompts whatever RUN_S makes the others'.
 #        KEY_RANGE=0.5 gives the keyed arms' runs input and output lengths from 128 to 256 (bench_serving's
 #        --random-range-ratio; default 1.0, all 256), so that their requests leave lockstep.

@@ -21,9 +21,10 @@ every packet, so on against off is the copy, the tap's own filter and its reader
 tap costs less that hook.
 
 --signals keys processes told by a signal instead: SIGUSR2 off, SIGUSR1 on (benches/ring_drain.c
-detaches and attaches its eBPF programs, or closes and opens its packet sockets), with the same
-turns and the same KEYS lines, and on again at exit. Off, nothing of theirs is on any hook: on
-against off is their whole cost.
+detaches and attaches its eBPF programs, or binds its packet sockets off and back on the packet
+hook), with the same turns and the same KEYS lines, and on again at exit. Off, nothing of theirs
+is on any hook: on against off is their whole cost. (A packet socket bound again hears only after
+the kernel's RCU grace period, 8–16 ms on the dev VM: an on-turn's first slice is not all on.)
 """
 import ctypes
 import os

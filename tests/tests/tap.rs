@@ -2151,7 +2151,7 @@ fn ring_drains_bpf_kind_keeps_every_payload_byte_its_packet_kind_keeps() {
 }
 
 /// `scripts/gpu/tap_toggle.py --signals` keys ring_drain's copies, of either kind (its eBPF
-/// programs detached, its packet sockets closed), by their signals in the turns it writes down:
+/// programs detached, its packet sockets bound off the packet hook), by their signals in the turns it writes down:
 /// what a copy kept holds every exchange wholly inside an on-turn and none wholly inside an
 /// off-turn.
 #[test]
@@ -2225,8 +2225,11 @@ fn keyed_by_signals(bin: &Path, kind: &str, tmp: &Path) {
             (f[1], f[2])
         })
         .collect();
+    // a packet socket bound again waits out the kernel's RCU grace period (8–16 ms here) before
+    // it hears again; a program is attached at once
+    let lag = if kind == "packet" { 0.1 } else { 0.0 };
     let within_on =
-        |&(a, b, _): &(f64, f64, u64)| turns.iter().any(|&(on, off)| on <= a && b <= off);
+        |&(a, b, _): &(f64, f64, u64)| turns.iter().any(|&(on, off)| on + lag <= a && b <= off);
     let touches_on =
         |&(a, b, _): &(f64, f64, u64)| turns.iter().any(|&(on, off)| a <= off && on <= b);
     let on: u64 = exchanges.iter().filter(|e| within_on(e)).map(|e| e.2).sum();
@@ -2242,14 +2245,9 @@ fn keyed_by_signals(bin: &Path, kind: &str, tmp: &Path) {
         turns.len(),
         exchanges.len()
     );
-    // a packet socket closed at an on-turn's end loses its block still being filled (up to 8 ms
-    // of segments), and one opened again maps its ring before it hears anything: most, not all,
-    // of the on-turns' exchanges; a program detached has handed over every record already
-    let least = if kind == "packet" { on * 4 / 5 } else { on };
     assert!(
-        least <= kept && kept <= all - off,
-        "{kind}: kept {kept}: at least {least} (of {on}, wholly on), at most {} (all less wholly \
-         off)",
+        on <= kept && kept <= all - off,
+        "{kind}: kept {kept}: at least {on} (wholly on), at most {} (all less wholly off)",
         all - off
     );
     assert_eq!(dropped, 0, "{kind}");
