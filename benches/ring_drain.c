@@ -367,14 +367,19 @@ static unsigned long long drain_bpf_ring(struct ring *r, int touch, struct tally
     return n;
 }
 
-static unsigned long long bpf_ring_drops(const struct ring *r) {
+/* The program's count of records it had no room for; -1 where it cannot be read. */
+static long long bpf_ring_drops(const struct ring *r) {
     __u32 key = 0;
     __u64 value = 0;
     union bpf_attr a = {0};
     a.map_fd = (unsigned)r->drops;
     a.key = (unsigned long)&key;
     a.value = (unsigned long)&value;
-    return sys_bpf(BPF_MAP_LOOKUP_ELEM, &a) ? 0 : value;
+    if (sys_bpf(BPF_MAP_LOOKUP_ELEM, &a)) {
+        perror("ring_drain: reading the drops counter");
+        return -1;
+    }
+    return (long long)value;
 }
 
 static unsigned long long packet_ring_drops(const struct ring *r) {
@@ -505,8 +510,16 @@ int main(int argc, char **argv) {
     if (!bpf) nanosleep(&(struct timespec){0, 20000000}, NULL);
     packets += drain_all(rings, n, bpf, touch, &t, &blocks);
     unsigned long long drops = 0;
-    for (int i = 0; i < n; i++) drops += bpf ? bpf_ring_drops(&rings[i]) : packet_ring_drops(&rings[i]);
-    fprintf(stderr, "ring_drain: %llu blocks, %llu packets over %ld ring(s) (%s, %s; sum %llu, %llu payload bytes summing %llu), %llu dropped\n",
-            blocks, packets, n, mode, kind, t.sum, t.payload, t.payload_sum, drops);
+    int unknown = 0;
+    for (int i = 0; i < n; i++) {
+        long long d = bpf ? bpf_ring_drops(&rings[i]) : (long long)packet_ring_drops(&rings[i]);
+        unknown |= d < 0;
+        drops += d < 0 ? 0 : (unsigned long long)d;
+    }
+    /* (the bpf kind has records, not blocks; a count not read is "?", never 0) */
+    char dropped[32] = "?";
+    if (!unknown) snprintf(dropped, sizeof dropped, "%llu", drops);
+    fprintf(stderr, "ring_drain: %llu %s, %llu packets over %ld ring(s) (%s, %s; sum %llu, %llu payload bytes summing %llu), %s dropped\n",
+            bpf ? packets : blocks, bpf ? "records" : "blocks", packets, n, mode, kind, t.sum, t.payload, t.payload_sum, dropped);
     return 0;
 }
