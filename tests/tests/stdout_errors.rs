@@ -75,8 +75,10 @@ fn a_full_stdout_is_one_error_line_and_exit_125_not_a_panic() {
 fn a_closed_pipe_on_stdout_ends_the_command_quietly() {
     for args in printing_commands() {
         let mut fds = [0; 2];
+        // Close-on-exec: a child the other test spawns meanwhile must not inherit the read end
+        // (it kept the pipe open, and the write this test expects to fail went through).
         // SAFETY: a fresh pipe; both ends are owned below and closed exactly once.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
         let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         // The reader is gone before the first write, as after `| head` has had its lines.
         drop(read);
