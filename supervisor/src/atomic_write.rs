@@ -181,8 +181,10 @@ mod tests {
     fn a_link_the_kernel_resolves_to_a_pipe_gets_the_bytes() {
         // /dev/stdout → /proc/self/fd/1 → "pipe:[…]": the path `report -o /dev/stdout` names.
         let mut fds = [0; 2];
+        // Close-on-exec: a child another test spawns meanwhile must not hold the write end open,
+        // or the read to the end below waits for that child.
         // SAFETY: a fresh pipe; both ends are owned below and closed exactly once.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
         let (r, w) = unsafe {
             use std::os::fd::FromRawFd;
             (
