@@ -1626,20 +1626,13 @@ fn the_acceptance_toggle_swaps_the_taps_filter_off_and_on_and_leaves_it_on() {
     std::fs::write(&stop, "").unwrap();
     assert!(toggle.wait().unwrap().success(), "tap_toggle.py failed");
     drop(out);
-    let turns: Vec<Vec<f64>> = std::fs::read_to_string(&keys)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            assert!(l.ends_with(" tog"), "a keys line: {l:?}");
-            l.split(' ').take(3).map(|f| f.parse().unwrap()).collect()
-        })
-        .collect();
+    let turns = on_turns(&keys);
     for r in &measured {
         let at = r["start_unix"].as_f64().unwrap();
         assert!(
             turns
                 .iter()
-                .any(|t| t[1] - SLACK <= at && at <= t[2] + SLACK),
+                .any(|&(on, off)| on - SLACK <= at && at <= off + SLACK),
             "measured at {at}, outside every on-turn {turns:?}"
         );
     }
@@ -1706,13 +1699,13 @@ fn the_acceptance_toggle_keys_several_taps_of_one_port_together() {
         );
     }
     // requests one after another through two whole on-turns (a keys line ends each)
-    let on_turns = || std::fs::read_to_string(&keys).map_or(0, |k| k.lines().count());
+    let turns_ended = || std::fs::read_to_string(&keys).map_or(0, |k| k.lines().count());
     let end = Instant::now() + Duration::from_secs(15);
-    while on_turns() < 2 && Instant::now() < end {
+    while turns_ended() < 2 && Instant::now() < end {
         send();
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(on_turns() >= 2, "two on-turns in 15 s");
+    assert!(turns_ended() >= 2, "two on-turns in 15 s");
     std::fs::write(&stop, "").unwrap();
     assert!(toggle.wait().unwrap().success(), "tap_toggle.py failed");
     drop(out);
@@ -1736,16 +1729,15 @@ fn the_acceptance_toggle_keys_several_taps_of_one_port_together() {
     for (a, b) in measured.iter().zip(&by_second) {
         assert!((a - b).abs() < SLACK, "the same request: {a} and {b}");
     }
-    let turns = std::fs::read_to_string(&keys).unwrap();
+    let turns = on_turns(&keys);
     let in_second_turn = |at: &f64| {
-        turns.lines().nth(1).is_some_and(|l| {
-            let t: Vec<f64> = l.split(' ').take(3).map(|f| f.parse().unwrap()).collect();
-            t[1] - SLACK <= *at && *at <= t[2] + SLACK
-        })
+        turns
+            .get(1)
+            .is_some_and(|&(on, off)| on - SLACK <= *at && *at <= off + SLACK)
     };
     assert!(
         measured.iter().any(in_second_turn),
-        "measured in the second on-turn too: {measured:?}\n{turns}"
+        "measured in the second on-turn too: {measured:?}\n{turns:?}"
     );
     let before = (records(&first.log).len(), records(&second.log).len());
     send();
@@ -1767,6 +1759,19 @@ fn the_acceptance_toggle_keys_several_taps_of_one_port_together() {
 /// `scripts/gpu/tap_toggle.py` keying the tap of process `pid` (turns of 1.5–2.25 s), once its
 /// line says the first off-turn has begun, with its output (kept open till it exits); None
 /// (said) where this process may not take another's descriptors (pidfd_getfd needs the right to
+/// The on-turns `tap_toggle.py` wrote to KEYS, one "ON ON OFF tog" line each: (on, off).
+fn on_turns(keys: &Path) -> Vec<(f64, f64)> {
+    std::fs::read_to_string(keys)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            assert!(l.ends_with(" tog"), "a keys line: {l:?}");
+            let t: Vec<f64> = l.split(' ').take(3).map(|f| f.parse().unwrap()).collect();
+            (t[1], t[2])
+        })
+        .collect()
+}
+
 /// ptrace it: a container without CAP_SYS_PTRACE).
 #[allow(clippy::disallowed_methods)] // runs the script itself, as the acceptance does
 fn start_toggle(
@@ -2213,18 +2218,7 @@ fn keyed_by_signals(bin: &Path, kind: &str, tmp: &Path) {
         dropped,
         ..
     } = drain.counts();
-    let turns: Vec<(f64, f64)> = std::fs::read_to_string(&keys)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let f: Vec<f64> = l
-                .split_whitespace()
-                .take(3)
-                .map(|x| x.parse().unwrap())
-                .collect();
-            (f[1], f[2])
-        })
-        .collect();
+    let turns = on_turns(&keys);
     // a packet socket bound again waits out the kernel's RCU grace period (8–16 ms here) before
     // it hears again; a program is attached at once
     let lag = if kind == "packet" { 0.1 } else { 0.0 };
