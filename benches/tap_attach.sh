@@ -24,3 +24,45 @@ writer_port() {
   http=$!
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.05; done
 }
+
+# ring_drain_start WHO LOG CMD...: CMD (benches/ring_drain.c's binary and its arguments, after any
+# prefix such as taskset) in the background, its pid in $drain, its stderr appended to LOG; returns
+# once it prints its "ring(s) on port" line, which comes after every ring is set (a fixed sleep is
+# too short for many bpf programs, or too long), or else (it exited, or 10 s passed) takes it down
+# and returns 1, said on stderr after WHO. LOG may hold earlier runs (proxy_acceptance.sh appends
+# to one): only what this start appends is read, from byte $drain_from on, here and by
+# ring_drain_check_drops. Its stdout, where it prints nothing, is not the caller's: in $(...) it
+# would hold that open.
+ring_drain_start() {
+  local who=$1 log=$2; shift 2
+  drain_from=$(( $(stat -c %s "$log" 2>/dev/null || echo 0) + 1 ))
+  "$@" > /dev/null 2>> "$log" &
+  drain=$!
+  for _ in $(seq 500); do
+    [[ $(tail -c "+$drain_from" "$log") == *'ring(s) on port'* ]] && return 0
+    kill -0 "$drain" 2>/dev/null || break
+    sleep 0.02
+  done
+  # (it may have said so just before it exited)
+  [[ $(tail -c "+$drain_from" "$log") == *'ring(s) on port'* ]] && return 0
+  kill "$drain" 2>/dev/null || true; wait "$drain" 2>/dev/null || true
+  echo "$who ring_drain did not start ($log): $(tail -c "+$drain_from" "$log" | tail -3)" >&2
+  return 1
+}
+
+# ring_drain_check_drops WHO LOG: after the ring_drain that ring_drain_start started with LOG has
+# exited, 0 where its final line says ", 0 dropped"; else 1, said in one line on stderr after WHO:
+# a ring that overflowed (its reader starved) copied less than was sent, a count it could not read
+# ("?") may hide that, and no final line means it never counted (not stopped by SIGTERM or SIGINT).
+ring_drain_check_drops() {
+  local who=$1 log=$2 last why
+  last=$(tail -c "+${drain_from:-1}" "$log" 2>/dev/null | tail -1) || true
+  case $last in
+    *', 0 dropped') return 0 ;;
+    *', ? dropped') why="could not read its drops counter, so it may have dropped" ;;
+    *' dropped') why="dropped what it could not hold" ;;
+    *) why="printed no final count" ;;
+  esac
+  echo "$who ring_drain $why ($log): ${last:-nothing}" >&2
+  return 1
+}

@@ -57,9 +57,8 @@ one() {  # one ARM: prints "events/s-ratio user-diff system-diff" and says the r
     drain*|touch*|bpf*|packet*)
       local mode=${arm%%[0-9]*} kind=packet
       case $mode in bpf|packet) kind=$mode; mode=drain ;; esac
-      taskset -c "$OTHER_CPU" "$W/ring_drain" "$port" "$n" "$mode" "$kind" > /dev/null 2> "$W/drain.err" & taps+=("$!"); pids+=("$!")
-      sleep 0.3
-      kill -0 "${taps[0]}" 2>/dev/null || { echo "tap_server_cost: ring_drain did not start: $(tail -2 "$W/drain.err")" >&2; exit 1; } ;;
+      ring_drain_start "tap_server_cost: $arm:" "$W/drain.err" taskset -c "$OTHER_CPU" "$W/ring_drain" "$port" "$n" "$mode" "$kind" || exit 1
+      taps+=("$drain"); pids+=("$drain") ;;
   esac
   local by=(); [[ $arm == bpf* || $arm == packet* ]] && by=(--signals)
   taskset -c "$OTHER_CPU" python3 scripts/gpu/tap_toggle.py "${by[@]}" "$(IFS=,; echo "${taps[*]}")" "$W/stop" "$W/keys" 2000 > /dev/null &
@@ -68,9 +67,7 @@ one() {  # one ARM: prints "events/s-ratio user-diff system-diff" and says the r
   touch "$W/stop"; wait "$toggle"
   kill -INT "${taps[@]}"; wait "${taps[@]}" 2>/dev/null || true
   # a ring that overflowed copied less than the server sent: not a figure
-  if [[ $arm != sup* ]] && ! tail -1 "$W/drain.err" | grep -q ', 0 dropped$'; then
-    echo "tap_server_cost: $arm: ring_drain dropped what it could not hold: $(tail -1 "$W/drain.err")" >&2; exit 1
-  fi
+  if [[ $arm != sup* ]]; then ring_drain_check_drops "tap_server_cost: $arm:" "$W/drain.err" || exit 1; fi
   kill "${pids[0]}"; wait "${pids[0]}" 2>/dev/null || true
   pids=()
   python3 - "$W/samples" "$W/keys" "$arm" <<'PY'

@@ -59,10 +59,8 @@ tapped() {  # TAPS=N supervisors tapping the port at once, each with its own rin
   # run in $(...), a subshell: its own trap takes its taps down, whatever stops it
   trap 'kill "${taps[@]}" 2>/dev/null' EXIT
   if [ -n "${DRAIN:-}" ]; then
-    taskset -c "$TAP_CPU" "$W/ring_drain" "$PORT" "${TAPS:-1}" drain "$DRAIN" 2> "$W/drain.err" &
-    taps+=($!)
-    for _ in $(seq 100); do grep -q 'ring(s) on port' "$W/drain.err" && break; kill -0 "${taps[0]}" 2>/dev/null || break; sleep 0.02; done
-    grep -q 'ring(s) on port' "$W/drain.err" || { echo "tap_writer_cost: ring_drain did not start: $(tail -3 "$W/drain.err")" >&2; exit 1; }
+    ring_drain_start tap_writer_cost: "$W/drain.err" taskset -c "$TAP_CPU" "$W/ring_drain" "$PORT" "${TAPS:-1}" drain "$DRAIN" || exit 1
+    taps+=("$drain")
   else
     for k in $(seq "${TAPS:-1}"); do
       mkdir -p "$W/tap$k"
@@ -75,9 +73,7 @@ tapped() {  # TAPS=N supervisors tapping the port at once, each with its own rin
   one || exit 1
   kill -INT "${taps[@]}"; wait "${taps[@]}" || true; taps=()
   # a ring that overflowed (its reader starved) copied less than the writer sent: not a figure
-  if [ -n "${DRAIN:-}" ] && ! tail -1 "$W/drain.err" | grep -q ', 0 dropped$'; then
-    echo "tap_writer_cost: ring_drain dropped what it could not hold: $(tail -1 "$W/drain.err")" >&2; exit 1
-  fi
+  if [ -n "${DRAIN:-}" ]; then ring_drain_check_drops tap_writer_cost: "$W/drain.err" || exit 1; fi
 }
 [ -n "${DRAIN:-}" ] && cc -O2 -o "$W/ring_drain" benches/ring_drain.c
 event="$BYTES bytes"; [ -n "${PY_WRITER:-}" ] && event="a chat chunk, about 290 bytes"

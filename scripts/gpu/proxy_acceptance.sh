@@ -141,6 +141,9 @@ if [ -n "${SOMAXCONN:-}" ]; then  # listen queues are sized when the server list
 fi
 # shellcheck source=/dev/null
 source "$HERE/dev-device/serve.sh"
+# ring_drain_start and ring_drain_check_drops, the benches' own (the repository is here whole)
+# shellcheck source=benches/tap_attach.sh
+source "$HERE/benches/tap_attach.sh"
 install_bundle "$B" || exit 1
 eval "$(print_env)"
 PORT=30000
@@ -435,9 +438,11 @@ print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
               if [ -n "${TOG_DRAIN:-}" ]; then
                 # (=bpf, =packet: eBPF programs or packet rings keyed by signals, not by their filter)
                 case $TOG_DRAIN in bpf|packet) drain_how=(drain "$TOG_DRAIN") ;; *) drain_how=("$TOG_DRAIN" packet) ;; esac
-                cc -O2 -o "$O/ring_drain" "$HERE/benches/ring_drain.c" 2>> "$P/ring_drain.err" &&
-                  { "${SUP_PREFIX[@]}" "$O/ring_drain" "$PORT" "${TOG_TAPS:-1}" "${drain_how[@]}" 2>> "$P/ring_drain.err" & togsups+=($!); sleep 1; }
-                kill -0 "${togsups[@]}" 2>/dev/null || { say "ring_drain did not start: $(tail -2 "$P/ring_drain.err")"; continue; }
+                cc -O2 -o "$O/ring_drain" "$HERE/benches/ring_drain.c" 2>> "$P/ring_drain.err" ||
+                  { say "ring_drain did not build: $(tail -2 "$P/ring_drain.err")"; continue; }
+                ring_drain_start "[acceptance $(date +%T.%3N)]" "$P/ring_drain.err" \
+                  "${SUP_PREFIX[@]}" "$O/ring_drain" "$PORT" "${TOG_TAPS:-1}" "${drain_how[@]}" || continue
+                togsups+=("$drain")
               else
                 for t in $(seq "${TOG_TAPS:-1}"); do
                   tap_start "tap-$side-c$conc-$i-tog$t" --tap || break; togsups+=("$TAPSUP"); done
@@ -459,7 +464,8 @@ print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
             # (with fixed lengths they end in waves, and a turn's rate depends on where its edges fall)
             EXTRA_BODY=${EXTRA_BODY:-$usage} CHUNKS=1 DATASET=random-ids bench "$PORT" "${KEYED_BACKEND:-sglang}" "$conc" "${PROMPTS:-1024}" "$P/c$conc-$side-$i.jsonl" "${KEY_RANGE:-1.0}"
             touch "$stopf"; wait "$keyer_pid" "$cpu_pid"
-            [ "$side" = keyedtog ] && { kill -TERM "${togsups[@]}"; wait "${togsups[@]}"; [ -n "${TOG_DRAIN:-}" ] && tail -1 "$P/ring_drain.err"; }
+            # (ring_drain's drops said, not fatal, as its count line is: the run's other figures stand)
+            [ "$side" = keyedtog ] && { kill -TERM "${togsups[@]}"; wait "${togsups[@]}"; [ -n "${TOG_DRAIN:-}" ] && { tail -1 "$P/ring_drain.err"; ring_drain_check_drops "[acceptance $(date +%T.%3N)]" "$P/ring_drain.err"; }; }
             python3 "$HERE/scripts/gpu/keyed.py" "$conc" "$P/c$conc-$side-$i.jsonl" "$P/tap-$side-c$conc-$i.keys"
             # what the tap recorded over its turns (requests cut by a turn's edge end as errors)
             [ "$side" != keyedctl ] && { [ "$side" != keyedtog ] || [ -z "${TOG_DRAIN:-}" ]; } && cat "$P"/tap-"$side"-c"$conc"-"$i"-*-requests.jsonl 2>/dev/null | TAPS=$([ "$side" = keyedtog ] && echo "${TOG_TAPS:-1}" || echo 1) python3 -c '
