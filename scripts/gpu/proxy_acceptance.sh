@@ -73,7 +73,8 @@
 #   S's knobs: BENCH_TIMEOUT=S ends a bench_serving run after S seconds (300, or 2 x RUN_S but
 #   not past DEADLINE_S less 60 s; a killed run leaves no results of bench_serving's, but the keyed
 #   arm's stamps are kept); DEADLINE_S=N starts no round that would end past N seconds from the script's start
-#   (the summary still prints: set it below the command's timeout); SERVER_EXTRA / SERVER_ENV add
+#   (the summary still prints: set it below the command's timeout), and with RUN_S shortens the
+#   runs so that one round fits; SERVER_EXTRA / SERVER_ENV add
 #   server flags / environment; ISOLATE=1 pins the server's HTTP process alone on a CPU (scripts/gpu/server_procs.py);
 #   WARM_FULL=N runs N full-size benchmarks straight to the server before the measured ones (its
 #   cost per token drifts down over its first minutes), of WARM_PROMPTS prompts (PROMPTS); with
@@ -336,11 +337,22 @@ PY
     done
     if [ -n "${RUN_S:-}" ] && [ -f "$P/warmfull-1.jsonl" ]; then
       # runs of about RUN_S seconds whatever the card (the H100 host ran at 10k tokens/s, the
-      # H200 at 17k): the prompts from the warm-up's throughput, 256 output tokens each
+      # H200 at 17k): the prompts from the warm-up's throughput, 256 output tokens each. With
+      # DEADLINE_S, no more than a round of every arm can take by then, as the check before each
+      # round reckons it (256 tokens a prompt, 5 s more a run, 30 s to spare, 10 s for what
+      # comes first): a cold machine's server ready after 159 s instead of 69 left a call with
+      # no round at all, where a shorter one fitted
+      read -r -a arms <<< "${SIDES:-direct proxy}"
+      fits=$([ -n "${DEADLINE_S:-}" ] && echo $(( (DEADLINE_S - SECONDS - 40) / ${#arms[@]} - 5 )) || echo 0)
       PROMPTS=$(python3 -c 'import json, sys
 b = [json.loads(l.replace("Infinity", "1e999")) for l in open(sys.argv[1])][-1]
 mean_out = 256 * (1 + float(sys.argv[3])) / 2  # KEY_RANGE shortens the keyed runs
-print(max(1024, int(float(sys.argv[2]) * b["output_throughput"] / mean_out) // 256 * 256))' "$P/warmfull-1.jsonl" "$RUN_S" "${KEY_RANGE:-1.0}")
+n = float(sys.argv[2]) * b["output_throughput"] / mean_out
+fits = float(sys.argv[4])
+if fits > 0:
+    n = min(n, fits * b["output_throughput"] / 256)
+print(max(1024, int(n) // 256 * 256))' "$P/warmfull-1.jsonl" "$RUN_S" "${KEY_RANGE:-1.0}" "$fits")
+      [ "$fits" -gt 0 ] && say "S: at most ${fits} s a run fits before DEADLINE_S=$DEADLINE_S (by 256 tokens a prompt)"
       # a warm-up can run faster than the long run after it (20.5k against 17.7k tokens/s on the
       # H100 host): unless told otherwise, a run may take twice RUN_S before it is stopped, but
       # not past DEADLINE_S less a minute (a timeout past the call's own limit never fires, and
