@@ -488,8 +488,9 @@ pub struct RunArgs {
     /// each segment in its own send: on SGLang's native stream (every chunk resends the text so
     /// far) against a saturated server, about 1 % of its HTTP process's CPU and some 3 % of its
     /// throughput (0.1 to 6 %; H100 host, c=128); on OpenAI chat streams (InferenceX's path)
-    /// 0.6 % of that CPU, yet some 3.5 % of the throughput (1.5 to 5.4 %), as more time in the
-    /// server's own code (not measured where that process has headroom: a GPU-bound model).
+    /// 0.6 % of that CPU, yet some 3 % of the throughput (0.9 to 4.6 %; H100 hosts, c=128, nine
+    /// runs), part of it as more time in the server's own code (not measured where that process
+    /// has headroom: a GPU-bound model).
     /// The kernel's ring is SGLANG_SUPERVISOR_TAP_RING_MB MiB (1 to 4096, default 32; a value
     /// out of range, here or in the readers' count below, is refused: 125); what it
     /// has no room for is counted (tap_dropped_packets_total) and its requests end as errors.
