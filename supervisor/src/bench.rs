@@ -27,7 +27,7 @@ pub struct BenchResult {
 /// Read a result file (one JSON document, or JSON lines: the last line), tolerating Python's
 /// `NaN`/`Infinity`. The error is one line naming the file and what to do.
 pub fn load(path: &Path) -> Result<BenchResult, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    let text = crate::input_file::read_to_string(path).map_err(|e| {
         format!(
             "--bench-result {}: cannot read it ({e}); pass the JSON file bench_serving or benchmark_serving.py saved (--save-result)",
             path.display()
@@ -170,13 +170,7 @@ struct Log<'a> {
 
 impl<'a> Log<'a> {
     fn open(path: &'a Path) -> Result<Log<'a>, String> {
-        // Asked before opening: opening a FIFO blocks, and /dev/zero would never end.
-        match std::fs::metadata(path) {
-            Ok(m) if m.is_file() => {}
-            Ok(_) => return Err(Log::cannot(path, &"not a regular file")),
-            Err(e) => return Err(Log::cannot(path, &e)),
-        }
-        let file = std::fs::File::open(path).map_err(|e| Log::cannot(path, &e))?;
+        let file = crate::input_file::open(path).map_err(|e| Log::cannot(path, &e))?;
         Ok(Log { path, file })
     }
 

@@ -106,7 +106,7 @@ fn load(path: &Path) -> Result<RunData> {
             path.display()
         )
     };
-    let text = std::fs::read_to_string(path).with_context(what)?;
+    let text = crate::input_file::read_to_string(path).with_context(what)?;
     parse_run(&text).with_context(what)
 }
 

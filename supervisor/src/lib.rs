@@ -10,6 +10,7 @@ pub mod exit;
 pub mod flags;
 pub mod gpu;
 pub mod html;
+pub mod input_file;
 pub mod lifecycle;
 pub mod listen_addr;
 pub mod logs;

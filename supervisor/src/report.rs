@@ -137,7 +137,7 @@ fn expected_gpus(events: &[Value]) -> Option<usize> {
 /// `empty_ok`: an empty file is no run's events (a report over a benchmark's span from the
 /// other files alone), not a wrong file.
 fn read_events(path: &Path, empty_ok: bool) -> Result<Vec<Value>, String> {
-    let text = std::fs::read(path).map_err(|e| {
+    let text = crate::input_file::read(path).map_err(|e| {
         format!(
             "--events {}: cannot read it ({e}); pass the file `run --events` wrote",
             path.display()
@@ -194,18 +194,7 @@ fn bench_window(args: &ReportArgs, events: &[Value]) -> Result<Option<Value>, St
     let span = crate::bench::span(&b, requests.as_ref().map(|l| l.records.as_slice()))?;
     let expected = args.expected_gpus.or_else(|| expected_gpus(events));
     let power = match &args.power_csv {
-        Some(csv) if !csv.is_file() => {
-            let what = if csv.exists() {
-                "not a regular file"
-            } else {
-                "no such file"
-            };
-            return Err(format!(
-                "--power-csv {}: {what}; pass the CSV `run --power-csv` wrote",
-                csv.display()
-            ));
-        }
-        Some(csv) if let Err(e) = std::fs::File::open(csv) => {
+        Some(csv) if let Err(e) = crate::input_file::open(csv) => {
             return Err(format!(
                 "--power-csv {}: cannot read it ({e}); pass the CSV `run --power-csv` wrote",
                 csv.display()

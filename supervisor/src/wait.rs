@@ -7,7 +7,7 @@ use crate::exit;
 use crate::readiness::{self, Evidence};
 use anyhow::{Context, Result};
 use sglang_probes::http::{Bearer, HttpUrl};
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{ErrorKind, Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
@@ -120,7 +120,19 @@ async fn follow_events(path: &Path, timeout: Duration) -> Result<i32> {
     let mut said_stale = false;
     // Read at least once: a short timeout still sees a run that is ready already.
     loop {
-        if let Ok(mut f) = std::fs::File::open(path) {
+        let file = crate::input_file::open(path);
+        if let Some(e) = file
+            .as_ref()
+            .err()
+            .filter(|e| e.kind() == ErrorKind::InvalidInput)
+        {
+            // (a FIFO would block the wait past its timeout, a device never end)
+            anyhow::bail!(
+                "--events {}: {e}; pass the path that `run --events` writes",
+                path.display()
+            );
+        }
+        if let Ok(mut f) = file {
             let meta = f
                 .metadata()
                 .with_context(|| format!("reading {}", path.display()))?;

@@ -660,7 +660,7 @@ fn bad_input_is_one_line_naming_the_file_and_exit_2() {
         ),
         (
             with_bench("--power-csv", &dir),
-            "not a regular file; pass the CSV",
+            "cannot read it (not a regular file); pass the CSV",
         ),
         (with_bench("--requests-log", &dir), "not a regular file"),
         (
