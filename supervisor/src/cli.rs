@@ -689,10 +689,94 @@ where
             ErrorKind::InvalidUtf8 => name_the_bytes(&command, e, &argv),
             _ => name_the_environment(&command, e, &argv),
         })?;
-    if let Some(("run", run)) = matches.subcommand() {
-        check_measure_options(&mut command, run)?;
+    match matches.subcommand() {
+        Some(("run", run)) => {
+            check_measure_options(&mut command, run)?;
+            let outputs = [
+                ("log_file", "--log-file"),
+                ("events", "--events"),
+                ("report", "--report"),
+                ("report_html", "--report-html"),
+                ("requests_log", "--requests-log"),
+                ("power_csv", "--power-csv"),
+            ];
+            check_distinct_files(&mut command, "run", run, &outputs, &outputs)?;
+        }
+        Some(("report", report)) => {
+            let outputs = [("output", "--output"), ("html", "--html")];
+            let all = [
+                ("output", "--output"),
+                ("html", "--html"),
+                ("events", "--events"),
+                ("bench_result", "--bench-result"),
+                ("requests_log", "--requests-log"),
+                ("power_csv", "--power-csv"),
+            ];
+            check_distinct_files(&mut command, "report", report, &outputs, &all)?;
+        }
+        _ => {}
     }
     Cli::from_arg_matches(&matches)
+}
+
+/// Refuses two options naming one file where one of them writes it (`writers`, checked against
+/// `all`): one would corrupt or replace the other (a log and the events interleaved, a report
+/// written over its own input). Devices (/dev/null) and other non-regular files are left alone.
+fn check_distinct_files(
+    command: &mut clap::Command,
+    subcommand: &str,
+    matches: &ArgMatches,
+    writers: &[(&str, &str)],
+    all: &[(&str, &str)],
+) -> Result<(), clap::Error> {
+    // An option set by its variable is named with it, so that an exported setting is found.
+    let named = |command: &clap::Command, id: &str, flag: &str| {
+        let env = command
+            .find_subcommand(subcommand)
+            .and_then(|c| c.get_arguments().find(|a| a.get_id() == id))
+            .and_then(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()));
+        match (matches.value_source(id), env) {
+            (Some(clap::parser::ValueSource::EnvVariable), Some(env)) => {
+                format!("{flag} (from {env})")
+            }
+            _ => flag.to_string(),
+        }
+    };
+    let file = |id: &str| -> Option<(PathBuf, PathBuf)> {
+        let given = matches.get_one::<PathBuf>(id)?;
+        if std::fs::metadata(given).is_ok_and(|m| !m.is_file()) {
+            return None;
+        }
+        // The same file however it is named: relative, through `..` or a symbolic link.
+        let abs = std::path::absolute(given).ok()?;
+        let same = abs.canonicalize().ok().or_else(|| {
+            let parent = abs.parent()?.canonicalize().ok()?;
+            Some(parent.join(abs.file_name()?))
+        });
+        Some((given.clone(), same.unwrap_or(abs)))
+    };
+    for (i, &(w, wflag)) in writers.iter().enumerate() {
+        let Some((given, same)) = file(w) else {
+            continue;
+        };
+        let others = all.iter().filter(|&&(id, _)| id != w);
+        // (two writers are one pair: said once, from the first)
+        let others = others.filter(|&&(id, _)| !writers[..i].iter().any(|&(x, _)| x == id));
+        for &(id, flag) in others {
+            if file(id).is_some_and(|(_, other)| other == same) {
+                let (a, b) = (named(command, w, wflag), named(command, id, flag));
+                return Err(command.error(
+                    ErrorKind::ArgumentConflict,
+                    format!(
+                        "{a} and {b} both name {}: each is a file of its own (one would \
+                         overwrite or interleave with the other); give them different paths",
+                        given.display()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A value clap refuses that came from the environment, not the command line: the error names
