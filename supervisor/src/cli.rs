@@ -440,7 +440,9 @@ pub struct RunArgs {
     #[arg(long, env = "SGLANG_SUPERVISOR_SIGNAL_GROUP", value_parser = switch)]
     pub signal_group: bool,
 
-    /// Run this shell command once when the server is ready (e.g. start the benchmark).
+    /// Run this shell command once when the server is ready (e.g. start the benchmark). If it
+    /// fails while the server runs (a nonzero exit, a signal), that is a warning of the run, in
+    /// its events and report; the run's exit status stays the server's.
     #[arg(long, env = "SGLANG_SUPERVISOR_ON_READY", value_name = "CMD")]
     pub on_ready: Option<String>,
 

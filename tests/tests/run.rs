@@ -1494,3 +1494,44 @@ fn a_server_port_not_read_from_the_command_is_named_from_the_log_with_the_flag_t
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--on-ready` (often the benchmark itself) runs once the server is ready, and its failure is a
+/// warning of the run, in its events and so its report, not only a line on the console (it was
+/// an INFO line, "st=Code(3)"); a command that succeeds adds no warning.
+#[test]
+fn a_failing_on_ready_command_is_a_warning_of_the_run() {
+    for (then, warning) in [
+        ("exit 3", Some("the --on-ready command failed (exit 3): ")),
+        (
+            "kill -TERM $$",
+            Some("the --on-ready command was killed by SIGTERM: "),
+        ),
+        ("true", None),
+    ] {
+        let ran = temp_dir("on-ready").join("ran");
+        let cmd = format!("touch {}; {then}", ran.display());
+        let mut run = Run::start(
+            "on-ready",
+            Opts {
+                supervisor: &["--on-ready", &cmd],
+                replay: &["--speed", "50"],
+                ..Default::default()
+            },
+        );
+        run.wait_event("ready", T);
+        match warning {
+            Some(w) => assert!(run.wait_warning(w, T).ends_with(&cmd), "{then}"),
+            None => {
+                let t = Instant::now();
+                while !ran.exists() && t.elapsed() < T {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                std::thread::sleep(Duration::from_millis(500));
+                assert!(run.warnings_with("--on-ready").is_empty(), "{then}");
+            }
+        }
+        assert!(ran.exists(), "{then}: the command ran");
+        run.stop_by_sigterm();
+        assert_eq!(run.wait(T), 143);
+    }
+}

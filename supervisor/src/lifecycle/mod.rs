@@ -815,6 +815,9 @@ struct Supervision {
     worker_deaths: u32,
     check_tx: mpsc::UnboundedSender<Result<&'static str, String>>,
     check_rx: Option<mpsc::UnboundedReceiver<Result<&'static str, String>>>,
+    /// The `--on-ready` command's exit, when it comes while the server runs.
+    on_ready_tx: mpsc::UnboundedSender<ExitStatus>,
+    on_ready_rx: Option<mpsc::UnboundedReceiver<ExitStatus>>,
     metrics: Arc<exporters::Shared>,
     exclude: Vec<i32>,
     /// `enable_metrics` from the resolved args: whether the server has a `/metrics` to re-expose.
@@ -839,6 +842,7 @@ impl Supervision {
         t0: Instant,
     ) -> Self {
         let (check_tx, check_rx) = mpsc::unbounded_channel();
+        let (on_ready_tx, on_ready_rx) = mpsc::unbounded_channel();
         let machine = Machine::new(
             Settings {
                 pid,
@@ -874,6 +878,8 @@ impl Supervision {
             worker_deaths: 0,
             check_tx,
             check_rx: Some(check_rx),
+            on_ready_tx,
+            on_ready_rx: Some(on_ready_rx),
             metrics: services.metrics.clone(),
             exclude: watch.exclude.clone(),
             upstream_metrics: None,
@@ -889,6 +895,10 @@ impl Supervision {
     /// Until the child exits: every input goes through the machine, its actions are carried out.
     async fn supervise(&mut self, watch: &mut Watch, mut signals: signals::Signals) -> ExitStatus {
         let mut check_rx = match self.check_rx.take() {
+            Some(rx) => rx,
+            None => mpsc::unbounded_channel().1,
+        };
+        let mut on_ready_rx = match self.on_ready_rx.take() {
             Some(rx) => rx,
             None => mpsc::unbounded_channel().1,
         };
@@ -908,6 +918,7 @@ impl Supervision {
                 Some(t) = watch.log_rx.recv() => self.on_log(t).await,
                 Some(sig) = signals.rx.recv() => self.input(Input::Signal(sig)).await,
                 Some(r) = check_rx.recv() => self.input(Input::Checked(r)).await,
+                Some(st) = on_ready_rx.recv() => self.on_ready_finished(st),
                 _ = sleep_until(deadline.unwrap_or(far)), if deadline.is_some() => {
                     let actions = self.machine.tick(Instant::now());
                     self.apply(actions).await;
@@ -1313,8 +1324,28 @@ impl Supervision {
             ),
             None => tracing::info!("server ready after {at:.3} s at {}", self.url.base()),
         }
-        if let Some(cmd) = &self.args.on_ready {
-            run_on_ready(cmd);
+        if let Some(cmd) = self.args.on_ready.clone() {
+            if let Err(e) = run_on_ready(&cmd, self.on_ready_tx.clone()) {
+                self.warn_ours(format!(
+                    "the --on-ready command could not start ({e}): {cmd}"
+                ));
+            }
+        }
+    }
+
+    /// The `--on-ready` command (often the benchmark) ended while the server ran: a failure is a
+    /// warning of the run, in its events and report, not only a line on the console.
+    fn on_ready_finished(&mut self, st: ExitStatus) {
+        let cmd = self.args.on_ready.clone().unwrap_or_default();
+        match st {
+            ExitStatus::Code(0) => tracing::info!("the --on-ready command finished (exit 0)"),
+            ExitStatus::Code(c) => {
+                self.warn_ours(format!("the --on-ready command failed (exit {c}): {cmd}"));
+            }
+            ExitStatus::Signal(s) => self.warn_ours(format!(
+                "the --on-ready command was killed by {}: {cmd}",
+                signal_name(s)
+            )),
         }
     }
 
@@ -1615,7 +1646,8 @@ fn args_info(args: &serde_json::Map<String, Value>) -> Vec<(String, String)> {
         .collect()
 }
 
-fn run_on_ready(cmd: &str) {
+/// Starts `sh -c CMD`; its exit goes to `done`.
+fn run_on_ready(cmd: &str, done: mpsc::UnboundedSender<ExitStatus>) -> Result<(), String> {
     let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), cmd.into()];
     match child::spawn(
         SpawnSpec {
@@ -1631,11 +1663,12 @@ fn run_on_ready(cmd: &str) {
         Ok(s) => {
             tokio::spawn(async move {
                 if let Ok(st) = s.exit.await {
-                    tracing::info!(?st, "--on-ready command finished");
+                    let _ = done.send(st);
                 }
             });
+            Ok(())
         }
-        Err(e) => tracing::error!("--on-ready: {e}"),
+        Err(e) => Err(e.to_string()),
     }
 }
 
