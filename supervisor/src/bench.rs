@@ -145,20 +145,28 @@ impl SpanRecord {
     }
 }
 
-/// A line of the log that is a request: both its times are numbers.
+/// A line of the log that is a request: its times are numbers, and none of its durations is
+/// negative (a hand-edited or foreign line; one would pull every mean below what was measured).
 trait Request: serde::de::DeserializeOwned {
-    fn timed(&self) -> bool;
+    /// Its start, E2E, TTFT and TPOT.
+    fn times(&self) -> (f64, f64, Option<f64>, Option<f64>);
+
+    fn timed(&self) -> bool {
+        let (start, e2e, ttft, tpot) = self.times();
+        let duration = |d: f64| d.is_finite() && d >= 0.0;
+        start.is_finite() && duration(e2e) && ttft.is_none_or(duration) && tpot.is_none_or(duration)
+    }
 }
 
 impl Request for SpanRecord {
-    fn timed(&self) -> bool {
-        self.start_unix.is_finite() && self.e2e_s.is_finite()
+    fn times(&self) -> (f64, f64, Option<f64>, Option<f64>) {
+        (self.start_unix, self.e2e_s, self.ttft_s, self.tpot_s)
     }
 }
 
 impl Request for RequestRecord {
-    fn timed(&self) -> bool {
-        self.start_unix.is_finite() && self.e2e_s.is_finite()
+    fn times(&self) -> (f64, f64, Option<f64>, Option<f64>) {
+        (self.start_unix, self.e2e_s, self.ttft_s, self.tpot_s)
     }
 }
 
@@ -620,6 +628,29 @@ mod tests {
             bad > 5,
             "every line of /proc/self/status read, none a request: {bad}"
         );
+    }
+
+    #[test]
+    fn a_line_with_a_negative_duration_is_counted_as_no_request() {
+        let dir = std::env::temp_dir().join(format!("sglsup-reqlog-neg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("requests.jsonl");
+        let good = serde_json::to_value(req(100.0, 0.5, 7)).unwrap();
+        let mut text = format!("{good}\n");
+        for (field, value) in [("e2e_s", -1.0), ("ttft_s", -5.0), ("tpot_s", -0.001)] {
+            let mut bad = good.clone();
+            bad[field] = json!(value);
+            text.push_str(&format!("{bad}\n"));
+        }
+        let mut zero = good.clone();
+        zero["ttft_s"] = json!(0.0);
+        text.push_str(&format!("{zero}\n"));
+        std::fs::write(&log, text).unwrap();
+        let (records, bad) = read_requests_log(&log).unwrap();
+        assert_eq!((records.len(), bad), (2, 3));
+        let span = SpanLog::read(&log).unwrap();
+        assert_eq!((span.records.len(), span.bad), (2, 3));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -184,7 +184,8 @@ fn bench_window(args: &ReportArgs, events: &[Value]) -> Result<Option<Value>, St
         .map(|p| match crate::bench::SpanLog::read(p)? {
             log if log.records.is_empty() => Err(format!(
                 "--requests-log {}: no request in it ({} lines without a finite start_unix \
-                 and e2e_s); pass the file `run --requests-log` wrote while the benchmark ran",
+                 and e2e_s, or with a negative duration); pass the file `run --requests-log` \
+                 wrote while the benchmark ran",
                 p.display(),
                 log.bad
             )),

@@ -665,7 +665,7 @@ fn bad_input_is_one_line_naming_the_file_and_exit_2() {
         (with_bench("--requests-log", &dir), "not a regular file"),
         (
             with_bench("--requests-log", &garbage),
-            "1 lines without a finite start_unix and e2e_s",
+            "1 lines without a finite start_unix and e2e_s, or with a negative duration",
         ),
     ];
     for (args, says) in cases {
