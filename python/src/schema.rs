@@ -188,6 +188,13 @@ impl Schema {
         };
         let v: Value = serde_json::from_str(text).map_err(|e| format(e.to_string()))?;
         let schema = Self::from_json(&v).map_err(format)?;
+        // Every launch flag would then be unknown, and a good launch stopped as a bad one.
+        if schema.options.is_empty() {
+            return Err(format(
+                "no option in it (no action with option_strings); save one with `flags dump`"
+                    .into(),
+            ));
+        }
         Ok((schema, v))
     }
 

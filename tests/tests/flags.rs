@@ -659,3 +659,38 @@ fn a_launch_seen_but_not_read_is_an_error_naming_its_line() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A JSON file without a single option (an empty `actions`, or entries without option strings)
+/// is no flag schema: `flags audit` and `run --flags-schema` refuse it (125), where they took it
+/// and called every flag of a good launch unknown ("THE LAUNCH WILL FAIL", 126 for `run`).
+#[test]
+fn a_schema_without_options_is_refused_not_used_to_fail_a_launch() {
+    let dir = temp_dir("flags-no-options");
+    for (name, text) in [
+        ("empty.json", r#"{"sglang_version": "x", "actions": []}"#),
+        (
+            "nameless.json",
+            r#"{"actions": [{"dest": "model_path", "nargs": null}]}"#,
+        ),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        let p = path.to_str().unwrap();
+        let audit = flags(&["audit", "--sglang", p, "--", "--model-path", "m"]);
+        let run = Command::new(supervisor_bin())
+            .args(["run", "--gpu-backend", "none", "--metrics-addr", "none"])
+            .args(["--flags-schema", p, "--"])
+            .args(["python3", "-m", "sglang.launch_server", "--model-path", "m"])
+            .output()
+            .unwrap();
+        for out in [audit, run] {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(125), "{name}: {err}");
+            assert!(
+                err.contains(&format!("{p} is not a flag schema: no option in it")),
+                "{name}: {err}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
