@@ -1756,9 +1756,6 @@ fn the_acceptance_toggle_keys_several_taps_of_one_port_together() {
     second.stop();
 }
 
-/// `scripts/gpu/tap_toggle.py` keying the tap of process `pid` (turns of 1.5–2.25 s), once its
-/// line says the first off-turn has begun, with its output (kept open till it exits); None
-/// (said) where this process may not take another's descriptors (pidfd_getfd needs the right to
 /// The on-turns `tap_toggle.py` wrote to KEYS, one "ON ON OFF tog" line each: (on, off).
 fn on_turns(keys: &Path) -> Vec<(f64, f64)> {
     std::fs::read_to_string(keys)
@@ -1772,6 +1769,9 @@ fn on_turns(keys: &Path) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// `scripts/gpu/tap_toggle.py` keying the tap of process `pid` (turns of 1.5–2.25 s), once its
+/// line says the first off-turn has begun, with its output (kept open till it exits); None
+/// (said) where this process may not take another's descriptors (pidfd_getfd needs the right to
 /// ptrace it: a container without CAP_SYS_PTRACE).
 #[allow(clippy::disallowed_methods)] // runs the script itself, as the acceptance does
 fn start_toggle(
