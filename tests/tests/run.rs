@@ -1501,10 +1501,13 @@ fn a_server_port_not_read_from_the_command_is_named_from_the_log_with_the_flag_t
 #[test]
 fn a_failing_on_ready_command_is_a_warning_of_the_run() {
     for (then, warning) in [
-        ("exit 3", Some("the --on-ready command failed (exit 3): ")),
+        (
+            "exit 3",
+            Some("the --on-ready command failed (exit code 3): "),
+        ),
         (
             "kill -TERM $$",
-            Some("the --on-ready command was killed by SIGTERM: "),
+            Some("the --on-ready command failed (signal 15 (SIGTERM)): "),
         ),
         ("true", None),
     ] {

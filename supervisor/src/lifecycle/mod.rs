@@ -1337,15 +1337,11 @@ impl Supervision {
     /// warning of the run, in its events and report, not only a line on the console.
     fn on_ready_finished(&mut self, st: ExitStatus) {
         let cmd = self.args.on_ready.clone().unwrap_or_default();
-        match st {
-            ExitStatus::Code(0) => tracing::info!("the --on-ready command finished (exit 0)"),
-            ExitStatus::Code(c) => {
-                self.warn_ours(format!("the --on-ready command failed (exit {c}): {cmd}"));
-            }
-            ExitStatus::Signal(s) => self.warn_ours(format!(
-                "the --on-ready command was killed by {}: {cmd}",
-                signal_name(s)
-            )),
+        if st == ExitStatus::Code(0) {
+            tracing::info!("the --on-ready command finished (exit code 0)");
+        } else {
+            let how = describe_status(st);
+            self.warn_ours(format!("the --on-ready command failed ({how}): {cmd}"));
         }
     }
 
