@@ -695,24 +695,24 @@ where
         Some(("run", run)) => {
             check_measure_options(&mut command, run)?;
             let outputs = [
-                ("log_file", "--log-file"),
-                ("events", "--events"),
-                ("report", "--report"),
-                ("report_html", "--report-html"),
-                ("requests_log", "--requests-log"),
-                ("power_csv", "--power-csv"),
+                "log_file",
+                "events",
+                "report",
+                "report_html",
+                "requests_log",
+                "power_csv",
             ];
             check_distinct_files(&mut command, "run", run, &outputs, &outputs)?;
         }
         Some(("report", report)) => {
-            let outputs = [("output", "--output"), ("html", "--html")];
+            let outputs = ["output", "html"];
             let all = [
-                ("output", "--output"),
-                ("html", "--html"),
-                ("events", "--events"),
-                ("bench_result", "--bench-result"),
-                ("requests_log", "--requests-log"),
-                ("power_csv", "--power-csv"),
+                "output",
+                "html",
+                "events",
+                "bench_result",
+                "requests_log",
+                "power_csv",
             ];
             check_distinct_files(&mut command, "report", report, &outputs, &all)?;
         }
@@ -728,22 +728,9 @@ fn check_distinct_files(
     command: &mut clap::Command,
     subcommand: &str,
     matches: &ArgMatches,
-    writers: &[(&str, &str)],
-    all: &[(&str, &str)],
+    writers: &[&str],
+    all: &[&str],
 ) -> Result<(), clap::Error> {
-    // An option set by its variable is named with it, so that an exported setting is found.
-    let named = |command: &clap::Command, id: &str, flag: &str| {
-        let env = command
-            .find_subcommand(subcommand)
-            .and_then(|c| c.get_arguments().find(|a| a.get_id() == id))
-            .and_then(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()));
-        match (matches.value_source(id), env) {
-            (Some(clap::parser::ValueSource::EnvVariable), Some(env)) => {
-                format!("{flag} (from {env})")
-            }
-            _ => flag.to_string(),
-        }
-    };
     let file = |id: &str| -> Option<(PathBuf, PathBuf)> {
         let given = matches.get_one::<PathBuf>(id)?;
         if std::fs::metadata(given).is_ok_and(|m| !m.is_file()) {
@@ -757,16 +744,20 @@ fn check_distinct_files(
         });
         Some((given.clone(), same.unwrap_or(abs)))
     };
-    for (i, &(w, wflag)) in writers.iter().enumerate() {
+    for (i, &w) in writers.iter().enumerate() {
         let Some((given, same)) = file(w) else {
             continue;
         };
-        let others = all.iter().filter(|&&(id, _)| id != w);
         // (two writers are one pair: said once, from the first)
-        let others = others.filter(|&&(id, _)| !writers[..i].iter().any(|&(x, _)| x == id));
-        for &(id, flag) in others {
+        let others = all
+            .iter()
+            .filter(|&&id| id != w && !writers[..i].contains(&id));
+        for &id in others {
             if file(id).is_some_and(|(_, other)| other == same) {
-                let (a, b) = (named(command, w, wflag), named(command, id, flag));
+                let (a, b) = (
+                    given_as(command, subcommand, matches, w),
+                    given_as(command, subcommand, matches, id),
+                );
                 return Err(command.error(
                     ErrorKind::ArgumentConflict,
                     format!(
@@ -889,12 +880,27 @@ fn switch(v: &str) -> Result<bool, String> {
         .ok_or_else(|| "a switch is true or false (yes or no, on or off, 1 or 0)".into())
 }
 
+/// Option `id` of `subcommand` as the user gave it: `--flag`, or `--flag (from VARIABLE)` where
+/// its variable set it, so that an exported setting is found without a search.
+fn given_as(command: &clap::Command, subcommand: &str, matches: &ArgMatches, id: &str) -> String {
+    let arg = command
+        .find_subcommand(subcommand)
+        .and_then(|c| c.get_arguments().find(|a| a.get_id() == id));
+    let flag = match arg.and_then(clap::Arg::get_long) {
+        Some(long) => format!("--{long}"),
+        None => id.to_string(),
+    };
+    match (matches.value_source(id), arg.and_then(clap::Arg::get_env)) {
+        (Some(clap::parser::ValueSource::EnvVariable), Some(env)) => {
+            format!("{flag} (from {})", env.to_string_lossy())
+        }
+        _ => flag,
+    }
+}
+
 fn check_measure_options(command: &mut clap::Command, run: &ArgMatches) -> Result<(), clap::Error> {
     use clap::parser::ValueSource;
-    let from = |id: &str, flag: &str, env: &str| match run.value_source(id) {
-        Some(ValueSource::EnvVariable) => format!("{flag} (from {env})"),
-        _ => flag.to_string(),
-    };
+    let from = |command: &clap::Command, id: &str| given_as(command, "run", run, id);
     let tap = run.get_flag("tap");
     let proxy = run.get_one::<String>("proxy_addr").is_some();
     let spin = sglang_exporters::proxy::spin::SPIN;
@@ -913,8 +919,8 @@ fn check_measure_options(command: &mut clap::Command, run: &ArgMatches) -> Resul
             format!(
                 "{} cannot be used with {}: the tap measures the server's own port, the proxy a \
                  port in front of it; keep one",
-                from("tap", "--tap", "SGLANG_SUPERVISOR_TAP"),
-                from("proxy_addr", "--proxy-addr", "SGLANG_SUPERVISOR_PROXY_ADDR"),
+                from(command, "tap"),
+                from(command, "proxy_addr"),
             ),
         ));
     }
