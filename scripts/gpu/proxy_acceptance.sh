@@ -335,6 +335,8 @@ t = lambda j: sum(v["utime"] + v["stime"] for k, v in j["by"].items() if k == "p
 print(f"warm-up run: out {b['output_throughput']:.1f} tok/s; HTTP process {(t(z) - t(a)) / z['hz'] / (b['total_output_tokens'] or 1) * 1e6:.1f} us per output token")
 PY
     done
+    # the arms each round runs, in the order of its first rotation
+    read -r -a arms <<< "${SIDES:-direct proxy}"
     if [ -n "${RUN_S:-}" ] && [ -f "$P/warmfull-1.jsonl" ]; then
       # runs of about RUN_S seconds whatever the card (the H100 host ran at 10k tokens/s, the
       # H200 at 17k): the prompts from the warm-up's throughput, 256 output tokens each. With
@@ -342,7 +344,6 @@ PY
       # round reckons it (256 tokens a prompt, 5 s more a run, 30 s to spare, 10 s for what
       # comes first): a cold machine's server ready after 159 s instead of 69 left a call with
       # no round at all, where a shorter one fitted
-      read -r -a arms <<< "${SIDES:-direct proxy}"
       fits=$([ -n "${DEADLINE_S:-}" ] && echo $(( (DEADLINE_S - SECONDS - 40) / ${#arms[@]} - 5 )) || echo 0)
       PROMPTS=$(python3 -c 'import json, sys
 b = [json.loads(l.replace("Infinity", "1e999")) for l in open(sys.argv[1])][-1]
@@ -409,7 +410,6 @@ b = [json.loads(l.replace("Infinity", "1e999")) for l in open(sys.argv[1])][-1]
 print(max(10, int(float(sys.argv[2]) * 256 / b["output_throughput"]) + 5))' \
       "$( [ -f "$P/warmfull-1.jsonl" ] && echo "$P/warmfull-1.jsonl" || echo "$P/warm.jsonl")" "${PROMPTS:-1024}" 2>/dev/null || echo 60)
     for conc in ${CONCS:-256 512}; do
-      read -r -a arms <<< "${SIDES:-direct proxy}"
       for i in $(seq "${PAIRS:-4}"); do
         if [ -n "${DEADLINE_S:-}" ] && [ $((SECONDS + ${#arms[@]} * run_s + 30)) -gt "$DEADLINE_S" ]; then
           say "S: round $i of c=$conc would end past DEADLINE_S=$DEADLINE_S (${SECONDS} s gone, ${run_s} s a run): no more rounds"
