@@ -382,10 +382,14 @@ static long long bpf_ring_drops(const struct ring *r) {
     return (long long)value;
 }
 
-static unsigned long long packet_ring_drops(const struct ring *r) {
+/* The kernel's count of packets the ring had no room for; -1 where it cannot be read. */
+static long long packet_ring_drops(const struct ring *r) {
     struct tpacket_stats_v3 s = {0};
     socklen_t len = sizeof s;
-    getsockopt(r->fd, SOL_PACKET, PACKET_STATISTICS, &s, &len);
+    if (getsockopt(r->fd, SOL_PACKET, PACKET_STATISTICS, &s, &len)) {
+        perror("ring_drain: reading a packet ring's drops");
+        return -1;
+    }
     return s.tp_drops;
 }
 
@@ -512,7 +516,7 @@ int main(int argc, char **argv) {
     unsigned long long drops = 0;
     int unknown = 0;
     for (int i = 0; i < n; i++) {
-        long long d = bpf ? bpf_ring_drops(&rings[i]) : (long long)packet_ring_drops(&rings[i]);
+        long long d = bpf ? bpf_ring_drops(&rings[i]) : packet_ring_drops(&rings[i]);
         unknown |= d < 0;
         drops += d < 0 ? 0 : (unsigned long long)d;
     }
