@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn a_device_or_a_fifo_is_refused_at_once_by_compare_report_and_wait() {
-    let dir = std::env::temp_dir().join(format!("sglsup-input-files-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("input-files");
     let fifo = dir.join("fifo");
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: a NUL-terminated path
@@ -71,7 +70,7 @@ fn a_device_or_a_fifo_is_refused_at_once_by_compare_report_and_wait() {
 
 #[test]
 fn two_options_naming_one_file_are_refused_before_anything_runs() {
-    let dir = std::env::temp_dir().join(format!("sglsup-same-file-{}", std::process::id()));
+    let dir = temp_dir("same-file");
     std::fs::create_dir_all(dir.join("sub")).unwrap();
     let marker = dir.join("ran");
     let run = |opts: &[&str], env: &[(&str, &str)]| {
